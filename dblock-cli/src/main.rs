@@ -1,0 +1,176 @@
+//! `dblock`: run a command under a named lock shared by every process of a database.
+//!
+//! ```text
+//! dblock run [--db URL] [--namespace NS] [--wait DURATION | --no-wait] [--shared] NAME -- COMMAND [ARGS...]
+//! dblock key [--namespace NS] NAME
+//! ```
+//!
+//! Exit codes: COMMAND's own status (128+N when signal N ended it); 64 usage errors
+//! (including a bad name or URL); 69 the database cannot be reached or fails; 70 the
+//! lock was lost while COMMAND ran; 75 the lock was not obtained.
+
+mod duration;
+mod run;
+mod sys;
+
+use std::ffi::OsString;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+/// Usage error (sysexits EX_USAGE).
+pub const EXIT_USAGE: u8 = 64;
+/// The database cannot be reached or fails (EX_UNAVAILABLE).
+pub const EXIT_UNAVAILABLE: u8 = 69;
+/// The lock was lost while the command ran (EX_SOFTWARE).
+pub const EXIT_LOST: u8 = 70;
+/// The lock was not obtained (EX_TEMPFAIL).
+pub const EXIT_NOT_OBTAINED: u8 = 75;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "dblock",
+    version,
+    about = "Named locks for every process sharing one database",
+    long_about = "Named locks for every process sharing one database: PostgreSQL advisory \
+                  locks, or an embedded SQLite file (the default) for the processes of one host."
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run COMMAND while holding the lock NAME; exit with COMMAND's status.
+    Run(RunArgs),
+    /// Print the key of NAME, and where PostgreSQL shows it in pg_locks.
+    Key(KeyArgs),
+}
+
+#[derive(Args, Debug)]
+struct RunArgs {
+    /// Database URL: postgres://…, postgresql://…, sqlite:PATH. Default:
+    /// $DBLOCK_DATABASE_URL, then $DATABASE_URL, then
+    /// $XDG_STATE_HOME/dblock/locks.db (~/.local/state/dblock/locks.db).
+    #[arg(long, value_name = "URL")]
+    db: Option<String>,
+
+    /// Namespace the name is keyed in (default: the PostgreSQL schema in use; "public"
+    /// on SQLite).
+    #[arg(long, value_name = "NS")]
+    namespace: Option<String>,
+
+    /// Wait at most DURATION (500ms, 30s, 5m) for the lock; exit 75 if not obtained.
+    #[arg(long, value_name = "DURATION", value_parser = duration::parse, conflicts_with = "no_wait")]
+    wait: Option<Duration>,
+
+    /// Do not wait: exit 75 at once if another process holds the lock.
+    #[arg(long)]
+    no_wait: bool,
+
+    /// Take a shared (reader) lock: any number of shared holders, no exclusive one.
+    #[arg(long)]
+    shared: bool,
+
+    /// After the lock is lost, how long COMMAND has between SIGTERM and SIGKILL.
+    #[arg(long, value_name = "DURATION", value_parser = duration::parse, default_value = "10s")]
+    grace: Duration,
+
+    /// Do not take a fencing token (DBLOCK_FENCING_TOKEN is then unset); needs no
+    /// table in the database.
+    #[arg(long)]
+    no_fencing: bool,
+
+    /// The lock name.
+    #[arg(value_name = "NAME")]
+    name: String,
+
+    /// The command to run, after `--`.
+    #[arg(last = true, required = true, value_name = "COMMAND")]
+    command: Vec<OsString>,
+}
+
+#[derive(Args, Debug)]
+struct KeyArgs {
+    /// Namespace the name is keyed in.
+    #[arg(long, value_name = "NS", default_value = dblock::DEFAULT_NAMESPACE)]
+    namespace: String,
+
+    /// The lock name.
+    #[arg(value_name = "NAME")]
+    name: String,
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            use clap::error::ErrorKind;
+            return match e.kind() {
+                ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => {
+                    let _ = e.print();
+                    ExitCode::SUCCESS
+                }
+                _ => {
+                    let text = e.to_string();
+                    let first = text.lines().next().unwrap_or("invalid arguments");
+                    let first = first.strip_prefix("error: ").unwrap_or(first);
+                    eprintln!("dblock: {first} (see dblock --help)");
+                    ExitCode::from(EXIT_USAGE)
+                }
+            };
+        }
+    };
+    let code = match cli.command {
+        Command::Key(args) => key(&args),
+        Command::Run(args) => {
+            // One thread: the command is forked from the main thread, whose death (with
+            // the process) is what its parent-death signal follows.
+            let rt = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(rt) => rt,
+                Err(e) => {
+                    eprintln!("dblock: cannot start: {e}");
+                    return ExitCode::from(EXIT_UNAVAILABLE);
+                }
+            };
+            rt.block_on(run::run(args))
+        }
+    };
+    ExitCode::from(code)
+}
+
+fn key(args: &KeyArgs) -> u8 {
+    match dblock::Key::new(&args.namespace, &args.name) {
+        Ok(key) => {
+            let (classid, objid) = key.pg_locks_ids();
+            println!("key       {key}");
+            println!("pg_locks  classid={classid} objid={objid} objsubid=1");
+            println!(
+                "query     SELECT * FROM pg_locks WHERE locktype = 'advisory' AND classid = {classid} \
+                 AND objid = {objid} AND objsubid = 1;"
+            );
+            0
+        }
+        Err(e) => {
+            eprintln!("dblock: {e}");
+            exit_code(&e)
+        }
+    }
+}
+
+/// The exit code for a library error.
+fn exit_code(e: &dblock::Error) -> u8 {
+    match e {
+        dblock::Error::InvalidName { .. }
+        | dblock::Error::InvalidNamespace { .. }
+        | dblock::Error::InvalidUrl { .. }
+        | dblock::Error::Unsupported(_) => EXIT_USAGE,
+        dblock::Error::LockLost { .. } => EXIT_LOST,
+        _ => EXIT_UNAVAILABLE,
+    }
+}

@@ -1,0 +1,259 @@
+//! The one error type of dblock.
+
+use std::io;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Everything that can go wrong, one variant a kind, each with a one-line message.
+///
+/// "Someone else holds the lock" is **not** an error: [`Locks::try_lock`] and the
+/// deadline waits return `Ok(None)` for it.
+///
+/// [`Locks::try_lock`]: crate::Locks::try_lock
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The lock name is empty, too long or contains NUL.
+    #[error("invalid lock name {name:?}: {reason}")]
+    InvalidName {
+        /// The name (shortened for display).
+        name: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+
+    /// The namespace is empty, too long or contains NUL.
+    #[error("invalid namespace {namespace:?}: {reason}")]
+    InvalidNamespace {
+        /// The namespace (shortened for display).
+        namespace: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+
+    /// The database URL could not be understood, or names a backend this build lacks.
+    /// The URL is shown with any password removed.
+    #[error("invalid database URL {url:?}: {reason}")]
+    InvalidUrl {
+        /// The URL, password redacted.
+        url: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+
+    /// The database could not be reached (refused, unknown host, authentication failed,
+    /// no such database).
+    #[error("cannot connect to {target}: {message}")]
+    Connect {
+        /// Where dblock tried to connect (no password).
+        target: String,
+        /// The driver's or the server's explanation.
+        message: String,
+    },
+
+    /// The connection broke while a request was in flight: the server restarted, an
+    /// operator terminated the backend, the network dropped. Any lock it held is gone.
+    #[error("connection to the database lost: {message}")]
+    ConnectionLost {
+        /// What the driver or the server said.
+        message: String,
+    },
+
+    /// PostgreSQL's deadlock detector chose this request as the victim (SQLSTATE 40P01).
+    #[error("deadlock detected: {message}")]
+    Deadlock {
+        /// The server's message, with its detail.
+        message: String,
+    },
+
+    /// The server's shared lock table is full (PostgreSQL's "out of shared memory",
+    /// SQLSTATE 53200). It holds `max_locks_per_transaction × (max_connections +
+    /// max_prepared_transactions)` locks across *all* sessions; every lock already held
+    /// stays held.
+    #[error(
+        "the server's lock table is full ({message}); raise max_locks_per_transaction \
+         or hold fewer locks at once"
+    )]
+    LockTableFull {
+        /// The server's message.
+        message: String,
+    },
+
+    /// Something dblock waits for besides the lock itself did not happen in time: a free
+    /// connection in dblock's pool, a connection attempt, a health check, or a server
+    /// `statement_timeout`.
+    #[error("timed out after {after:?} {waiting_for}")]
+    Timeout {
+        /// What was being waited for.
+        waiting_for: &'static str,
+        /// How long dblock waited.
+        after: Duration,
+    },
+
+    /// The lock was lost while it was held (see [`LockGuard::lost`]); reported by
+    /// operations that need the lock, such as [`LockGuard::release`].
+    ///
+    /// [`LockGuard::lost`]: crate::LockGuard::lost
+    /// [`LockGuard::release`]: crate::LockGuard::release
+    #[error("the lock was lost: {reason}")]
+    LockLost {
+        /// Why it was lost.
+        reason: crate::LossReason,
+    },
+
+    /// A fenced write was refused because a newer holder of the name exists: this
+    /// holder's token is stale (see [`fencing`](crate::fencing)).
+    #[error(
+        "fencing token {token} of {name:?} is stale: the latest grant is {latest}; \
+         the lock was lost and taken by another holder"
+    )]
+    StaleToken {
+        /// The lock name.
+        name: String,
+        /// The token presented.
+        token: i64,
+        /// The latest token granted for the name.
+        latest: i64,
+    },
+
+    /// The database answered with an error dblock does not treat specially.
+    #[error("database error{}: {message}", code.as_deref().map(|c| format!(" {c}")).unwrap_or_default())]
+    Database {
+        /// SQLSTATE, when the server sent one.
+        code: Option<String>,
+        /// The server's message (with detail and hint when present).
+        message: String,
+    },
+
+    /// The lock file of the embedded backend lies on a network or FUSE file system,
+    /// where byte-range locks are unreliable.
+    #[error(
+        "{path}: byte-range locks are unreliable on {filesystem} file systems; \
+         put the lock database on a local disk"
+    )]
+    UnsupportedFilesystem {
+        /// The lock file.
+        path: PathBuf,
+        /// The kind of file system found.
+        filesystem: &'static str,
+    },
+
+    /// A file operation of the embedded backend failed.
+    #[error("{context}: {source}")]
+    Io {
+        /// What dblock was doing, naming the file.
+        context: String,
+        /// The operating system's error.
+        #[source]
+        source: io::Error,
+    },
+
+    /// The request combines options this backend does not support.
+    #[error("unsupported: {0}")]
+    Unsupported(String),
+}
+
+impl Error {
+    /// Whether this error says the database could not be reached or stopped answering
+    /// (as opposed to a bad request).
+    pub fn is_connection(&self) -> bool {
+        matches!(
+            self,
+            Error::Connect { .. } | Error::ConnectionLost { .. } | Error::Timeout { .. }
+        )
+    }
+
+    /// Whether this error is the caller's input (a name, namespace or URL) being wrong.
+    pub fn is_invalid_input(&self) -> bool {
+        matches!(
+            self,
+            Error::InvalidName { .. } | Error::InvalidNamespace { .. } | Error::InvalidUrl { .. }
+        )
+    }
+
+    /// The SQLSTATE of a database error, if there is one.
+    pub fn sqlstate(&self) -> Option<&str> {
+        match self {
+            Error::Database { code, .. } => code.as_deref(),
+            Error::Deadlock { .. } => Some("40P01"),
+            Error::LockTableFull { .. } => Some("53200"),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn io(context: impl Into<String>, source: io::Error) -> Error {
+        Error::Io {
+            context: context.into(),
+            source,
+        }
+    }
+
+    /// Maps a server error by SQLSTATE; `message` already carries detail and hint.
+    pub(crate) fn from_sqlstate(code: &str, message: String) -> Error {
+        match code {
+            "40P01" => Error::Deadlock { message },
+            "53200" => Error::LockTableFull { message },
+            // admin_shutdown, crash_shutdown, cannot_connect_now: the session is gone.
+            "57P01" | "57P02" | "57P03" => Error::ConnectionLost { message },
+            _ => Error::Database {
+                code: Some(code.to_string()),
+                message,
+            },
+        }
+    }
+}
+
+/// A URL safe to print: the password between `:` and `@` of the authority replaced.
+pub(crate) fn redact_url(url: &str) -> String {
+    let Some(scheme_end) = url.find("://") else {
+        return url.to_string();
+    };
+    let rest = &url[scheme_end + 3..];
+    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let authority = &rest[..authority_end];
+    match (authority.rfind('@'), authority.find(':')) {
+        (Some(at), Some(colon)) if colon < at => format!(
+            "{}{}:***{}",
+            &url[..scheme_end + 3],
+            &authority[..colon],
+            &rest[at..]
+        ),
+        _ => url.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_never_reach_messages() {
+        assert_eq!(
+            redact_url("postgres://u:secret@h:5432/db?x=1"),
+            "postgres://u:***@h:5432/db?x=1"
+        );
+        assert_eq!(redact_url("postgres://u@h/db"), "postgres://u@h/db");
+        assert_eq!(redact_url("sqlite:/tmp/x.db"), "sqlite:/tmp/x.db");
+        assert_eq!(redact_url("postgres://h:5432/db"), "postgres://h:5432/db");
+    }
+
+    #[test]
+    fn sqlstates_map_to_kinds() {
+        assert!(matches!(
+            Error::from_sqlstate("40P01", String::new()),
+            Error::Deadlock { .. }
+        ));
+        assert!(matches!(
+            Error::from_sqlstate("53200", String::new()),
+            Error::LockTableFull { .. }
+        ));
+        assert!(matches!(
+            Error::from_sqlstate("57P01", String::new()),
+            Error::ConnectionLost { .. }
+        ));
+        assert_eq!(
+            Error::from_sqlstate("42P01", String::new()).sqlstate(),
+            Some("42P01")
+        );
+    }
+}

@@ -1,0 +1,233 @@
+//! The guard that holds a lock, and how it reports losing it.
+
+use std::fmt;
+use std::future::Future;
+use std::time::Duration;
+
+use crate::locks::{Grant, Mode};
+use crate::{Error, Key};
+
+/// Why a held lock was lost.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LossReason {
+    /// The lock's connection closed or failed: the server restarted or shut down, an
+    /// operator terminated the backend (`pg_terminate_backend`), the network broke.
+    ConnectionClosed {
+        /// What the driver or the server said.
+        message: String,
+    },
+    /// The connection stopped answering health checks for this long; dblock closed it.
+    Unresponsive {
+        /// How long the check went unanswered.
+        after: Duration,
+    },
+}
+
+impl fmt::Display for LossReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LossReason::ConnectionClosed { message } => {
+                write!(f, "its connection closed ({message})")
+            }
+            LossReason::Unresponsive { after } => {
+                write!(f, "its connection did not answer a check for {after:?}")
+            }
+        }
+    }
+}
+
+/// The backend half of a guard.
+pub(crate) enum Held {
+    #[cfg(feature = "postgres")]
+    Postgres(crate::postgres::PgHeld),
+    #[cfg(feature = "sqlite")]
+    Sqlite(crate::sqlite::SqliteHeld),
+}
+
+/// A held lock. Dropping it releases the lock at once; [`release`](LockGuard::release)
+/// does the same and reports errors.
+///
+/// On PostgreSQL the guard pins one connection for the lock's whole life. Dropping it
+/// *sends* the release (`ROLLBACK` or `pg_advisory_unlock`) immediately, without
+/// waiting for the reply, so another process can take the lock within a round trip;
+/// the connection then returns to dblock's pool, and the next request on it waits for
+/// that reply first. A connection whose state is in doubt is closed instead, which
+/// also releases everything it held.
+#[must_use = "if unused the lock is released immediately"]
+#[clippy::has_significant_drop]
+pub struct LockGuard {
+    name: Box<str>,
+    key: Key,
+    mode: Mode,
+    token: Option<i64>,
+    held: Option<Held>,
+}
+
+impl fmt::Debug for LockGuard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LockGuard")
+            .field("name", &self.name)
+            .field("key", &self.key)
+            .field("mode", &self.mode)
+            .field("fencing_token", &self.token)
+            .finish()
+    }
+}
+
+impl LockGuard {
+    pub(crate) fn new(name: &str, key: Key, mode: Mode, grant: Grant) -> LockGuard {
+        LockGuard {
+            name: name.into(),
+            key,
+            mode,
+            token: grant.token,
+            held: Some(grant.held),
+        }
+    }
+
+    /// The lock's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The lock's key.
+    pub fn key(&self) -> Key {
+        self.key
+    }
+
+    /// Exclusive or shared.
+    pub fn mode(&self) -> Mode {
+        self.mode
+    }
+
+    /// The fencing token of this grant, if one was asked for
+    /// ([`Request::fenced`](crate::Request::fenced)): greater than every earlier grant's
+    /// token for this name.
+    pub fn fencing_token(&self) -> Option<i64> {
+        self.token
+    }
+
+    /// Whether the lock is still held as far as this process knows: `false` once its
+    /// connection has been seen to close or stop answering. A lock can be lost a moment
+    /// before this notices; fencing tokens guard writes against that window.
+    pub fn is_held(&self) -> bool {
+        match &self.held {
+            #[cfg(feature = "postgres")]
+            Some(Held::Postgres(h)) => h.loss().is_none(),
+            #[cfg(feature = "sqlite")]
+            Some(Held::Sqlite(_)) => true,
+            None => false,
+        }
+    }
+
+    /// A future that resolves, with the reason, when the lock is lost; it never
+    /// resolves while the lock is held. It does not borrow the guard, so it can be raced
+    /// against the work the lock protects:
+    ///
+    /// ```no_run
+    /// # async fn demo(locks: dblock::Locks) -> Result<(), dblock::Error> {
+    /// # async fn work() {}
+    /// let guard = locks.lock("nightly-report").await?;
+    /// tokio::select! {
+    ///     () = work() => guard.release().await?,
+    ///     reason = guard.lost() => eprintln!("lost the lock ({reason}); stopping"),
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// On PostgreSQL the lock's connection is watched all the time it is held: a closed
+    /// connection is noticed at once, a silent one within
+    /// [`check_interval`](crate::Builder::check_interval) plus
+    /// [`check_timeout`](crate::Builder::check_timeout). A transaction-scoped lock that
+    /// is lost takes its transaction with it. Locks of the embedded backend live as long
+    /// as the process and are never lost.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future has no effect on the lock.
+    pub fn lost(&self) -> impl Future<Output = LossReason> + Send + 'static {
+        let watch = match &self.held {
+            #[cfg(feature = "postgres")]
+            Some(Held::Postgres(h)) => Some(h.watch_loss()),
+            _ => None,
+        };
+        async move {
+            match watch {
+                #[cfg(feature = "postgres")]
+                Some(w) => w.await,
+                _ => std::future::pending().await,
+            }
+        }
+    }
+
+    /// Checks with the server, now, that the lock is still held.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::LockLost`] when it is not.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancelling the check leaves the lock held, unless the connection was in the middle
+    /// of answering: then it is closed and the lock is lost (and reported as lost).
+    pub async fn check(&mut self) -> Result<(), Error> {
+        match &mut self.held {
+            #[cfg(feature = "postgres")]
+            Some(Held::Postgres(h)) => h.check().await,
+            #[cfg(feature = "sqlite")]
+            Some(Held::Sqlite(_)) => Ok(()),
+            None => Err(Error::Unsupported("the guard was already released".into())),
+        }
+    }
+
+    /// Releases the lock now and waits for the database to confirm it.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::LockLost`] if the lock had been lost before; connection errors. Either
+    /// way the lock is no longer held.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancelling the release still releases: the connection is closed if the reply
+    /// had not arrived.
+    pub async fn release(mut self) -> Result<(), Error> {
+        match self.held.take() {
+            #[cfg(feature = "postgres")]
+            Some(Held::Postgres(h)) => h.release().await,
+            #[cfg(feature = "sqlite")]
+            Some(Held::Sqlite(h)) => {
+                h.release();
+                Ok(())
+            }
+            None => Ok(()),
+        }
+    }
+}
+
+// Dropping `held` releases: each backend's half implements Drop.
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn assert_send_sync_static<T: Send + Sync + 'static>() {}
+    fn assert_send<T: Send>(_: &T) {}
+
+    #[test]
+    fn guards_and_futures_are_send_and_static() {
+        assert_send_sync_static::<LockGuard>();
+        assert_send_sync_static::<crate::Locks>();
+        assert_send_sync_static::<Error>();
+        #[allow(unreachable_code, unused_variables, clippy::diverging_sub_expression)]
+        let _ = || {
+            let locks: crate::Locks = todo!();
+            assert_send(&locks.lock("x"));
+            assert_send(&locks.try_lock("x"));
+            let guard: LockGuard = todo!();
+            assert_send(&guard.lost());
+            assert_send(&guard.release());
+        };
+    }
+}

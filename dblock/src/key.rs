@@ -1,0 +1,227 @@
+//! Lock names and the fixed function that turns them into 64-bit keys.
+
+use std::fmt;
+
+use sha2::{Digest, Sha256};
+
+use crate::Error;
+
+/// The longest lock name accepted, in bytes of UTF-8.
+pub const MAX_NAME_LEN: usize = 1024;
+
+/// The longest namespace accepted, in bytes of UTF-8.
+pub const MAX_NAMESPACE_LEN: usize = 1024;
+
+/// The namespace used where there is no PostgreSQL schema to take it from: by the
+/// embedded SQLite backend, and by `dblock key` without `--namespace`.
+///
+/// It is PostgreSQL's default schema, so a name locked on an out-of-the-box
+/// PostgreSQL database and on the embedded default has the same key.
+pub const DEFAULT_NAMESPACE: &str = "public";
+
+/// The 64-bit key a lock name maps to: what PostgreSQL's advisory-lock functions take,
+/// and (reduced to 63 bits) the byte offset of the embedded backend's file lock.
+///
+/// # The formula
+///
+/// ```text
+/// key = first 8 bytes, read big-endian as a signed 64-bit integer, of
+///       SHA-256( UTF-8(namespace) || 0x00 || UTF-8(name) )
+/// ```
+///
+/// Neither part may contain NUL, so the encoding is unambiguous. The function is fixed
+/// for all versions of dblock, platforms and Rust releases; the test vectors below pin
+/// it. **Never change it**: two versions that disagree would both "hold" one lock.
+///
+/// A program in another language takes the same lock by computing the same digest. In
+/// PostgreSQL itself (11 or later):
+///
+/// ```sql
+/// SELECT ('x' || left(encode(sha256(
+///          convert_to('public', 'UTF8') || '\x00'::bytea || convert_to('autoland:7', 'UTF8')
+///        ), 'hex'), 16))::bit(64)::bigint;
+/// ```
+///
+/// ```
+/// use dblock::Key;
+/// // Pinned: never change these values.
+/// assert_eq!(Key::new("public", "autoland:7")?.as_i64(), -5686219459067394536);
+/// # Ok::<(), dblock::Error>(())
+/// ```
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Key(i64);
+
+impl Key {
+    /// The key of `name` in `namespace`, after checking both.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidName`] when `name` is empty, longer than [`MAX_NAME_LEN`] bytes or
+    /// contains NUL; [`Error::InvalidNamespace`] when `namespace` is empty, longer than
+    /// [`MAX_NAMESPACE_LEN`] bytes or contains NUL.
+    pub fn new(namespace: &str, name: &str) -> Result<Key, Error> {
+        check_namespace(namespace)?;
+        check_name(name)?;
+        Ok(Key::derive(namespace, name))
+    }
+
+    /// The formula itself, for inputs already checked.
+    pub(crate) fn derive(namespace: &str, name: &str) -> Key {
+        let mut h = Sha256::new();
+        h.update(namespace.as_bytes());
+        h.update([0u8]);
+        h.update(name.as_bytes());
+        let digest = h.finalize();
+        let mut first = [0u8; 8];
+        first.copy_from_slice(&digest[..8]);
+        Key(i64::from_be_bytes(first))
+    }
+
+    /// A key given directly, for locks shared with programs that chose their own number
+    /// (the seed's migration key, say).
+    pub const fn from_i64(key: i64) -> Key {
+        Key(key)
+    }
+
+    /// The key as PostgreSQL's `pg_advisory_lock(bigint)` takes it.
+    pub const fn as_i64(self) -> i64 {
+        self.0
+    }
+
+    /// The `(classid, objid)` pair under which PostgreSQL shows this key in `pg_locks`
+    /// (with `locktype = 'advisory'` and `objsubid = 1`): the high and low 32 bits.
+    ///
+    /// ```
+    /// let key = dblock::Key::from_i64(0x4442_4c4f_434b_4d01);
+    /// assert_eq!(key.pg_locks_ids(), (0x4442_4c4f, 0x434b_4d01));
+    /// ```
+    pub const fn pg_locks_ids(self) -> (u32, u32) {
+        let k = self.0 as u64;
+        ((k >> 32) as u32, k as u32)
+    }
+
+    /// The byte offset the embedded backend locks for this key: the key's bits as an
+    /// unsigned number, reduced modulo 2^63 − 1 so the offset fits a signed file offset.
+    pub const fn file_offset(self) -> u64 {
+        (self.0 as u64) % (i64::MAX as u64)
+    }
+}
+
+impl fmt::Debug for Key {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Key({})", self.0)
+    }
+}
+
+impl fmt::Display for Key {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.0, f)
+    }
+}
+
+/// Checks a lock name: non-empty UTF-8 without NUL, at most [`MAX_NAME_LEN`] bytes.
+pub(crate) fn check_name(name: &str) -> Result<(), Error> {
+    let reason = if name.is_empty() {
+        "a lock name must not be empty"
+    } else if name.len() > MAX_NAME_LEN {
+        "a lock name must be at most 1024 bytes of UTF-8"
+    } else if name.contains('\0') {
+        "a lock name must not contain NUL"
+    } else {
+        return Ok(());
+    };
+    Err(Error::InvalidName {
+        name: shorten(name),
+        reason,
+    })
+}
+
+/// Checks a namespace: non-empty UTF-8 without NUL, at most [`MAX_NAMESPACE_LEN`] bytes.
+pub(crate) fn check_namespace(namespace: &str) -> Result<(), Error> {
+    let reason = if namespace.is_empty() {
+        "a namespace must not be empty"
+    } else if namespace.len() > MAX_NAMESPACE_LEN {
+        "a namespace must be at most 1024 bytes of UTF-8"
+    } else if namespace.contains('\0') {
+        "a namespace must not contain NUL"
+    } else {
+        return Ok(());
+    };
+    Err(Error::InvalidNamespace {
+        namespace: shorten(namespace),
+        reason,
+    })
+}
+
+/// A name as it can appear in an error message: NUL shown as `\0`, cut at 80 characters.
+fn shorten(s: &str) -> String {
+    let mut out: String = s.chars().take(80).collect::<String>().replace('\0', "\\0");
+    if s.chars().count() > 80 {
+        out.push('…');
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The pinned vectors, computed independently (Python's `hashlib.sha256`). If one of these changes, every deployment mixing versions
+    /// would grant one lock twice: never change them.
+    #[test]
+    fn the_key_function_is_pinned_by_test_vectors() {
+        let vectors: &[(&str, &str, u64)] = &[
+            ("public", "autoland:7", 0xb116_7d87_635f_c618),
+            ("public", "autoland:8", 0x1145_a2b8_0b6c_bb18),
+            ("public", "diffusion:3:src/lib.rs", 0xdb6c_21fa_1493_f11b),
+            ("tenant_a", "autoland:7", 0x327c_97b8_0574_c2f4),
+            ("public", "x", 0xd727_28ad_d7a9_fa31),
+            ("public", "ünïcødé ✓", 0x1033_a49d_8e60_1ba2),
+        ];
+        for &(ns, name, want) in vectors {
+            let got = Key::new(ns, name).unwrap().as_i64() as u64;
+            assert_eq!(got, want, "key of ({ns:?}, {name:?}) is {got:#018x}");
+        }
+    }
+
+    #[test]
+    fn namespaces_separate_keys() {
+        assert_ne!(Key::new("a", "n").unwrap(), Key::new("b", "n").unwrap());
+        // The separator makes ("ab", "c") and ("a", "bc") distinct.
+        assert_ne!(Key::new("ab", "c").unwrap(), Key::new("a", "bc").unwrap());
+    }
+
+    #[test]
+    fn bad_names_are_typed_errors() {
+        for bad in ["", "a\0b", &"x".repeat(MAX_NAME_LEN + 1)] {
+            match Key::new("public", bad) {
+                Err(Error::InvalidName { .. }) => {}
+                other => panic!("{bad:?}: {other:?}"),
+            }
+        }
+        assert!(Key::new("public", &"x".repeat(MAX_NAME_LEN)).is_ok());
+        // Multi-byte characters count in bytes.
+        assert!(Key::new("public", &"é".repeat(MAX_NAME_LEN / 2 + 1)).is_err());
+        for bad in ["", "n\0s"] {
+            assert!(matches!(
+                Key::new(bad, "n"),
+                Err(Error::InvalidNamespace { .. })
+            ));
+        }
+    }
+
+    #[test]
+    fn pg_locks_ids_split_the_key_in_halves() {
+        assert_eq!(Key::from_i64(-1).pg_locks_ids(), (u32::MAX, u32::MAX));
+        assert_eq!(Key::from_i64(1).pg_locks_ids(), (0, 1));
+        assert_eq!(Key::from_i64(i64::MIN).pg_locks_ids(), (0x8000_0000, 0));
+    }
+
+    #[test]
+    fn file_offsets_fit_a_signed_offset() {
+        for k in [i64::MIN, -1, 0, 1, i64::MAX] {
+            assert!(Key::from_i64(k).file_offset() < i64::MAX as u64);
+        }
+        assert_eq!(Key::from_i64(5).file_offset(), 5);
+    }
+}

@@ -1,0 +1,71 @@
+//! Named locks for every process sharing one database.
+//!
+//! Services scale out to several processes and hosts; the database they already share
+//! is the one place they can agree on who may do a thing now. dblock gives them named
+//! exclusive and shared locks, on PostgreSQL (advisory locks) or on an embedded SQLite
+//! file (byte-range locks that exclude across the processes of one host).
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), dblock::Error> {
+//! // DBLOCK_DATABASE_URL, else DATABASE_URL, else ~/.local/state/dblock/locks.db
+//! let locks = dblock::Locks::from_env().await?;
+//!
+//! // Wait for the lock; dropping the guard releases it.
+//! let guard = locks.lock("autoland:7").await?;
+//! // … land proposal 7: no other process does so meanwhile …
+//! guard.release().await?;
+//!
+//! // Or take it only if it is free: "held elsewhere" is an answer, not an error.
+//! match locks.try_lock("nightly-report").await? {
+//!     Some(_guard) => { /* run the report */ }
+//!     None => { /* another process is running it */ }
+//! }
+//! # Ok(()) }
+//! ```
+//!
+//! # Behaviour
+//!
+//! - **Keys.** A name maps to a 64-bit key by a fixed function of (namespace, name):
+//!   see [`Key`]. The namespace defaults to the PostgreSQL schema in use, so two
+//!   deployments in two schemas of one database never collide.
+//! - **PostgreSQL.** Transaction-scoped advisory locks by default (safe behind
+//!   PgBouncer's transaction pooling), session-scoped on request ([`Scope`]). Each
+//!   lock pins its own connection for its whole life, so two tasks of one process
+//!   exclude each other even though PostgreSQL's locks are re-entrant per session.
+//!   Taking a lock is one round trip; releasing it is sent at once without waiting.
+//! - **Embedded.** See [`sqlite`](crate::sqlite#the-mechanism) for the mechanism.
+//! - **Cancellation.** Every future may be dropped at any await point: no lock stays
+//!   held once the future and any guard are gone, and no pooled connection is reused
+//!   holding a lock or an open transaction. A wait that gives up also stops waiting on
+//!   the server.
+//! - **Your own transaction.** [`postgres::xact`] takes a lock inside an sqlx
+//!   transaction of yours, released with it.
+//!
+//! # Cargo features
+//!
+//! | feature    | default | what it adds |
+//! |------------|---------|--------------|
+//! | `postgres` | yes     | PostgreSQL advisory locks; locks inside your sqlx transactions |
+//! | `sqlite`   | yes     | the embedded default: an SQLite file and byte-range locks beside it (Linux) |
+
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+mod error;
+pub mod fencing;
+mod guard;
+mod key;
+mod locks;
+pub mod migrate;
+#[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+pub mod postgres;
+#[cfg(feature = "sqlite")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
+pub mod sqlite;
+mod target;
+
+pub use error::Error;
+pub use guard::{LockGuard, LossReason};
+pub use key::{DEFAULT_NAMESPACE, Key, MAX_NAME_LEN, MAX_NAMESPACE_LEN};
+pub use locks::{Builder, Locks, Mode, Request, Scope};
+pub use target::{URL_ENV_VARS, default_sqlite_path, url_from_env};

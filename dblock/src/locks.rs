@@ -1,0 +1,493 @@
+//! The handle, its builder, and lock requests.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::guard::{Held, LockGuard};
+use crate::key::{check_name, check_namespace};
+use crate::target::Target;
+use crate::{Error, Key};
+
+/// Whether a lock excludes everyone, or only exclusive holders.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Mode {
+    /// One holder at a time (a writer).
+    #[default]
+    Exclusive,
+    /// Any number of shared holders at once, and no exclusive holder (readers).
+    Shared,
+}
+
+/// How long a PostgreSQL lock lives on its connection. The embedded backend has one
+/// kind of lock and ignores this.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Scope {
+    /// A transaction-scoped advisory lock (`pg_advisory_xact_lock`): the guard keeps a
+    /// transaction open on its connection and ends it to release. Works behind PgBouncer
+    /// in transaction pooling mode. The default.
+    #[default]
+    Transaction,
+    /// A session-scoped advisory lock (`pg_advisory_lock`), released by
+    /// `pg_advisory_unlock`. No transaction stays open while it is held, but it is lost
+    /// or leaked behind a transaction-pooling PgBouncer.
+    Session,
+}
+
+/// How long a request waits for a lock someone else holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Wait {
+    /// Until it is granted.
+    Forever,
+    /// Not at all.
+    Try,
+    /// Until this instant.
+    Until(Instant),
+}
+
+impl Wait {
+    /// The instant after which to give up, if any.
+    pub(crate) fn deadline(self) -> Option<Instant> {
+        match self {
+            Wait::Forever => None,
+            Wait::Try => Some(Instant::now()),
+            Wait::Until(t) => Some(t),
+        }
+    }
+}
+
+/// One request as the backends see it: the name checked and keyed.
+#[derive(Debug, Clone)]
+pub(crate) struct Req<'a> {
+    pub(crate) namespace: &'a str,
+    pub(crate) name: &'a str,
+    pub(crate) key: Key,
+    pub(crate) mode: Mode,
+    pub(crate) scope: Scope,
+    pub(crate) wait: Wait,
+    pub(crate) fenced: bool,
+}
+
+/// A grant as a backend returns it.
+pub(crate) struct Grant {
+    pub(crate) held: Held,
+    pub(crate) token: Option<i64>,
+}
+
+/// What a handle talks to.
+pub(crate) enum Backend {
+    #[cfg(feature = "postgres")]
+    Postgres(crate::postgres::PgBackend),
+    #[cfg(feature = "sqlite")]
+    Sqlite(crate::sqlite::SqliteBackend),
+}
+
+pub(crate) struct Inner {
+    pub(crate) backend: Backend,
+    pub(crate) namespace: String,
+    pub(crate) scope: Scope,
+}
+
+/// A handle on one database's locks: cheap to clone, shared by every task of a process.
+///
+/// Built from a URL ([`Locks::connect`]), the environment ([`Locks::from_env`]), an
+/// existing sqlx pool ([`Locks::from_sqlx_pool`]) or a [`Builder`].
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), dblock::Error> {
+/// let locks = dblock::Locks::connect("postgres://postgres@localhost/app").await?;
+/// let guard = locks.lock("autoland:7").await?;
+/// // … one process at a time lands proposal 7 …
+/// guard.release().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Locks {
+    pub(crate) inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Locks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Locks")
+            .field("backend", &self.backend_name())
+            .field("namespace", &self.inner.namespace)
+            .finish()
+    }
+}
+
+impl Locks {
+    /// A builder, for options beyond the URL.
+    pub fn builder() -> Builder {
+        Builder::default()
+    }
+
+    /// Opens the database named by `url`: `postgres://…`, `postgresql://…`,
+    /// `sqlite:PATH` or `sqlite://PATH`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidUrl`] for a URL dblock cannot use; [`Error::Connect`] when a
+    /// PostgreSQL server cannot be reached; [`Error::Io`] or
+    /// [`Error::UnsupportedFilesystem`] when the embedded lock file cannot be used.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancelling it closes any connection it had opened; nothing is left behind.
+    pub async fn connect(url: &str) -> Result<Locks, Error> {
+        Builder::default().url(url).build().await
+    }
+
+    /// Opens the database named by `DBLOCK_DATABASE_URL`, else `DATABASE_URL`, else the
+    /// embedded default, an SQLite file at `$XDG_STATE_HOME/dblock/locks.db`
+    /// (`$HOME/.local/state/dblock/locks.db` when `XDG_STATE_HOME` is unset).
+    ///
+    /// # Errors
+    ///
+    /// As [`Locks::connect`].
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`Locks::connect`].
+    pub async fn from_env() -> Result<Locks, Error> {
+        Builder::default().build().await
+    }
+
+    /// The namespace every name of this handle is keyed in.
+    pub fn namespace(&self) -> &str {
+        &self.inner.namespace
+    }
+
+    /// `"postgres"` or `"sqlite"`.
+    pub fn backend_name(&self) -> &'static str {
+        match &self.inner.backend {
+            #[cfg(feature = "postgres")]
+            Backend::Postgres(_) => "postgres",
+            #[cfg(feature = "sqlite")]
+            Backend::Sqlite(_) => "sqlite",
+        }
+    }
+
+    /// The key `name` maps to in this handle's namespace.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidName`] for an empty, too long or NUL-containing name.
+    pub fn key(&self, name: &str) -> Result<Key, Error> {
+        check_name(name)?;
+        Ok(Key::derive(&self.inner.namespace, name))
+    }
+
+    /// A request for the lock `name`, to set a mode, scope or fencing before taking it.
+    ///
+    /// ```no_run
+    /// # async fn demo(locks: dblock::Locks) -> Result<(), dblock::Error> {
+    /// use std::time::Duration;
+    /// if let Some(reader) = locks.request("report").shared().try_lock_for(Duration::from_secs(5)).await? {
+    ///     // … read while no writer holds "report" …
+    ///     drop(reader);
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub fn request<'a>(&'a self, name: &'a str) -> Request<'a> {
+        Request {
+            locks: self,
+            name,
+            mode: Mode::Exclusive,
+            scope: self.inner.scope,
+            fenced: false,
+        }
+    }
+
+    /// Waits for the exclusive lock `name` and returns its guard.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidName`] for a bad name; connection and server errors.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancelling the wait gives up the place in line; no lock is left held, on the
+    /// server or anywhere else, once the future is dropped.
+    pub async fn lock(&self, name: &str) -> Result<LockGuard, Error> {
+        self.request(name).lock().await
+    }
+
+    /// Takes the exclusive lock `name` if it is free now; `Ok(None)` if someone else
+    /// holds it.
+    ///
+    /// # Errors
+    ///
+    /// As [`Locks::lock`].
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`Locks::lock`].
+    pub async fn try_lock(&self, name: &str) -> Result<Option<LockGuard>, Error> {
+        self.request(name).try_lock().await
+    }
+
+    /// Waits at most `timeout` for the exclusive lock `name`; `Ok(None)` if it was not
+    /// granted in time.
+    ///
+    /// # Errors
+    ///
+    /// As [`Locks::lock`].
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`Locks::lock`].
+    pub async fn try_lock_for(
+        &self,
+        name: &str,
+        timeout: Duration,
+    ) -> Result<Option<LockGuard>, Error> {
+        self.request(name).try_lock_for(timeout).await
+    }
+}
+
+/// A lock request being set up: created by [`Locks::request`], finished by
+/// [`lock`](Request::lock), [`try_lock`](Request::try_lock) or
+/// [`try_lock_for`](Request::try_lock_for).
+#[derive(Debug, Clone)]
+#[must_use = "a request does nothing until lock, try_lock or try_lock_for is awaited"]
+pub struct Request<'a> {
+    locks: &'a Locks,
+    name: &'a str,
+    mode: Mode,
+    scope: Scope,
+    fenced: bool,
+}
+
+impl<'a> Request<'a> {
+    /// Asks for a shared (reader) lock.
+    pub fn shared(mut self) -> Self {
+        self.mode = Mode::Shared;
+        self
+    }
+
+    /// Asks for the given mode.
+    pub fn mode(mut self, mode: Mode) -> Self {
+        self.mode = mode;
+        self
+    }
+
+    /// Asks for the given PostgreSQL scope (the handle's default otherwise).
+    pub fn scope(mut self, scope: Scope) -> Self {
+        self.scope = scope;
+        self
+    }
+
+    /// Asks for a fencing token with the grant (exclusive locks only): see
+    /// [`fencing`](crate::fencing) for what it costs and guarantees.
+    pub fn fenced(mut self) -> Self {
+        self.fenced = true;
+        self
+    }
+
+    /// Waits until the lock is granted.
+    ///
+    /// # Errors
+    ///
+    /// As [`Locks::lock`].
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`Locks::lock`].
+    pub async fn lock(self) -> Result<LockGuard, Error> {
+        match self.acquire(Wait::Forever).await? {
+            Some(guard) => Ok(guard),
+            // A server-side lock_timeout configured by an administrator ended the wait.
+            None => Err(Error::Timeout {
+                waiting_for: "the lock (ended by the server's lock_timeout)",
+                after: Duration::ZERO,
+            }),
+        }
+    }
+
+    /// Takes the lock if it is free now; `Ok(None)` if not.
+    ///
+    /// # Errors
+    ///
+    /// As [`Locks::lock`].
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`Locks::lock`].
+    pub async fn try_lock(self) -> Result<Option<LockGuard>, Error> {
+        self.acquire(Wait::Try).await
+    }
+
+    /// Waits at most `timeout`; `Ok(None)` if the lock was not granted in time. The wait
+    /// ends on the server too (PostgreSQL's `lock_timeout`), not only in this process.
+    ///
+    /// # Errors
+    ///
+    /// As [`Locks::lock`].
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`Locks::lock`].
+    pub async fn try_lock_for(self, timeout: Duration) -> Result<Option<LockGuard>, Error> {
+        let wait = match Instant::now().checked_add(timeout) {
+            Some(t) => Wait::Until(t),
+            None => Wait::Forever,
+        };
+        self.acquire(wait).await
+    }
+
+    async fn acquire(self, wait: Wait) -> Result<Option<LockGuard>, Error> {
+        let inner = &self.locks.inner;
+        check_name(self.name)?;
+        if self.fenced && self.mode == Mode::Shared {
+            return Err(Error::Unsupported(
+                "fencing tokens are granted to exclusive locks only".into(),
+            ));
+        }
+        let req = Req {
+            namespace: &inner.namespace,
+            name: self.name,
+            key: Key::derive(&inner.namespace, self.name),
+            mode: self.mode,
+            scope: self.scope,
+            wait,
+            fenced: self.fenced,
+        };
+        let grant = match &inner.backend {
+            #[cfg(feature = "postgres")]
+            Backend::Postgres(b) => b.acquire(&req).await?,
+            #[cfg(feature = "sqlite")]
+            Backend::Sqlite(b) => b.acquire(&req).await?,
+        };
+        Ok(grant.map(|g| LockGuard::new(self.name, req.key, self.mode, g)))
+    }
+}
+
+/// Options for a [`Locks`] handle.
+#[derive(Debug, Clone)]
+pub struct Builder {
+    url: Option<String>,
+    namespace: Option<String>,
+    scope: Scope,
+    pub(crate) max_connections: usize,
+    pub(crate) check_interval: Duration,
+    pub(crate) check_timeout: Duration,
+    pub(crate) allow_network_filesystem: bool,
+}
+
+impl Default for Builder {
+    fn default() -> Self {
+        Builder {
+            url: None,
+            namespace: None,
+            scope: Scope::Transaction,
+            max_connections: 64,
+            check_interval: Duration::from_secs(1),
+            check_timeout: Duration::from_secs(5),
+            allow_network_filesystem: false,
+        }
+    }
+}
+
+impl Builder {
+    /// The database URL. Without one, `DBLOCK_DATABASE_URL`, then `DATABASE_URL`, then
+    /// the embedded default are used (see [`Locks::from_env`]).
+    pub fn url(mut self, url: impl Into<String>) -> Self {
+        self.url = Some(url.into());
+        self
+    }
+
+    /// The namespace names are keyed in. Defaults to the PostgreSQL schema in use
+    /// (`current_schema()`, read once when the handle is built), so two deployments in
+    /// two schemas of one database never collide; on the embedded backend, to
+    /// [`DEFAULT_NAMESPACE`](crate::DEFAULT_NAMESPACE).
+    pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
+        self.namespace = Some(namespace.into());
+        self
+    }
+
+    /// The default PostgreSQL scope of this handle's locks ([`Scope::Transaction`]
+    /// unless set).
+    pub fn scope(mut self, scope: Scope) -> Self {
+        self.scope = scope;
+        self
+    }
+
+    /// How many PostgreSQL connections dblock may open (64 unless set). Each held or
+    /// waiting lock pins one; requests beyond wait for one to come free.
+    pub fn max_connections(mut self, n: usize) -> Self {
+        self.max_connections = n.max(1);
+        self
+    }
+
+    /// How often a held PostgreSQL lock's connection is checked, so that a silently
+    /// broken connection is noticed ([`LockGuard::lost`]); one second unless set. A
+    /// connection the server closes is noticed at once regardless.
+    pub fn check_interval(mut self, interval: Duration) -> Self {
+        self.check_interval = interval.max(Duration::from_millis(10));
+        self
+    }
+
+    /// How long a check may go unanswered before the lock is declared lost and its
+    /// connection closed; five seconds unless set.
+    pub fn check_timeout(mut self, timeout: Duration) -> Self {
+        self.check_timeout = timeout.max(Duration::from_millis(10));
+        self
+    }
+
+    /// Lets the embedded backend use a lock file on a network or FUSE file system,
+    /// where byte-range locks may not exclude across hosts. Off unless set: such file
+    /// systems are refused with [`Error::UnsupportedFilesystem`].
+    pub fn allow_network_filesystem(mut self, allow: bool) -> Self {
+        self.allow_network_filesystem = allow;
+        self
+    }
+
+    /// Opens the handle.
+    ///
+    /// # Errors
+    ///
+    /// As [`Locks::connect`], and [`Error::InvalidNamespace`] for a bad namespace.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`Locks::connect`].
+    pub async fn build(self) -> Result<Locks, Error> {
+        if let Some(ns) = &self.namespace {
+            check_namespace(ns)?;
+        }
+        let target = match self.url.clone().or_else(crate::target::url_from_env) {
+            Some(url) => Target::parse(&url)?,
+            #[cfg(feature = "sqlite")]
+            None => Target::default_embedded()?,
+            #[cfg(not(feature = "sqlite"))]
+            None => {
+                return Err(Error::InvalidUrl {
+                    url: String::new(),
+                    reason: "no database URL given, and this build has no embedded default".into(),
+                });
+            }
+        };
+        let (backend, namespace) = match target {
+            #[cfg(feature = "postgres")]
+            Target::Postgres { config, shown } => {
+                let (b, ns) = crate::postgres::PgBackend::open(*config, shown, &self).await?;
+                (Backend::Postgres(b), ns)
+            }
+            #[cfg(feature = "sqlite")]
+            Target::Sqlite { path } => (
+                Backend::Sqlite(crate::sqlite::SqliteBackend::open(path, &self)?),
+                crate::DEFAULT_NAMESPACE.to_string(),
+            ),
+        };
+        let namespace = self.namespace.unwrap_or(namespace);
+        check_namespace(&namespace)?;
+        Ok(Locks {
+            inner: Arc::new(Inner {
+                backend,
+                namespace,
+                scope: self.scope,
+            }),
+        })
+    }
+}

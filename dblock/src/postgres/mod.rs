@@ -1,0 +1,587 @@
+//! The PostgreSQL backend: advisory locks on connections dblock owns.
+//!
+//! Every lock pins one connection for its whole life, so PostgreSQL's re-entrancy
+//! (a session may take the lock it already holds) can never make two holders: two
+//! tasks of one process asking for one name ask on two sessions, and the server makes
+//! one wait. One acquisition is one round trip: the statements it needs go out as one
+//! simple-protocol message.
+
+mod native;
+pub mod xact;
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::locks::{Builder, Grant, Mode, Req, Scope, Wait};
+use crate::{Error, Key, LossReason};
+
+pub(crate) use native::{Armed, Conn, Pool, QueryError, Results};
+
+/// The backend of a handle built from a `postgres://` URL.
+pub(crate) struct PgBackend {
+    pub(crate) pool: Pool,
+    /// The schema `current_schema()` named when the handle was built (where dblock's
+    /// own tables go).
+    pub(crate) schema: Option<String>,
+    /// Set once the fencing table is known to exist.
+    fence_ready: tokio::sync::OnceCell<String>,
+}
+
+impl PgBackend {
+    /// Connects once (so a bad URL or an unreachable server fails here, not at the first
+    /// lock) and reads the schema in use, the default namespace.
+    pub(crate) async fn open(
+        config: tokio_postgres::Config,
+        shown: String,
+        opts: &Builder,
+    ) -> Result<(PgBackend, String), Error> {
+        let pool = Pool::new(
+            config,
+            shown,
+            opts.max_connections,
+            opts.check_interval,
+            opts.check_timeout,
+        );
+        let armed = Armed::new(pool.get(None).await?);
+        let rows = armed
+            .conn()
+            .query("SELECT current_schema()")
+            .await
+            .map_err(QueryError::into_error)?;
+        let conn = armed.disarm();
+        conn.recycle();
+        let schema = first_value(&rows, 0);
+        let namespace = match &schema {
+            Some(s) => s.clone(),
+            None => {
+                return Err(Error::InvalidNamespace {
+                    namespace: String::new(),
+                    reason: "no schema of the search_path exists, so there is no default \
+                             namespace; set one with Builder::namespace or fix search_path",
+                });
+            }
+        };
+        Ok((
+            PgBackend {
+                pool,
+                schema,
+                fence_ready: tokio::sync::OnceCell::new(),
+            },
+            namespace,
+        ))
+    }
+
+    /// Takes a lock as `req` says: one round trip on a pinned connection.
+    pub(crate) async fn acquire(&self, req: &Req<'_>) -> Result<Option<Grant>, Error> {
+        let deadline = req.wait.deadline();
+        let fence_table = match req.fenced {
+            true => Some(self.fence_table().await?),
+            false => None,
+        };
+        let conn = self.pool.get(deadline).await?;
+        let plan = Plan::new(req, fence_table);
+        let armed = Armed::new(conn);
+        let result = match deadline {
+            // The server ends the wait (lock_timeout); the client-side bound is a
+            // backstop for a server that stops answering.
+            Some(d) => {
+                match tokio::time::timeout_at(d + BACKSTOP, armed.conn().query(&plan.sql)).await {
+                    Ok(r) => r,
+                    Err(_) => {
+                        drop(armed); // abandons: cancels on the server, closes
+                        return Err(Error::Timeout {
+                            waiting_for: "the server to answer a lock request",
+                            after: BACKSTOP,
+                        });
+                    }
+                }
+            }
+            None => armed.conn().query(&plan.sql).await,
+        };
+        let conn = armed.disarm();
+        match result {
+            Ok(rows) => match plan.outcome(&rows) {
+                Some(token) => {
+                    conn.link().set_holding(true);
+                    Ok(Some(Grant {
+                        held: crate::guard::Held::Postgres(PgHeld::new(conn, req)),
+                        token,
+                    }))
+                }
+                None => {
+                    plan.clean_up(&conn);
+                    conn.recycle();
+                    Ok(None)
+                }
+            },
+            Err(QueryError::Db { code, message }) => {
+                plan.clean_up(&conn);
+                conn.recycle();
+                if code == LOCK_NOT_AVAILABLE && req.wait != Wait::Forever {
+                    return Ok(None);
+                }
+                if code == QUERY_CANCELED {
+                    return Err(Error::Timeout {
+                        waiting_for: "the lock (the server cancelled the wait: statement_timeout)",
+                        after: Duration::ZERO,
+                    });
+                }
+                Err(Error::from_sqlstate(&code, message))
+            }
+            Err(e @ QueryError::Lost { .. }) => Err(e.into_error()),
+        }
+    }
+
+    /// The qualified name of the fencing table, created on first use.
+    pub(crate) async fn fence_table(&self) -> Result<&str, Error> {
+        let table = self
+            .fence_ready
+            .get_or_try_init(|| async {
+                let Some(schema) = &self.schema else {
+                    return Err(Error::Unsupported(
+                        "fencing tokens need a schema for their table, and no schema of the \
+                         search_path exists"
+                            .into(),
+                    ));
+                };
+                let table = format!("{}.{}", quote_ident(schema), crate::fencing::TABLE);
+                let armed = Armed::new(self.pool.get(None).await?);
+                let rows = armed
+                    .conn()
+                    .query(&format!(
+                        "SELECT to_regclass({}) IS NOT NULL",
+                        quote_literal(&table)
+                    ))
+                    .await
+                    .map_err(QueryError::into_error)?;
+                if first_value(&rows, 0).as_deref() != Some("t") {
+                    // Idempotent DDL is not concurrency-safe: take the migration lock first,
+                    // as every start-up script should (see `migrate`).
+                    let ddl = crate::fencing::pg_table_ddl(&table);
+                    armed
+                        .conn()
+                        .query(&crate::migrate::lock_prefixed(&ddl))
+                        .await
+                        .map_err(QueryError::into_error)?;
+                }
+                armed.disarm().recycle();
+                Ok(table)
+            })
+            .await?;
+        Ok(table)
+    }
+}
+
+/// How long past a deadline the client waits for the server's own lock_timeout to
+/// answer before giving the connection up.
+const BACKSTOP: Duration = Duration::from_secs(2);
+
+const LOCK_NOT_AVAILABLE: &str = "55P03";
+const QUERY_CANCELED: &str = "57014";
+
+/// The SQL of one acquisition, and how to read its result.
+struct Plan {
+    sql: String,
+    scope: Scope,
+    key: Key,
+    mode: Mode,
+    /// Statements whose single boolean row must be `t` for the lock to be held.
+    must_be_true: Vec<usize>,
+    /// Index of the statement returning the fencing token, if any.
+    token_at: Option<usize>,
+}
+
+impl Plan {
+    fn new(req: &Req<'_>, fence_table: Option<&str>) -> Plan {
+        debug_assert!(!req.fenced || fence_table.is_some());
+        let k = req.key.as_i64();
+        let shared = if req.mode == Mode::Shared {
+            "_shared"
+        } else {
+            ""
+        };
+        // Whole milliseconds left, at least 1 (lock_timeout = 0 would mean "forever").
+        let timeout_ms = match req.wait {
+            Wait::Until(t) => {
+                let left = t.saturating_duration_since(Instant::now()).as_millis();
+                if left == 0 { None } else { Some(left) }
+            }
+            _ => None,
+        };
+        let try_ =
+            req.wait == Wait::Try || (matches!(req.wait, Wait::Until(_)) && timeout_ms.is_none());
+        let mut sql = String::with_capacity(160);
+        let mut n = 0usize; // statements so far
+        let mut push = |sql: &mut String, s: &str| {
+            if !sql.is_empty() {
+                sql.push_str("; ");
+            }
+            sql.push_str(s);
+            n += 1;
+            n - 1
+        };
+        let mut must_be_true = Vec::new();
+        let mut token_at = None;
+        let fenced = req.fenced && fence_table.is_some();
+        match (req.scope, fenced) {
+            (Scope::Transaction, false) => {
+                push(&mut sql, "BEGIN ISOLATION LEVEL READ COMMITTED");
+                if let Some(ms) = timeout_ms {
+                    push(&mut sql, &format!("SET LOCAL lock_timeout = {ms}"));
+                }
+                let f = if try_ {
+                    "pg_try_advisory_xact_lock"
+                } else {
+                    "pg_advisory_xact_lock"
+                };
+                let i = push(&mut sql, &format!("SELECT {f}{shared}({k})"));
+                if try_ {
+                    must_be_true.push(i);
+                }
+            }
+            (Scope::Session, false) => {
+                if let Some(ms) = timeout_ms {
+                    push(
+                        &mut sql,
+                        &format!("SELECT set_config('lock_timeout', '{ms}', true)"),
+                    );
+                }
+                let f = if try_ {
+                    "pg_try_advisory_lock"
+                } else {
+                    "pg_advisory_lock"
+                };
+                let i = push(&mut sql, &format!("SELECT {f}{shared}({k})"));
+                if try_ {
+                    must_be_true.push(i);
+                }
+            }
+            (scope, true) => {
+                // The token is committed *while the lock is held* and before the grant is
+                // returned: a session lock taken first bridges the commit, so no other
+                // holder can come between the increment and the grant.
+                let table = fence_table.unwrap_or_default();
+                push(&mut sql, "BEGIN ISOLATION LEVEL READ COMMITTED");
+                if let Some(ms) = timeout_ms {
+                    push(&mut sql, &format!("SET LOCAL lock_timeout = {ms}"));
+                }
+                let upsert = format!(
+                    "INSERT INTO {table} AS f (key, namespace, name, token, holder, granted_at) \
+                     SELECT {k}, {ns}, {name}, 1, {holder}, now() {cond}\
+                     ON CONFLICT (key) DO UPDATE SET token = f.token + 1, \
+                     holder = EXCLUDED.holder, granted_at = EXCLUDED.granted_at RETURNING token",
+                    ns = quote_literal(req.namespace),
+                    name = quote_literal(req.name),
+                    holder = quote_literal(crate::fencing::holder_id()),
+                    cond = if try_ {
+                        format!("WHERE pg_try_advisory_lock({k}) ")
+                    } else {
+                        String::new()
+                    },
+                );
+                if !try_ {
+                    push(&mut sql, &format!("SELECT pg_advisory_lock({k})"));
+                }
+                token_at = Some(push(&mut sql, &upsert));
+                push(&mut sql, "COMMIT");
+                if scope == Scope::Transaction {
+                    push(&mut sql, "BEGIN ISOLATION LEVEL READ COMMITTED");
+                    // Re-entrant, so immediate when the session lock above was granted;
+                    // a try, so it never waits when it was not.
+                    must_be_true.push(push(
+                        &mut sql,
+                        &format!("SELECT pg_try_advisory_xact_lock({k})"),
+                    ));
+                    push(&mut sql, &format!("SELECT pg_advisory_unlock({k})"));
+                }
+            }
+        }
+        Plan {
+            sql,
+            scope: req.scope,
+            key: req.key,
+            mode: req.mode,
+            must_be_true,
+            token_at,
+        }
+    }
+
+    /// `None` if the lock was not obtained, `Some(token)` if it was.
+    fn outcome(&self, rows: &Results) -> Option<Option<i64>> {
+        if self
+            .must_be_true
+            .iter()
+            .any(|&i| first_value(rows, i).as_deref() != Some("t"))
+        {
+            return None;
+        }
+        match self.token_at {
+            None => Some(None),
+            Some(i) => {
+                // A fenced try returns no token row when the lock was not free.
+                let token = first_value(rows, i)?;
+                Some(token.parse::<i64>().ok())
+            }
+        }
+    }
+
+    /// After a request that did not end with the lock held: leave the connection clean.
+    fn clean_up(&self, conn: &Conn) {
+        let sql = match self.scope {
+            // Ends the transaction, failed or not (a warning if there is none).
+            Scope::Transaction => "ROLLBACK".to_string(),
+            // A session lock may have been granted before a later statement failed:
+            // unlock it, and end the implicit transaction if one is open. Unlocking a
+            // lock not held is a no-op with a warning.
+            Scope::Session => format!(
+                "ROLLBACK; {}",
+                release_sql(Scope::Session, self.mode, self.key)
+            ),
+        };
+        conn.fire(&sql);
+    }
+}
+
+/// The statement that releases a held lock.
+fn release_sql(scope: Scope, mode: Mode, key: Key) -> String {
+    match (scope, mode) {
+        (Scope::Transaction, _) => "ROLLBACK".to_string(),
+        (Scope::Session, Mode::Exclusive) => format!("SELECT pg_advisory_unlock({})", key.as_i64()),
+        (Scope::Session, Mode::Shared) => {
+            format!("SELECT pg_advisory_unlock_shared({})", key.as_i64())
+        }
+    }
+}
+
+/// The PostgreSQL half of a guard: the pinned connection.
+pub(crate) struct PgHeld {
+    conn: Option<Conn>,
+    release: String,
+    scope: Scope,
+}
+
+impl PgHeld {
+    fn new(conn: Conn, req: &Req<'_>) -> PgHeld {
+        PgHeld {
+            conn: Some(conn),
+            release: release_sql(req.scope, req.mode, req.key),
+            scope: req.scope,
+        }
+    }
+
+    pub(crate) fn loss(&self) -> Option<LossReason> {
+        match &self.conn {
+            Some(c) => c.link().loss(),
+            None => None,
+        }
+    }
+
+    pub(crate) fn watch_loss(
+        &self,
+    ) -> impl std::future::Future<Output = LossReason> + Send + 'static {
+        let w = self.conn.as_ref().map(|c| c.link().watch());
+        async move {
+            match w {
+                Some(w) => w.await,
+                None => std::future::pending().await,
+            }
+        }
+    }
+
+    pub(crate) async fn check(&mut self) -> Result<(), Error> {
+        let Some(conn) = self.conn.take() else {
+            return Err(Error::Unsupported("the guard was already released".into()));
+        };
+        if let Some(reason) = conn.link().loss() {
+            self.conn = Some(conn);
+            return Err(Error::LockLost { reason });
+        }
+        let armed = Armed::new(conn);
+        let res = armed.conn().query("").await;
+        let conn = armed.disarm();
+        let lost = conn.link().loss();
+        self.conn = Some(conn);
+        match (res, lost) {
+            (_, Some(reason)) => Err(Error::LockLost { reason }),
+            (Ok(_), None) => Ok(()),
+            (Err(QueryError::Lost { message }), None) => Err(Error::LockLost {
+                reason: LossReason::ConnectionClosed { message },
+            }),
+            (Err(e), None) => Err(e.into_error()),
+        }
+    }
+
+    pub(crate) async fn release(mut self) -> Result<(), Error> {
+        let Some(conn) = self.conn.take() else {
+            return Ok(());
+        };
+        if let Some(reason) = conn.link().loss() {
+            return Err(Error::LockLost { reason });
+        }
+        conn.link().set_holding(false);
+        let armed = Armed::new(conn);
+        let res = armed.conn().query(&self.release).await;
+        let conn = armed.disarm();
+        match res {
+            Ok(rows) => {
+                // pg_advisory_unlock answers f when the session did not hold the lock.
+                let held = self.scope == Scope::Transaction
+                    || first_value(&rows, 0).as_deref() == Some("t");
+                conn.recycle();
+                if held {
+                    Ok(())
+                } else {
+                    Err(Error::LockLost {
+                        reason: LossReason::ConnectionClosed {
+                            message: "the session no longer held the lock (a pooler between \
+                                      dblock and the server may have switched sessions)"
+                                .into(),
+                        },
+                    })
+                }
+            }
+            Err(e) => {
+                conn.abandon();
+                Err(match e {
+                    QueryError::Lost { message } => Error::LockLost {
+                        reason: LossReason::ConnectionClosed { message },
+                    },
+                    other => other.into_error(),
+                })
+            }
+        }
+    }
+}
+
+impl Drop for PgHeld {
+    fn drop(&mut self) {
+        if let Some(conn) = self.conn.take() {
+            conn.link().set_holding(false);
+            if conn.fire(&self.release) {
+                conn.recycle();
+            } else {
+                conn.abandon();
+            }
+        }
+    }
+}
+
+/// The first column of the first row of statement `i`.
+pub(crate) fn first_value(rows: &Results, i: usize) -> Option<String> {
+    rows.get(i)?.first()?.clone()
+}
+
+/// `s` as an SQL string literal, safe whatever `standard_conforming_strings` says.
+pub(crate) fn quote_literal(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 3);
+    out.push_str("E'");
+    for c in s.chars() {
+        match c {
+            '\'' => out.push_str("''"),
+            '\\' => out.push_str("\\\\"),
+            c => out.push(c),
+        }
+    }
+    out.push('\'');
+    out
+}
+
+/// `s` as an SQL identifier.
+pub(crate) fn quote_ident(s: &str) -> String {
+    format!("\"{}\"", s.replace('"', "\"\""))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(scope: Scope, mode: Mode, wait: Wait, fenced: bool) -> Req<'static> {
+        Req {
+            namespace: "public",
+            name: "it's",
+            key: Key::from_i64(42),
+            mode,
+            scope,
+            wait,
+            fenced,
+        }
+    }
+
+    #[test]
+    fn a_plain_transaction_lock_is_one_message_of_two_statements() {
+        let p = Plan::new(
+            &req(Scope::Transaction, Mode::Exclusive, Wait::Forever, false),
+            None,
+        );
+        assert_eq!(
+            p.sql,
+            "BEGIN ISOLATION LEVEL READ COMMITTED; SELECT pg_advisory_xact_lock(42)"
+        );
+        let p = Plan::new(&req(Scope::Session, Mode::Shared, Wait::Try, false), None);
+        assert_eq!(p.sql, "SELECT pg_try_advisory_lock_shared(42)");
+        assert_eq!(p.must_be_true, vec![0]);
+    }
+
+    #[test]
+    fn a_deadline_becomes_a_server_side_lock_timeout() {
+        let until = Instant::now() + Duration::from_secs(5);
+        let p = Plan::new(
+            &req(
+                Scope::Transaction,
+                Mode::Exclusive,
+                Wait::Until(until),
+                false,
+            ),
+            None,
+        );
+        assert!(p.sql.contains("SET LOCAL lock_timeout = "), "{}", p.sql);
+        let p = Plan::new(
+            &req(Scope::Session, Mode::Exclusive, Wait::Until(until), false),
+            None,
+        );
+        assert!(
+            p.sql.starts_with("SELECT set_config('lock_timeout', "),
+            "{}",
+            p.sql
+        );
+        // A deadline already past is a try: lock_timeout = 0 would wait forever.
+        let p = Plan::new(
+            &req(
+                Scope::Session,
+                Mode::Exclusive,
+                Wait::Until(Instant::now()),
+                false,
+            ),
+            None,
+        );
+        assert_eq!(p.sql, "SELECT pg_try_advisory_lock(42)");
+    }
+
+    #[test]
+    fn a_fenced_transaction_lock_commits_its_token_under_a_bridging_session_lock() {
+        let p = Plan::new(
+            &req(Scope::Transaction, Mode::Exclusive, Wait::Forever, true),
+            Some("\"public\".dblock_fencing"),
+        );
+        let stmts: Vec<&str> = p.sql.split("; ").collect();
+        assert_eq!(stmts[1], "SELECT pg_advisory_lock(42)");
+        assert!(stmts[2].starts_with("INSERT INTO \"public\".dblock_fencing"));
+        assert!(
+            stmts[2].contains("E'it''s'"),
+            "names are quoted: {}",
+            stmts[2]
+        );
+        assert_eq!(stmts[3], "COMMIT");
+        assert_eq!(stmts[5], "SELECT pg_try_advisory_xact_lock(42)");
+        assert_eq!(stmts[6], "SELECT pg_advisory_unlock(42)");
+        assert_eq!(p.token_at, Some(2));
+        assert_eq!(p.must_be_true, vec![5]);
+    }
+
+    #[test]
+    fn literals_and_identifiers_are_quoted() {
+        assert_eq!(quote_literal(r"a'b\c"), r"E'a''b\\c'");
+        assert_eq!(quote_ident("we\"ird"), "\"we\"\"ird\"");
+    }
+}

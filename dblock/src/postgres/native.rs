@@ -1,0 +1,443 @@
+//! dblock's own PostgreSQL connections (tokio-postgres) and their small pool.
+//!
+//! Why not sqlx here: a lock cycle must cost one round trip. tokio-postgres pipelines:
+//! a request is handed to the connection's task the moment it is issued, so a guard's
+//! `Drop` can *send* its `ROLLBACK` synchronously, without waiting for the reply and
+//! without spawning, and the next lock request on that connection goes out right
+//! behind it. sqlx can only send when the connection is next awaited.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use futures_util::FutureExt;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
+use tokio::time::Instant;
+use tokio_postgres::{Client, NoTls, SimpleQueryMessage};
+
+use crate::{Error, LossReason};
+
+/// Rows of each statement of a simple query, first column only, as text.
+pub(crate) type Results = Vec<Vec<Option<String>>>;
+
+/// A failed request, before it is mapped to an [`Error`].
+#[derive(Debug)]
+pub(crate) enum QueryError {
+    /// The server answered with an error; the connection is usable.
+    Db { code: String, message: String },
+    /// The connection is gone.
+    Lost { message: String },
+}
+
+impl QueryError {
+    pub(crate) fn into_error(self) -> Error {
+        match self {
+            QueryError::Db { code, message } => Error::from_sqlstate(&code, message),
+            QueryError::Lost { message } => Error::ConnectionLost { message },
+        }
+    }
+
+    fn from_driver(e: tokio_postgres::Error) -> QueryError {
+        match e.as_db_error() {
+            Some(db) => {
+                let mut message = db.message().to_string();
+                if let Some(d) = db.detail() {
+                    message.push_str(" (");
+                    message.push_str(d);
+                    message.push(')');
+                }
+                if let Some(h) = db.hint() {
+                    message.push_str("; hint: ");
+                    message.push_str(h);
+                }
+                let code = db.code().code().to_string();
+                // A FATAL error ends the session, whatever its code.
+                if matches!(db.severity(), "FATAL" | "PANIC") {
+                    QueryError::Lost { message }
+                } else {
+                    QueryError::Db { code, message }
+                }
+            }
+            None => QueryError::Lost {
+                message: e.to_string(),
+            },
+        }
+    }
+}
+
+/// What a connection and its watchdog share.
+pub(crate) struct Link {
+    /// Whether a lock is held on the connection (the watchdog checks only then).
+    holding: AtomicBool,
+    /// `Some` once the connection is known to be gone.
+    lost: watch::Sender<Option<LossReason>>,
+}
+
+impl Link {
+    fn new() -> Arc<Link> {
+        Arc::new(Link {
+            holding: AtomicBool::new(false),
+            lost: watch::Sender::new(None),
+        })
+    }
+
+    pub(crate) fn set_holding(&self, on: bool) {
+        self.holding.store(on, Ordering::Relaxed);
+    }
+
+    pub(crate) fn loss(&self) -> Option<LossReason> {
+        self.lost.borrow().clone()
+    }
+
+    fn mark_lost(&self, reason: LossReason) {
+        self.lost.send_if_modified(|s| {
+            if s.is_none() {
+                *s = Some(reason);
+                true
+            } else {
+                false
+            }
+        });
+    }
+
+    /// Resolves when the connection is lost.
+    pub(crate) fn watch(&self) -> impl std::future::Future<Output = LossReason> + Send + 'static {
+        let mut rx = self.lost.subscribe();
+        async move {
+            match rx.wait_for(Option::is_some).await {
+                Ok(r) => r.clone().unwrap_or(LossReason::ConnectionClosed {
+                    message: "closed".into(),
+                }),
+                // The sender lives in the Link, which outlives every connection use; if it
+                // is gone, so is the connection.
+                Err(_) => LossReason::ConnectionClosed {
+                    message: "closed".into(),
+                },
+            }
+        }
+    }
+}
+
+/// The pool's settings and idle connections.
+pub(crate) struct PoolShared {
+    config: tokio_postgres::Config,
+    shown: String,
+    idle: Mutex<Vec<Conn>>,
+    permits: Arc<Semaphore>,
+    check_interval: Duration,
+    check_timeout: Duration,
+}
+
+/// A small LIFO pool of dblock's own connections.
+#[derive(Clone)]
+pub(crate) struct Pool {
+    shared: Arc<PoolShared>,
+}
+
+impl Pool {
+    pub(crate) fn new(
+        config: tokio_postgres::Config,
+        shown: String,
+        max: usize,
+        check_interval: Duration,
+        check_timeout: Duration,
+    ) -> Pool {
+        Pool {
+            shared: Arc::new(PoolShared {
+                config,
+                shown,
+                idle: Mutex::new(Vec::new()),
+                permits: Arc::new(Semaphore::new(max)),
+                check_interval,
+                check_timeout,
+            }),
+        }
+    }
+
+    pub(crate) fn shown(&self) -> &str {
+        &self.shared.shown
+    }
+
+    /// A connection: an idle one if there is one, else a new one.
+    ///
+    /// Cancel safe: a connection being opened when the future is dropped is closed.
+    pub(crate) async fn get(&self, deadline: Option<Instant>) -> Result<Conn, Error> {
+        let sem = self.shared.permits.clone();
+        let permit = match deadline {
+            None => sem.acquire_owned().await,
+            Some(d) => match tokio::time::timeout_at(d, sem.acquire_owned()).await {
+                Ok(p) => p,
+                Err(_) => {
+                    return Err(Error::Timeout {
+                        waiting_for: "a free connection in dblock's pool (raise max_connections)",
+                        after: Duration::ZERO,
+                    });
+                }
+            },
+        }
+        .map_err(|_| Error::Unsupported("the pool is closed".into()))?;
+        loop {
+            let idle = {
+                let mut idle = self.shared.idle.lock().unwrap_or_else(|p| p.into_inner());
+                idle.pop()
+            };
+            match idle {
+                Some(mut c) if c.usable() => {
+                    c.permit = Some(permit);
+                    return Ok(c);
+                }
+                Some(_) => continue,
+                None => break,
+            }
+        }
+        let mut conn = self.connect().await?;
+        conn.permit = Some(permit);
+        Ok(conn)
+    }
+
+    async fn connect(&self) -> Result<Conn, Error> {
+        let (client, connection) = self.shared.config.connect(NoTls).await.map_err(|e| {
+            let message = match e.as_db_error() {
+                Some(db) => db.message().to_string(),
+                None => {
+                    // tokio-postgres puts the useful part (refused, timed out) in the source.
+                    let mut m = e.to_string();
+                    let mut src = std::error::Error::source(&e);
+                    while let Some(s) = src {
+                        m = format!("{m}: {s}");
+                        src = s.source();
+                    }
+                    m
+                }
+            };
+            Error::Connect {
+                target: self.shared.shown.clone(),
+                message,
+            }
+        })?;
+        let client = Arc::new(client);
+        let link = Link::new();
+        tokio::spawn(drive(
+            connection,
+            Arc::downgrade(&client),
+            link.clone(),
+            self.shared.check_interval,
+            self.shared.check_timeout,
+        ));
+        Ok(Conn {
+            client,
+            link,
+            permit: None,
+            pool: Arc::downgrade(&self.shared),
+        })
+    }
+}
+
+/// Runs a connection: its I/O, and while a lock is held on it, a health check every
+/// interval. Marks the link lost when the connection ends or a check goes unanswered
+/// for `timeout`; returning drops the socket, which ends the server session.
+async fn drive(
+    connection: tokio_postgres::Connection<
+        tokio_postgres::Socket,
+        tokio_postgres::tls::NoTlsStream,
+    >,
+    client: Weak<Client>,
+    link: Arc<Link>,
+    interval: Duration,
+    timeout: Duration,
+) {
+    type Ping = std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), QueryError>> + Send>>;
+    let mut connection = std::pin::pin!(connection);
+    let mut ping: Option<(Ping, Instant)> = None;
+    let mut tick = tokio::time::interval(interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        let ping_done = async {
+            match &mut ping {
+                Some((p, _)) => p.await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            biased;
+            end = &mut connection => {
+                let message = match end {
+                    Ok(()) => "closed by dblock".to_string(),
+                    Err(e) => match QueryError::from_driver(e) {
+                        QueryError::Db { message, .. } | QueryError::Lost { message } => message,
+                    },
+                };
+                link.mark_lost(LossReason::ConnectionClosed { message });
+                return;
+            }
+            res = ping_done => {
+                ping = None;
+                if let Err(QueryError::Lost { message }) = res {
+                    link.mark_lost(LossReason::ConnectionClosed { message });
+                }
+            }
+            _ = tick.tick() => {
+                if !link.holding.load(Ordering::Relaxed) {
+                    continue;
+                }
+                match &ping {
+                    Some((_, since)) => {
+                        let after = since.elapsed();
+                        if after >= timeout {
+                            link.mark_lost(LossReason::Unresponsive { after });
+                            return;
+                        }
+                    }
+                    None => {
+                        if let Some(c) = client.upgrade() {
+                            let p: Ping = Box::pin(async move {
+                                c.simple_query("").await.map(|_| ()).map_err(QueryError::from_driver)
+                            });
+                            ping = Some((p, Instant::now()));
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// One of dblock's connections, checked out of the pool.
+pub(crate) struct Conn {
+    client: Arc<Client>,
+    link: Arc<Link>,
+    permit: Option<OwnedSemaphorePermit>,
+    pool: Weak<PoolShared>,
+}
+
+impl Conn {
+    fn usable(&self) -> bool {
+        !self.client.is_closed() && self.link.loss().is_none()
+    }
+
+    pub(crate) fn link(&self) -> &Arc<Link> {
+        &self.link
+    }
+
+    /// Sends a simple query (one or more statements) and waits for every result.
+    ///
+    /// Not cancel safe by itself: callers arm a [`Conn::abandon`] before awaiting it.
+    pub(crate) async fn query(&self, sql: &str) -> Result<Results, QueryError> {
+        let messages = self
+            .client
+            .simple_query(sql)
+            .await
+            .map_err(QueryError::from_driver)?;
+        let mut out: Results = vec![Vec::new()];
+        for m in messages {
+            match m {
+                SimpleQueryMessage::Row(row) => {
+                    if let Some(last) = out.last_mut() {
+                        last.push(row.get(0).map(str::to_string));
+                    }
+                }
+                SimpleQueryMessage::CommandComplete(_) => out.push(Vec::new()),
+                _ => {}
+            }
+        }
+        out.pop();
+        Ok(out)
+    }
+
+    /// Sends `sql` now without waiting for its reply. Returns false if it could not be
+    /// sent (the connection is gone).
+    ///
+    /// The request is queued on the connection's task before this returns, so anything
+    /// sent later on this connection runs after it.
+    pub(crate) fn fire(&self, sql: &str) -> bool {
+        // `simple_query_raw` encodes and queues the request on its first poll, before
+        // any await; the reply is dropped unread (the connection task discards it).
+        match self.client.simple_query_raw(sql).now_or_never() {
+            Some(Ok(_stream)) => true,
+            Some(Err(_)) => false,
+            None => {
+                // Should the driver ever need more than one poll, finish sending on the
+                // runtime; the request still precedes anything issued after it.
+                let client = self.client.clone();
+                let sql = sql.to_string();
+                match tokio::runtime::Handle::try_current() {
+                    Ok(h) => {
+                        h.spawn(async move {
+                            let _ = client.simple_query_raw(&sql).await;
+                        });
+                        true
+                    }
+                    Err(_) => false,
+                }
+            }
+        }
+    }
+
+    /// Returns the connection to its pool (or closes it if it is broken).
+    pub(crate) fn recycle(mut self) {
+        self.link.set_holding(false);
+        self.permit = None;
+        if !self.usable() {
+            return;
+        }
+        if let Some(pool) = self.pool.upgrade() {
+            let mut idle = pool.idle.lock().unwrap_or_else(|p| p.into_inner());
+            idle.push(self);
+        }
+    }
+
+    /// Gives the connection up when its state is unknown (a request was cut off mid-way):
+    /// asks the server to cancel whatever the session is running, and closes it. Closing
+    /// ends the session, which releases every lock and transaction it had.
+    pub(crate) fn abandon(self) {
+        self.link.set_holding(false);
+        let token = self.client.cancel_token();
+        drop(self);
+        if let Ok(h) = tokio::runtime::Handle::try_current() {
+            h.spawn(async move {
+                let _ =
+                    tokio::time::timeout(Duration::from_secs(10), token.cancel_query(NoTls)).await;
+            });
+        }
+    }
+}
+
+/// Arms [`Conn::abandon`] for the duration of a request: dropped while armed (the
+/// request's future was cancelled), the connection is abandoned.
+pub(crate) struct Armed(Option<Conn>);
+
+impl Armed {
+    pub(crate) fn new(conn: Conn) -> Armed {
+        Armed(Some(conn))
+    }
+
+    pub(crate) fn conn(&self) -> &Conn {
+        // Invariant: the Option is Some until `disarm` consumes self.
+        match &self.0 {
+            Some(c) => c,
+            None => unreachable_conn(),
+        }
+    }
+
+    pub(crate) fn disarm(mut self) -> Conn {
+        match self.0.take() {
+            Some(c) => c,
+            None => unreachable_conn(),
+        }
+    }
+}
+
+#[cold]
+#[allow(clippy::panic)]
+fn unreachable_conn() -> ! {
+    // `Armed` holds its connection from `new` until `disarm` consumes it.
+    panic!("dblock internal error: armed connection missing")
+}
+
+impl Drop for Armed {
+    fn drop(&mut self) {
+        if let Some(c) = self.0.take() {
+            c.abandon();
+        }
+    }
+}

@@ -1,0 +1,136 @@
+//! Locks inside your own sqlx transaction, released with it: the hub seed's use.
+//!
+//! ```no_run
+//! # async fn demo(pool: sqlx::PgPool, locks: dblock::Locks) -> Result<(), dblock::Error> {
+//! use dblock::postgres::xact;
+//! let mut tx = pool.begin().await.map_err(xact::map_sqlx)?;
+//! // One landing of proposal 7 at a time, across every process: held until `tx` ends.
+//! xact::lock(&mut tx, locks.key("autoland:7")?).await?;
+//! // … the checks and the landing, in `tx` …
+//! tx.commit().await.map_err(xact::map_sqlx)?;
+//! # Ok(()) }
+//! ```
+//!
+//! The lock belongs to the transaction: it is released by `COMMIT` or `ROLLBACK`, and
+//! cannot be released earlier. Within one transaction a second request for a key it
+//! already holds succeeds at once (PostgreSQL's locks are re-entrant per session), so do
+//! not share one transaction between tasks that must exclude each other.
+
+use sqlx::{PgConnection, Postgres, Transaction};
+
+use crate::{Error, Key, Mode};
+
+/// Waits for the lock `key` inside `tx`; it is held until `tx` commits or rolls back.
+///
+/// # Errors
+///
+/// [`Error::Deadlock`] when the server's deadlock detector picks this transaction (it
+/// then must be rolled back); connection and server errors.
+///
+/// # Cancel safety
+///
+/// If cancelled, the lock may still be granted to `tx` a moment later; it is then
+/// released with `tx`, like everything else the transaction did.
+pub async fn lock(tx: &mut Transaction<'_, Postgres>, key: Key) -> Result<(), Error> {
+    lock_mode(tx, key, Mode::Exclusive).await
+}
+
+/// Waits for the lock `key` in `mode` inside `tx`.
+///
+/// # Errors
+///
+/// As [`lock`].
+///
+/// # Cancel safety
+///
+/// As [`lock`].
+pub async fn lock_mode(
+    tx: &mut Transaction<'_, Postgres>,
+    key: Key,
+    mode: Mode,
+) -> Result<(), Error> {
+    let sql = match mode {
+        Mode::Exclusive => "SELECT pg_advisory_xact_lock($1)",
+        Mode::Shared => "SELECT pg_advisory_xact_lock_shared($1)",
+    };
+    let conn: &mut PgConnection = tx;
+    sqlx::query(sql)
+        .bind(key.as_i64())
+        .execute(conn)
+        .await
+        .map_err(map_sqlx)?;
+    Ok(())
+}
+
+/// Takes the lock `key` in `mode` inside `tx` if it is free now: `Ok(true)` if taken.
+///
+/// # Errors
+///
+/// As [`lock`].
+///
+/// # Cancel safety
+///
+/// As [`lock`].
+pub async fn try_lock(
+    tx: &mut Transaction<'_, Postgres>,
+    key: Key,
+    mode: Mode,
+) -> Result<bool, Error> {
+    let sql = match mode {
+        Mode::Exclusive => "SELECT pg_try_advisory_xact_lock($1)",
+        Mode::Shared => "SELECT pg_try_advisory_xact_lock_shared($1)",
+    };
+    let conn: &mut PgConnection = tx;
+    sqlx::query_scalar::<_, bool>(sql)
+        .bind(key.as_i64())
+        .fetch_one(conn)
+        .await
+        .map_err(map_sqlx)
+}
+
+/// The schema in use on `conn` (`current_schema()`): the namespace a [`Locks`](crate::Locks)
+/// handle on the same database uses by default.
+///
+/// # Errors
+///
+/// [`Error::InvalidNamespace`] when no schema of the search path exists; connection and
+/// server errors.
+///
+/// # Cancel safety
+///
+/// A read; cancelling it has no effect on the database.
+pub async fn current_namespace(conn: &mut PgConnection) -> Result<String, Error> {
+    let schema: Option<String> = sqlx::query_scalar("SELECT current_schema()::text")
+        .fetch_one(conn)
+        .await
+        .map_err(map_sqlx)?;
+    schema.ok_or(Error::InvalidNamespace {
+        namespace: String::new(),
+        reason: "no schema of the search_path exists",
+    })
+}
+
+/// Maps an sqlx error to dblock's: SQLSTATEs by kind, broken connections to
+/// [`Error::ConnectionLost`].
+pub fn map_sqlx(e: sqlx::Error) -> Error {
+    match e {
+        sqlx::Error::Database(db) => match db.code() {
+            Some(code) => Error::from_sqlstate(&code, db.message().to_string()),
+            None => Error::Database {
+                code: None,
+                message: db.message().to_string(),
+            },
+        },
+        sqlx::Error::Io(e) => Error::ConnectionLost {
+            message: e.to_string(),
+        },
+        sqlx::Error::PoolTimedOut => Error::Timeout {
+            waiting_for: "a connection from the sqlx pool",
+            after: std::time::Duration::ZERO,
+        },
+        other => Error::Database {
+            code: None,
+            message: other.to_string(),
+        },
+    }
+}

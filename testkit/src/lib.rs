@@ -1,0 +1,280 @@
+//! Test support for dblock: a schema (and lock namespace) of its own for every test,
+//! an administrator's view of `pg_locks`, and the worker binary for tests across real
+//! OS processes.
+//!
+//! The servers come from the environment: `DATABASE_URL` (default
+//! `postgres://postgres@127.0.0.1:5432/test`). A server that cannot be reached fails the
+//! test with a message saying so; it is never skipped.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
+
+pub mod cluster;
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use tokio_postgres::{Client, NoTls};
+
+/// The PostgreSQL server the tests use.
+pub fn pg_url() -> String {
+    std::env::var("DATABASE_URL")
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "postgres://postgres@127.0.0.1:5432/test".to_string())
+}
+
+/// Connects as the tests' administrator, failing loudly when the server is missing.
+pub async fn admin_connect(url: &str) -> Client {
+    let (client, conn) = match tokio_postgres::connect(url, NoTls).await {
+        Ok(c) => c,
+        Err(e) => panic!(
+            "PostgreSQL at {url} is not reachable ({e}); start it or point DATABASE_URL at \
+             a server (see README: Running the tests)"
+        ),
+    };
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    client
+}
+
+fn unique(tag: &str) -> String {
+    static N: AtomicU32 = AtomicU32::new(0);
+    let tag: String = tag
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_lowercase()
+            } else {
+                '_'
+            }
+        })
+        .take(30)
+        .collect();
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    format!(
+        "t_{tag}_{}_{}_{:x}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed),
+        nanos & 0xffff
+    )
+}
+
+/// A schema of one test's own: its name is the default namespace of every handle built
+/// from [`PgSchema::url`], so tests running in parallel never share a lock by accident,
+/// and its connections carry an `application_name` of their own so the test can find
+/// them in `pg_stat_activity`.
+pub struct PgSchema {
+    pub name: String,
+    pub url: String,
+    pub app: String,
+    admin: Client,
+    base: String,
+}
+
+impl PgSchema {
+    pub async fn new(tag: &str) -> PgSchema {
+        PgSchema::on(&pg_url(), tag).await
+    }
+
+    pub async fn on(base: &str, tag: &str) -> PgSchema {
+        let name = unique(tag);
+        let admin = admin_connect(base).await;
+        admin
+            .batch_execute(&format!("CREATE SCHEMA \"{name}\""))
+            .await
+            .unwrap();
+        let app = format!("dbl-{name}");
+        let url = with_params(
+            base,
+            &[
+                ("options", &format!("-c search_path={name}")),
+                ("application_name", &app),
+            ],
+        );
+        PgSchema {
+            name,
+            url,
+            app,
+            admin,
+            base: base.to_string(),
+        }
+    }
+
+    pub fn admin(&self) -> &Client {
+        &self.admin
+    }
+
+    /// A handle on this schema's namespace.
+    pub async fn locks(&self) -> dblock::Locks {
+        dblock::Locks::connect(&self.url).await.unwrap()
+    }
+
+    /// Rows of `pg_locks` for advisory key `key`: (pid, mode, granted).
+    pub async fn advisory(&self, key: dblock::Key) -> Vec<(i32, String, bool)> {
+        let (classid, objid) = key.pg_locks_ids();
+        self.admin
+            .query(
+                "SELECT pid, mode, granted FROM pg_locks WHERE locktype = 'advisory' \
+                 AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
+                 AND classid = $1::int8::oid AND objid = $2::int8::oid AND objsubid = 1",
+                &[&(classid as i64), &(objid as i64)],
+            )
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| (r.get(0), r.get(1), r.get(2)))
+            .collect()
+    }
+
+    /// The sessions of this test's handles: (pid, state), where state is `idle`,
+    /// `active`, `idle in transaction`…
+    pub async fn sessions(&self) -> Vec<(i32, String)> {
+        self.admin
+            .query(
+                "SELECT pid, coalesce(state, '') FROM pg_stat_activity WHERE application_name = $1",
+                &[&self.app],
+            )
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| (r.get(0), r.get(1)))
+            .collect()
+    }
+
+    /// Every advisory lock held or awaited by this test's sessions.
+    pub async fn advisory_of_sessions(&self) -> Vec<(i32, String, bool)> {
+        self.admin
+            .query(
+                "SELECT l.pid, l.mode, l.granted FROM pg_locks l JOIN pg_stat_activity a \
+                 ON a.pid = l.pid WHERE l.locktype = 'advisory' AND a.application_name = $1",
+                &[&self.app],
+            )
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| (r.get(0), r.get(1), r.get(2)))
+            .collect()
+    }
+
+    /// Terminates the test's sessions that hold or wait for `key`; returns how many.
+    pub async fn terminate_holders(&self, key: dblock::Key) -> usize {
+        let mut n = 0;
+        for (pid, _, granted) in self.advisory(key).await {
+            if granted {
+                self.admin
+                    .query("SELECT pg_terminate_backend($1)", &[&pid])
+                    .await
+                    .unwrap();
+                n += 1;
+            }
+        }
+        n
+    }
+
+    /// Polls `f` until it is true or `secs` pass; returns whether it became true.
+    pub async fn eventually<F, Fut>(&self, secs: u64, mut f: F) -> bool
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = bool>,
+    {
+        eventually(secs, &mut f).await
+    }
+}
+
+impl Drop for PgSchema {
+    fn drop(&mut self) {
+        // Left behind when the test failed, to look at; dropped otherwise.
+        if std::thread::panicking() {
+            eprintln!("test schema {} left in place for inspection", self.name);
+            return;
+        }
+        let base = self.base.clone();
+        let name = self.name.clone();
+        let _ = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async {
+                if let Ok((c, conn)) = tokio_postgres::connect(&base, NoTls).await {
+                    tokio::spawn(conn);
+                    let _ = c
+                        .batch_execute(&format!("DROP SCHEMA IF EXISTS \"{name}\" CASCADE"))
+                        .await;
+                }
+            });
+        })
+        .join();
+    }
+}
+
+/// Polls `f` until it is true or `secs` pass; returns whether it became true.
+pub async fn eventually<F, Fut>(secs: u64, f: &mut F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    loop {
+        if f().await {
+            return true;
+        }
+        if std::time::Instant::now() > end {
+            return false;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+/// `base` with query parameters added.
+pub fn with_params(base: &str, params: &[(&str, &str)]) -> String {
+    let mut url = base.to_string();
+    for (k, v) in params {
+        url.push(if url.contains('?') { '&' } else { '?' });
+        url.push_str(k);
+        url.push('=');
+        url.push_str(&percent_encode(v));
+    }
+    url
+}
+
+fn percent_encode(s: &str) -> String {
+    let mut out = String::new();
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// An SQLite database in a temporary directory of its own.
+pub struct SqliteDb {
+    pub dir: tempfile::TempDir,
+    pub path: PathBuf,
+    pub url: String,
+}
+
+impl SqliteDb {
+    pub fn new() -> SqliteDb {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("locks.db");
+        let url = format!("sqlite:{}", path.display());
+        SqliteDb { dir, path, url }
+    }
+
+    pub async fn locks(&self) -> dblock::Locks {
+        dblock::Locks::connect(&self.url).await.unwrap()
+    }
+}
+
+impl Default for SqliteDb {
+    fn default() -> Self {
+        SqliteDb::new()
+    }
+}
