@@ -136,17 +136,17 @@ impl TempCluster {
 
     fn run(&self, tool: &str, args: &[&str]) {
         let exe = self.bin.join(tool);
-        let status = if self.run_as_postgres {
+        let out = if self.run_as_postgres {
             Command::new("runuser")
                 .args(["-u", "postgres", "--"])
                 .arg(&exe)
                 .args(args)
-                .status()
+                .output()
         } else {
-            Command::new(&exe).args(args).status()
+            Command::new(&exe).args(args).output()
         };
-        match status {
-            Ok(s) if s.success() => {}
+        match out {
+            Ok(o) if o.status.success() => {}
             other => {
                 let log =
                     std::fs::read_to_string(self.dir.path().join("server.log")).unwrap_or_default();

@@ -204,8 +204,14 @@ impl Plan {
         // Whole milliseconds left, at least 1 (lock_timeout = 0 would mean "forever").
         let timeout_ms = match req.wait {
             Wait::Until(t) => {
-                let left = t.saturating_duration_since(Instant::now()).as_millis();
-                if left == 0 { None } else { Some(left) }
+                // Rounded up: the server must not give up before the deadline.
+                let left = t.saturating_duration_since(Instant::now());
+                let ms = left.as_micros().div_ceil(1000);
+                if left < Duration::from_millis(1) {
+                    None
+                } else {
+                    Some(ms)
+                }
             }
             _ => None,
         };

@@ -163,16 +163,24 @@ impl Pool {
     /// Cancel safe: a connection being opened when the future is dropped is closed.
     pub(crate) async fn get(&self, deadline: Option<Instant>) -> Result<Conn, Error> {
         let sem = self.shared.permits.clone();
-        let permit = match deadline {
-            None => sem.acquire_owned().await,
-            Some(d) => match tokio::time::timeout_at(d, sem.acquire_owned()).await {
-                Ok(p) => p,
-                Err(_) => {
-                    return Err(Error::Timeout {
-                        waiting_for: "a free connection in dblock's pool (raise max_connections)",
-                        after: Duration::ZERO,
-                    });
-                }
+        // A free permit is taken without awaiting: an await could yield for tokio's
+        // cooperative budget, and a deadline of "now" (try_lock) would then fail.
+        let permit = match sem.clone().try_acquire_owned() {
+            Ok(p) => Ok(p),
+            Err(tokio::sync::TryAcquireError::Closed) => {
+                return Err(Error::Unsupported("the pool is closed".into()));
+            }
+            Err(tokio::sync::TryAcquireError::NoPermits) => match deadline {
+                None => sem.acquire_owned().await,
+                Some(d) => match tokio::time::timeout_at(d, sem.acquire_owned()).await {
+                    Ok(p) => p,
+                    Err(_) => {
+                        return Err(Error::Timeout {
+                            waiting_for: "a free connection in dblock's pool (raise max_connections)",
+                            after: Duration::ZERO,
+                        });
+                    }
+                },
             },
         }
         .map_err(|_| Error::Unsupported("the pool is closed".into()))?;

@@ -1,0 +1,470 @@
+//! The command-line contract, tested as written:
+//!
+//! ```text
+//! dblock run [--db URL] [--namespace NS] [--wait DURATION | --no-wait] [--shared] NAME -- COMMAND [ARGS...]
+//! dblock key [--namespace NS] NAME
+//! ```
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::process::{Output, Stdio};
+use std::time::{Duration, Instant};
+
+use dblock_testkit::{PgSchema, SqliteDb};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::Command;
+
+const DBLOCK: &str = env!("CARGO_BIN_EXE_dblock");
+
+/// `dblock ARGS` with a clean environment: no URL variables, state under `state`.
+fn dblock(state: &std::path::Path) -> Command {
+    let mut c = Command::new(DBLOCK);
+    c.env_remove("DBLOCK_DATABASE_URL")
+        .env_remove("DATABASE_URL")
+        .env("XDG_STATE_HOME", state)
+        .kill_on_drop(true);
+    c
+}
+
+async fn run(state: &std::path::Path, args: &[&str]) -> Output {
+    dblock(state).args(args).output().await.unwrap()
+}
+
+/// The error contract: one line on stderr saying what happened, never a panic.
+fn one_line_error(out: &Output) -> String {
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert_eq!(err.trim_end().lines().count(), 1, "one line: {err:?}");
+    assert!(err.starts_with("dblock: "), "{err:?}");
+    assert!(
+        !err.contains("panicked") && !err.contains("RUST_BACKTRACE"),
+        "{err:?}"
+    );
+    err
+}
+
+fn code(out: &Output) -> i32 {
+    out.status.code().unwrap_or(-1)
+}
+
+#[tokio::test]
+async fn run_exits_with_the_commands_status_and_sets_its_environment() {
+    let db = SqliteDb::new();
+    let out = run(
+        db.dir.path(),
+        &[
+            "run",
+            "--db",
+            &db.url,
+            "job:1",
+            "--",
+            "sh",
+            "-c",
+            "echo \"$DBLOCK_NAME $DBLOCK_FENCING_TOKEN\"; exit 7",
+        ],
+    )
+    .await;
+    assert_eq!(code(&out), 7);
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "job:1 1");
+    let out = run(
+        db.dir.path(),
+        &["run", "--db", &db.url, "job:1", "--", "true"],
+    )
+    .await;
+    assert_eq!(code(&out), 0);
+    assert!(out.stderr.is_empty());
+}
+
+#[tokio::test]
+async fn a_command_ended_by_signal_n_gives_128_plus_n() {
+    let db = SqliteDb::new();
+    let out = run(
+        db.dir.path(),
+        &[
+            "run",
+            "--db",
+            &db.url,
+            "s",
+            "--",
+            "sh",
+            "-c",
+            "kill -TERM $$",
+        ],
+    )
+    .await;
+    assert_eq!(code(&out), 128 + 15);
+    let out = run(
+        db.dir.path(),
+        &[
+            "run",
+            "--db",
+            &db.url,
+            "s",
+            "--",
+            "sh",
+            "-c",
+            "kill -KILL $$",
+        ],
+    )
+    .await;
+    assert_eq!(code(&out), 128 + 9);
+}
+
+#[tokio::test]
+async fn run_excludes_a_second_run_on_postgres_and_sqlite() {
+    let s = PgSchema::new("cli_excl").await;
+    let db = SqliteDb::new();
+    for url in [s.url.as_str(), db.url.as_str()] {
+        let locks = dblock::Locks::connect(url).await.unwrap();
+        let g = locks.lock("busy").await.unwrap();
+        let out = run(
+            db.dir.path(),
+            &["run", "--db", url, "--no-wait", "busy", "--", "true"],
+        )
+        .await;
+        assert_eq!(code(&out), 75, "{url}");
+        assert!(one_line_error(&out).contains("held by another process"));
+        let t = Instant::now();
+        let out = run(
+            db.dir.path(),
+            &["run", "--db", url, "--wait", "300ms", "busy", "--", "true"],
+        )
+        .await;
+        assert_eq!(code(&out), 75, "{url}");
+        assert!(t.elapsed() >= Duration::from_millis(300));
+        assert!(one_line_error(&out).contains("not obtained within 300ms"));
+        // A shared run is refused too, and after the release everything runs.
+        let out = run(
+            db.dir.path(),
+            &[
+                "run",
+                "--db",
+                url,
+                "--no-wait",
+                "--shared",
+                "busy",
+                "--",
+                "true",
+            ],
+        )
+        .await;
+        assert_eq!(code(&out), 75, "{url}");
+        drop(g);
+        let out = run(
+            db.dir.path(),
+            &["run", "--db", url, "--no-wait", "busy", "--", "true"],
+        )
+        .await;
+        assert_eq!(code(&out), 0, "{url}: {out:?}");
+    }
+}
+
+#[tokio::test]
+async fn shared_runs_hold_the_lock_together() {
+    let db = SqliteDb::new();
+    let locks = db.locks().await;
+    let reader = locks.request("report").shared().lock().await.unwrap();
+    let out = run(
+        db.dir.path(),
+        &[
+            "run",
+            "--db",
+            &db.url,
+            "--no-wait",
+            "--shared",
+            "report",
+            "--",
+            "sh",
+            "-c",
+            "test -z \"$DBLOCK_FENCING_TOKEN\"",
+        ],
+    )
+    .await;
+    assert_eq!(
+        code(&out),
+        0,
+        "a reader joins a reader, without a token: {out:?}"
+    );
+    drop(reader);
+}
+
+#[tokio::test]
+async fn the_database_url_falls_back_through_the_environment_to_the_state_directory() {
+    let state = tempfile::tempdir().unwrap();
+    // No --db and no variables: the embedded default under XDG_STATE_HOME.
+    let out = run(state.path(), &["run", "x", "--", "true"]).await;
+    assert_eq!(code(&out), 0, "{out:?}");
+    assert!(state.path().join("dblock/locks.db-locks").exists());
+    // HOME when XDG_STATE_HOME is unset.
+    let home = tempfile::tempdir().unwrap();
+    let out = dblock(state.path())
+        .env_remove("XDG_STATE_HOME")
+        .env("HOME", home.path())
+        .args(["run", "x", "--", "true"])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(code(&out), 0, "{out:?}");
+    assert!(
+        home.path()
+            .join(".local/state/dblock/locks.db-locks")
+            .exists()
+    );
+    // DATABASE_URL, and DBLOCK_DATABASE_URL before it.
+    let a = SqliteDb::new();
+    let b = SqliteDb::new();
+    let out = dblock(state.path())
+        .env("DATABASE_URL", &a.url)
+        .args(["run", "x", "--", "true"])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(code(&out), 0);
+    assert!(a.dir.path().join("locks.db-locks").exists());
+    let out = dblock(state.path())
+        .env("DATABASE_URL", &a.url)
+        .env("DBLOCK_DATABASE_URL", &b.url)
+        .args(["run", "x", "--", "true"])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(code(&out), 0);
+    assert!(b.dir.path().join("locks.db-locks").exists());
+    // And --db before both; sqlite://PATH is accepted.
+    let c = SqliteDb::new();
+    let url = format!("sqlite://{}", c.path.display());
+    let out = dblock(state.path())
+        .env("DBLOCK_DATABASE_URL", &b.url)
+        .args(["run", "--db", &url, "x", "--", "true"])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(code(&out), 0);
+    assert!(c.dir.path().join("locks.db-locks").exists());
+    // postgresql:// is accepted as well as postgres://.
+    let s = PgSchema::new("cli_scheme").await;
+    let url = s.url.replacen("postgres://", "postgresql://", 1);
+    let out = run(state.path(), &["run", "--db", &url, "x", "--", "true"]).await;
+    assert_eq!(code(&out), 0, "{out:?}");
+}
+
+#[tokio::test]
+async fn usage_errors_exit_64_with_one_line() {
+    let state = tempfile::tempdir().unwrap();
+    let p = state.path();
+    for args in [
+        vec!["run", "", "--", "true"], // empty name
+        vec!["run", "--db", "mysql://root@localhost/x", "n", "--", "true"], // unknown scheme
+        vec!["run", "--db", "sqlite::memory:", "n", "--", "true"],
+        vec!["run", "n", "true"],                                    // no --
+        vec!["run", "--wait", "5", "n", "--", "true"],               // no unit
+        vec!["run", "--wait", "1s", "--no-wait", "n", "--", "true"], // both
+        vec!["run", "--namespace", "", "n", "--", "true"],
+        vec!["frobnicate"],
+        vec!["key", ""],
+        vec![],
+    ] {
+        let out = run(p, &args).await;
+        assert_eq!(code(&out), 64, "{args:?}: {out:?}");
+        one_line_error(&out);
+    }
+    let name = "x".repeat(dblock::MAX_NAME_LEN + 1);
+    let out = run(p, &["run", &name, "--", "true"]).await;
+    assert_eq!(code(&out), 64);
+    one_line_error(&out);
+}
+
+#[tokio::test]
+async fn an_unreachable_database_exits_69() {
+    let state = tempfile::tempdir().unwrap();
+    let out = run(
+        state.path(),
+        &[
+            "run",
+            "--db",
+            "postgres://postgres@127.0.0.1:1/test",
+            "n",
+            "--",
+            "true",
+        ],
+    )
+    .await;
+    assert_eq!(code(&out), 69);
+    assert!(one_line_error(&out).contains("cannot connect"));
+    let out = run(
+        state.path(),
+        &[
+            "run",
+            "--db",
+            "postgres://u:sekret@127.0.0.1:1/test",
+            "n",
+            "--",
+            "true",
+        ],
+    )
+    .await;
+    assert!(
+        !one_line_error(&out).contains("sekret"),
+        "no password in messages"
+    );
+}
+
+#[tokio::test]
+async fn a_missing_command_exits_127_and_releases() {
+    let db = SqliteDb::new();
+    let out = run(
+        db.dir.path(),
+        &["run", "--db", &db.url, "m", "--", "/no/such/command"],
+    )
+    .await;
+    assert_eq!(code(&out), 127);
+    one_line_error(&out);
+    let out = run(
+        db.dir.path(),
+        &["run", "--db", &db.url, "--no-wait", "m", "--", "true"],
+    )
+    .await;
+    assert_eq!(code(&out), 0);
+}
+
+/// Starts `dblock run … -- sh -c SCRIPT` and waits for the script's first line.
+async fn start(
+    url: &str,
+    state: &std::path::Path,
+    name: &str,
+    script: &str,
+) -> (tokio::process::Child, String) {
+    let mut child = dblock(state)
+        .args(["run", "--db", url, name, "--", "sh", "-c", script])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let first = tokio::time::timeout(Duration::from_secs(10), lines.next_line())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    (child, first)
+}
+
+fn signal(pid: u32, sig: &str) {
+    let ok = std::process::Command::new("kill")
+        .args([sig, &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(ok.success());
+}
+
+#[tokio::test]
+async fn sigint_and_sigterm_are_passed_to_the_command() {
+    let db = SqliteDb::new();
+    for (sig, code_want) in [("-TERM", 42), ("-INT", 43)] {
+        let script =
+            "trap 'exit 42' TERM; trap 'exit 43' INT; echo ready; while :; do sleep 0.05; done";
+        let (mut child, first) = start(&db.url, db.dir.path(), "sig", script).await;
+        assert_eq!(first, "ready");
+        signal(child.id().unwrap(), sig);
+        let status = tokio::time::timeout(Duration::from_secs(10), child.wait())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(status.code(), Some(code_want), "{sig}");
+    }
+}
+
+fn alive(pid: u32) -> bool {
+    // A zombie (state Z) is dead; a missing /proc entry is gone.
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => {
+            let state = stat
+                .rsplit(')')
+                .next()
+                .unwrap_or("")
+                .split_whitespace()
+                .next();
+            state != Some("Z")
+        }
+        Err(_) => false,
+    }
+}
+
+/// dblock killed with SIGKILL: its command must not run on outside the lock.
+#[tokio::test]
+async fn a_killed_dblock_takes_its_command_with_it() {
+    let s = PgSchema::new("cli_kill").await;
+    let db = SqliteDb::new();
+    for url in [s.url.as_str(), db.url.as_str()] {
+        let (mut child, first) = start(url, db.dir.path(), "k", "echo $$; exec sleep 100").await;
+        let command_pid: u32 = first.parse().unwrap();
+        assert!(alive(command_pid));
+        child.start_kill().unwrap(); // SIGKILL to dblock
+        child.wait().await.unwrap();
+        let gone = dblock_testkit::eventually(5, &mut || async { !alive(command_pid) }).await;
+        assert!(gone, "{url}: the command outlived dblock");
+        // And the lock is free.
+        let locks = dblock::Locks::connect(url).await.unwrap();
+        let free = dblock_testkit::eventually(5, &mut || async {
+            locks.try_lock("k").await.unwrap().is_some()
+        })
+        .await;
+        assert!(free, "{url}");
+    }
+}
+
+#[tokio::test]
+async fn key_prints_the_key_and_where_pg_locks_shows_it() {
+    let state = tempfile::tempdir().unwrap();
+    let out = run(state.path(), &["key", "autoland:7"]).await;
+    assert_eq!(code(&out), 0);
+    let text = String::from_utf8(out.stdout).unwrap();
+    let key = dblock::Key::new("public", "autoland:7").unwrap();
+    let (classid, objid) = key.pg_locks_ids();
+    assert!(
+        text.contains(&format!("key       {}", key.as_i64())),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!("classid={classid} objid={objid} objsubid=1")),
+        "{text}"
+    );
+    let out = run(
+        state.path(),
+        &["key", "--namespace", "tenant_a", "autoland:7"],
+    )
+    .await;
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        text.contains(
+            &dblock::Key::new("tenant_a", "autoland:7")
+                .unwrap()
+                .to_string()
+        )
+    );
+}
+
+/// The key `dblock key` prints is the one `dblock run` holds, as pg_locks shows it.
+#[tokio::test]
+async fn the_printed_key_is_found_in_pg_locks_while_run_holds_it() {
+    let s = PgSchema::new("cli_pglocks").await;
+    let (mut child, _) = start(
+        &s.url,
+        std::path::Path::new("/tmp"),
+        "visible",
+        "echo in; sleep 100",
+    )
+    .await;
+    let out = run(
+        std::path::Path::new("/tmp"),
+        &["key", "--namespace", &s.name, "visible"],
+    )
+    .await;
+    let text = String::from_utf8(out.stdout).unwrap();
+    let query = text
+        .lines()
+        .find_map(|l| l.strip_prefix("query     "))
+        .unwrap();
+    let rows = s.admin().query(query, &[]).await.unwrap();
+    assert_eq!(rows.len(), 1, "{query}");
+    child.start_kill().unwrap();
+    child.wait().await.unwrap();
+}

@@ -1,0 +1,483 @@
+//! Locking semantics against a real PostgreSQL: each test in a schema (and so a lock
+//! namespace) of its own.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::time::{Duration, Instant};
+
+use dblock::{Error, Key, Locks, Mode, Scope};
+use dblock_testkit::{PgSchema, eventually, semantics};
+
+/// The hub seed's test, ported: a named lock is held by one holder at a time across
+/// the database's sessions; other names are free.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_exclusive_lock_has_one_holder_at_a_time() {
+    let s = PgSchema::new("seed").await;
+    semantics::an_exclusive_lock_has_one_holder_at_a_time(&s.locks().await).await;
+    let session = Locks::builder()
+        .url(&s.url)
+        .scope(Scope::Session)
+        .build()
+        .await
+        .unwrap();
+    semantics::an_exclusive_lock_has_one_holder_at_a_time(&session).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_key_matches_the_documented_sql_formula() {
+    let s = PgSchema::new("keysql").await;
+    for (ns, name) in [
+        ("public", "autoland:7"),
+        ("tenant_a", "diffusion:3:src/lib.rs"),
+        ("ns", "ünïcødé ✓ 'quoted'"),
+    ] {
+        let row = s
+            .admin()
+            .query_one(
+                "SELECT ('x' || left(encode(sha256(convert_to($1, 'UTF8') || '\\x00'::bytea \
+                 || convert_to($2, 'UTF8')), 'hex'), 16))::bit(64)::bigint",
+                &[&ns, &name],
+            )
+            .await
+            .unwrap();
+        let from_sql: i64 = row.get(0);
+        assert_eq!(
+            from_sql,
+            Key::new(ns, name).unwrap().as_i64(),
+            "({ns}, {name})"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_namespace_defaults_to_the_schema_and_appears_in_pg_locks() {
+    let s = PgSchema::new("ns").await;
+    let locks = s.locks().await;
+    assert_eq!(locks.namespace(), s.name);
+    let g = locks.lock("job").await.unwrap();
+    assert_eq!(g.key(), Key::new(&s.name, "job").unwrap());
+    let rows = s.advisory(g.key()).await;
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(rows[0].1, "ExclusiveLock");
+    assert!(rows[0].2);
+    drop(g);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_schemas_never_collide_but_a_shared_namespace_does() {
+    let a = PgSchema::new("nsa").await;
+    let b = PgSchema::new("nsb").await;
+    let la = a.locks().await;
+    let lb = b.locks().await;
+    let _ga = la.lock("same-name").await.unwrap();
+    assert!(
+        lb.try_lock("same-name").await.unwrap().is_some(),
+        "another schema's lock of the same name is another lock"
+    );
+    let shared_a = dblock::Locks::builder()
+        .url(&a.url)
+        .namespace("common")
+        .build()
+        .await
+        .unwrap();
+    let shared_b = dblock::Locks::builder()
+        .url(&b.url)
+        .namespace("common")
+        .build()
+        .await
+        .unwrap();
+    let _g = shared_a.lock("same-name").await.unwrap();
+    assert!(
+        shared_b.try_lock("same-name").await.unwrap().is_none(),
+        "one namespace, one lock, whatever the schema"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deadline_gives_up_and_stops_waiting_on_the_server() {
+    let s = PgSchema::new("deadline").await;
+    let locks = s.locks().await;
+    for scope in [Scope::Transaction, Scope::Session] {
+        let g = locks.lock("d").await.unwrap();
+        let t = Instant::now();
+        let r = locks
+            .request("d")
+            .scope(scope)
+            .try_lock_for(Duration::from_millis(300))
+            .await
+            .unwrap();
+        assert!(r.is_none(), "{scope:?}");
+        assert!(
+            t.elapsed() >= Duration::from_millis(300),
+            "{scope:?} waited the deadline"
+        );
+        // Only the holder is left in pg_locks: the waiter's server-side wait ended too.
+        let rows = s.advisory(g.key()).await;
+        assert_eq!(
+            rows.iter().filter(|r| !r.2).count(),
+            0,
+            "{scope:?}: {rows:?}"
+        );
+        // And a deadline met in time gets the lock.
+        let waiter = {
+            let locks = locks.clone();
+            tokio::spawn(async move {
+                locks
+                    .request("d")
+                    .scope(scope)
+                    .try_lock_for(Duration::from_secs(10))
+                    .await
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        drop(g);
+        assert!(waiter.await.unwrap().unwrap().is_some(), "{scope:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_common_semantics_hold_in_both_scopes() {
+    let s = PgSchema::new("common").await;
+    for scope in [Scope::Transaction, Scope::Session] {
+        let locks = Locks::builder()
+            .url(&s.url)
+            .scope(scope)
+            .build()
+            .await
+            .unwrap();
+        semantics::try_lock_reports_a_held_lock_as_none(&locks).await;
+        semantics::shared_holders_coexist_and_exclude_an_exclusive_one(&locks).await;
+        semantics::tasks_of_one_process_exclude_each_other(&locks, |l| l.request("counter")).await;
+    }
+}
+
+/// Dropping a guard sends the release at once: the other session gets the lock although
+/// the dropping handle is never used again (a queued rollback would never be sent).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_a_guard_releases_without_further_use_of_its_handle() {
+    let s = PgSchema::new("drop").await;
+    for scope in [Scope::Transaction, Scope::Session] {
+        let a = s.locks().await;
+        let b = s.locks().await;
+        let g = a.request("d").scope(scope).lock().await.unwrap();
+        let waiter =
+            tokio::spawn(async move { b.request("d").scope(scope).lock().await.map(drop) });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let dropped = Instant::now();
+        drop(g);
+        let r = tokio::time::timeout(Duration::from_secs(5), waiter).await;
+        assert!(
+            matches!(r, Ok(Ok(Ok(())))),
+            "{scope:?}: the waiter got the lock: {r:?}"
+        );
+        eprintln!("{scope:?}: handoff after drop in {:?}", dropped.elapsed());
+        // `a` is kept alive, unused, until here.
+        drop(a);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transaction_scoped_holder_is_idle_in_transaction_and_a_session_one_is_idle() {
+    let s = PgSchema::new("states").await;
+    let locks = Locks::builder()
+        .url(&s.url)
+        .max_connections(1)
+        .build()
+        .await
+        .unwrap();
+    let g = locks.lock("x").await.unwrap();
+    let states = s.sessions().await;
+    assert_eq!(states.len(), 1, "{states:?}");
+    assert_eq!(states[0].1, "idle in transaction");
+    drop(g);
+    let g = locks
+        .request("x")
+        .scope(Scope::Session)
+        .lock()
+        .await
+        .unwrap();
+    assert_eq!(s.sessions().await[0].1, "idle");
+    g.release().await.unwrap();
+    assert!(s.advisory_of_sessions().await.is_empty());
+}
+
+/// Cancel safety: acquisitions dropped at many points (in the pool, while connecting,
+/// while waiting, just as the lock is granted) leave no lock held, no waiter on the
+/// server, and no pooled connection holding a lock or an open transaction.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelled_acquisitions_leave_nothing_held_and_no_dirty_connection() {
+    let s = PgSchema::new("cancel").await;
+    let locks = Locks::builder()
+        .url(&s.url)
+        .max_connections(6)
+        .build()
+        .await
+        .unwrap();
+    let holder_handle = s.locks().await;
+    let held = holder_handle.lock("contended").await.unwrap();
+    let delays_us = [
+        0u64, 10, 50, 100, 200, 300, 500, 700, 1000, 1500, 2000, 3000, 5000, 8000, 20000,
+    ];
+    let mut granted = 0;
+    for round in 0..3 {
+        for (i, &us) in delays_us.iter().enumerate() {
+            let d = Duration::from_micros(us);
+            // Waiting for a held lock: always cancelled mid-wait.
+            let r = tokio::time::timeout(d, locks.lock("contended")).await;
+            assert!(r.is_err(), "the held lock cannot be granted");
+            // A free lock: cancelled anywhere from before sending to after the grant.
+            let scope = if i % 2 == 0 {
+                Scope::Transaction
+            } else {
+                Scope::Session
+            };
+            let name = format!("free-{round}-{i}");
+            if let Ok(g) = tokio::time::timeout(d, locks.request(&name).scope(scope).lock()).await {
+                granted += 1;
+                drop(g.unwrap());
+            }
+            // A fresh handle: cancelled while connecting, too.
+            let fresh = tokio::time::timeout(d, async {
+                let l = Locks::connect(&s.url).await.unwrap();
+                l.lock(&name).await.map(drop)
+            })
+            .await;
+            drop(fresh);
+        }
+    }
+    eprintln!(
+        "{granted} of {} free-lock acquisitions completed before cancellation",
+        3 * delays_us.len()
+    );
+    // No cancelled waiter is left waiting on the server: only the holder remains.
+    let key = holder_handle.key("contended").unwrap();
+    let settled = eventually(10, &mut || async {
+        let rows = s.advisory(key).await;
+        rows.len() == 1 && rows[0].2
+    })
+    .await;
+    assert!(
+        settled,
+        "waiters left on the server: {:?}",
+        s.advisory(key).await
+    );
+    drop(held);
+    drop(holder_handle);
+    // Nothing held, no session in a transaction.
+    let clean = eventually(10, &mut || async {
+        s.advisory_of_sessions().await.is_empty()
+            && s.sessions().await.iter().all(|(_, st)| st == "idle")
+    })
+    .await;
+    assert!(
+        clean,
+        "left behind: locks {:?}, sessions {:?}",
+        s.advisory_of_sessions().await,
+        s.sessions().await
+    );
+    // Every pooled connection is fit for use: all six at once, each name free.
+    let mut gs = Vec::new();
+    for i in 0..6 {
+        gs.push(
+            locks
+                .try_lock(&format!("after-{i}"))
+                .await
+                .unwrap()
+                .expect("free"),
+        );
+    }
+    drop(gs);
+    assert!(
+        locks.try_lock("contended").await.unwrap().is_some(),
+        "the holder's drop released"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_guard_learns_that_its_backend_was_terminated() {
+    let s = PgSchema::new("terminated").await;
+    let locks = s.locks().await;
+    for scope in [Scope::Transaction, Scope::Session] {
+        let g = locks.request("t").scope(scope).lock().await.unwrap();
+        assert!(g.is_held());
+        let lost = g.lost();
+        assert_eq!(s.terminate_holders(g.key()).await, 1);
+        let reason = tokio::time::timeout(Duration::from_secs(5), lost).await;
+        assert!(reason.is_ok(), "{scope:?}: told of the loss");
+        assert!(!g.is_held());
+        assert!(
+            matches!(g.release().await, Err(Error::LockLost { .. })),
+            "{scope:?}"
+        );
+        // The handle goes on working with a new connection.
+        assert!(
+            locks
+                .request("t")
+                .scope(scope)
+                .try_lock()
+                .await
+                .unwrap()
+                .is_some()
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_whose_connection_is_terminated_gets_connection_lost() {
+    let s = PgSchema::new("waitlost").await;
+    let locks = s.locks().await;
+    let g = locks.lock("w").await.unwrap();
+    let waiter = {
+        let locks = locks.clone();
+        tokio::spawn(async move { locks.lock("w").await })
+    };
+    let key = g.key();
+    assert!(
+        eventually(5, &mut || async {
+            s.advisory(key).await.iter().any(|r| !r.2)
+        })
+        .await
+    );
+    for (pid, _, granted) in s.advisory(key).await {
+        if !granted {
+            s.admin()
+                .query("SELECT pg_terminate_backend($1)", &[&pid])
+                .await
+                .unwrap();
+        }
+    }
+    let r = tokio::time::timeout(Duration::from_secs(5), waiter)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(matches!(r, Err(Error::ConnectionLost { .. })), "{r:?}");
+    drop(g);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_names_are_typed_errors_that_touch_nothing() {
+    let s = PgSchema::new("badname").await;
+    let locks = s.locks().await;
+    for bad in ["", "nul\0inside", &"x".repeat(dblock::MAX_NAME_LEN + 1)] {
+        assert!(matches!(
+            locks.lock(bad).await,
+            Err(Error::InvalidName { .. })
+        ));
+        assert!(matches!(
+            locks.try_lock(bad).await,
+            Err(Error::InvalidName { .. })
+        ));
+        assert!(matches!(locks.key(bad), Err(Error::InvalidName { .. })));
+    }
+    assert!(s.advisory_of_sessions().await.is_empty());
+    let bad_ns = Locks::builder().url(&s.url).namespace("").build().await;
+    assert!(matches!(bad_ns, Err(Error::InvalidNamespace { .. })));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_server_is_a_connect_error() {
+    let r = Locks::connect("postgres://postgres@127.0.0.1:1/test").await;
+    match r {
+        Err(e @ Error::Connect { .. }) => assert!(e.is_connection()),
+        other => panic!("{other:?}"),
+    }
+    let r = Locks::connect("postgres://postgres@127.0.0.1:5432/no_such_database_here").await;
+    assert!(matches!(r, Err(Error::Connect { .. })), "{r:?}");
+    for bad in [
+        "mysql://root@localhost/x",
+        "postgres://h:notaport/x",
+        "sqlite::memory:",
+    ] {
+        assert!(
+            matches!(Locks::connect(bad).await, Err(Error::InvalidUrl { .. })),
+            "{bad}"
+        );
+    }
+}
+
+/// The hub seed's own use: a lock inside the caller's sqlx transaction, released with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_inside_a_sqlx_transaction_ends_with_the_transaction() {
+    use dblock::postgres::xact;
+    let s = PgSchema::new("xact").await;
+    let pool = sqlx::PgPool::connect(&s.url).await.unwrap();
+    let locks = s.locks().await;
+    let key = locks.key("autoland:7").unwrap();
+    let mut tx = pool.begin().await.unwrap();
+    xact::lock(&mut tx, key).await.unwrap();
+    assert!(
+        locks.try_lock("autoland:7").await.unwrap().is_none(),
+        "held by the transaction"
+    );
+    let mut tx2 = pool.begin().await.unwrap();
+    assert!(
+        !xact::try_lock(&mut tx2, key, Mode::Exclusive)
+            .await
+            .unwrap()
+    );
+    tx.commit().await.unwrap();
+    assert!(
+        xact::try_lock(&mut tx2, key, Mode::Exclusive)
+            .await
+            .unwrap(),
+        "free after commit"
+    );
+    tx2.rollback().await.unwrap();
+    assert_eq!(
+        xact::current_namespace(&mut *pool.acquire().await.unwrap())
+            .await
+            .unwrap(),
+        s.name
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deadlock_between_transactions_is_a_typed_error() {
+    use dblock::postgres::xact;
+    let s = PgSchema::new("deadlock").await;
+    let pool = sqlx::PgPool::connect(&s.url).await.unwrap();
+    let (a, b) = (
+        Key::new(&s.name, "a").unwrap(),
+        Key::new(&s.name, "b").unwrap(),
+    );
+    let mut t1 = pool.begin().await.unwrap();
+    let mut t2 = pool.begin().await.unwrap();
+    xact::lock(&mut t1, a).await.unwrap();
+    xact::lock(&mut t2, b).await.unwrap();
+    let (r1, r2) = tokio::join!(xact::lock(&mut t1, b), xact::lock(&mut t2, a));
+    let deadlocks = [&r1, &r2]
+        .iter()
+        .filter(|r| matches!(r, Err(Error::Deadlock { .. })))
+        .count();
+    assert_eq!(deadlocks, 1, "{r1:?} {r2:?}");
+    assert_eq!(
+        r1.as_ref()
+            .err()
+            .or(r2.as_ref().err())
+            .and_then(|e| e.sqlstate()),
+        Some("40P01")
+    );
+}
+
+/// A full lock table is a typed error with the server's hint, not a hang. On a
+/// throwaway cluster: a full table fails every lock request on the server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_lock_table_is_a_typed_error() {
+    use dblock::postgres::xact;
+    let cluster =
+        dblock_testkit::cluster::TempCluster::start(&[("max_locks_per_transaction", "10")]);
+    let pool = sqlx::PgPool::connect(&cluster.url()).await.unwrap();
+    let mut tx = pool.begin().await.unwrap();
+    let mut err = None;
+    for i in 0..100_000 {
+        if let Err(e) = xact::lock(&mut tx, Key::new("public", &format!("k{i}")).unwrap()).await {
+            err = Some((i, e));
+            break;
+        }
+    }
+    let (n, e) = err.expect("the lock table filled up");
+    assert!(
+        matches!(e, Error::LockTableFull { .. }),
+        "after {n} locks: {e:?}"
+    );
+    assert!(e.to_string().contains("max_locks_per_transaction"), "{e}");
+}
