@@ -69,3 +69,8 @@ pub use guard::{LockGuard, LossReason};
 pub use key::{DEFAULT_NAMESPACE, Key, MAX_NAME_LEN, MAX_NAMESPACE_LEN};
 pub use locks::{Builder, Locks, Mode, Request, Scope};
 pub use target::{URL_ENV_VARS, default_sqlite_path, url_from_env};
+
+/// The README's examples, compiled as doctests so they stay true.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+struct ReadmeDoctests;

@@ -153,6 +153,37 @@ impl Locks {
         Builder::default().build().await
     }
 
+    /// A handle on the caller's sqlx pool: dblock borrows a connection from it for each
+    /// held or waiting lock (so size the pool for that) and returns it on release. Use
+    /// this for TLS, or to share one pool's settings.
+    ///
+    /// dblock's own connections ([`Locks::connect`]) are faster: there a release is sent
+    /// from the guard's drop itself, and a cut-off wait is cancelled on the server with a
+    /// cancel request. On a borrowed connection both go through a small task, and a
+    /// cut-off wait closes its connection (PostgreSQL 14 and later then stop waiting
+    /// within 250 ms; older servers wait until the lock is granted, then release it).
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// let pool = sqlx::PgPool::connect("postgres://app@db/app?sslmode=require").await?;
+    /// let locks = dblock::Locks::from_sqlx_pool(pool).await?;
+    /// let _guard = locks.lock("autoland:7").await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// Connection and server errors of the first connection.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancelling it returns the borrowed connection; nothing is left behind.
+    #[cfg(feature = "postgres")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+    pub async fn from_sqlx_pool(pool: sqlx::PgPool) -> Result<Locks, Error> {
+        Builder::default().sqlx_pool(pool).build().await
+    }
+
     /// The namespace every name of this handle is keyed in.
     pub fn namespace(&self) -> &str {
         &self.inner.namespace
@@ -367,9 +398,12 @@ impl<'a> Request<'a> {
 #[derive(Debug, Clone)]
 pub struct Builder {
     url: Option<String>,
+    #[cfg(feature = "postgres")]
+    sqlx_pool: Option<sqlx::PgPool>,
     namespace: Option<String>,
     scope: Scope,
     pub(crate) max_connections: usize,
+    pub(crate) acquire_timeout: Duration,
     pub(crate) check_interval: Duration,
     pub(crate) check_timeout: Duration,
     pub(crate) allow_network_filesystem: bool,
@@ -379,9 +413,12 @@ impl Default for Builder {
     fn default() -> Self {
         Builder {
             url: None,
+            #[cfg(feature = "postgres")]
+            sqlx_pool: None,
             namespace: None,
             scope: Scope::Transaction,
             max_connections: 64,
+            acquire_timeout: Duration::from_secs(30),
             check_interval: Duration::from_secs(1),
             check_timeout: Duration::from_secs(5),
             allow_network_filesystem: false,
@@ -394,6 +431,15 @@ impl Builder {
     /// the embedded default are used (see [`Locks::from_env`]).
     pub fn url(mut self, url: impl Into<String>) -> Self {
         self.url = Some(url.into());
+        self
+    }
+
+    /// Borrow connections from this sqlx pool instead of opening dblock's own (see
+    /// [`Locks::from_sqlx_pool`]); the URL is then ignored.
+    #[cfg(feature = "postgres")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+    pub fn sqlx_pool(mut self, pool: sqlx::PgPool) -> Self {
+        self.sqlx_pool = Some(pool);
         self
     }
 
@@ -414,9 +460,20 @@ impl Builder {
     }
 
     /// How many PostgreSQL connections dblock may open (64 unless set). Each held or
-    /// waiting lock pins one; requests beyond wait for one to come free.
+    /// waiting lock pins one; requests beyond wait for one to come free (see
+    /// [`acquire_timeout`](Builder::acquire_timeout)).
     pub fn max_connections(mut self, n: usize) -> Self {
         self.max_connections = n.max(1);
+        self
+    }
+
+    /// How long a request waits for one of dblock's connections to come free when all
+    /// [`max_connections`](Builder::max_connections) are in use: 30 seconds unless set,
+    /// then [`Error::Timeout`]. This bounds the wait for a *connection*; the wait for the
+    /// lock itself is the request's (see [`Request::try_lock_for`]). A handle on an sqlx
+    /// pool uses that pool's `acquire_timeout` instead.
+    pub fn acquire_timeout(mut self, timeout: Duration) -> Self {
+        self.acquire_timeout = timeout;
         self
     }
 
@@ -456,6 +513,11 @@ impl Builder {
         if let Some(ns) = &self.namespace {
             check_namespace(ns)?;
         }
+        #[cfg(feature = "postgres")]
+        if let Some(pool) = self.sqlx_pool.clone() {
+            let (b, ns) = crate::postgres::PgBackend::from_sqlx(pool, &self).await?;
+            return self.finish(Backend::Postgres(b), ns);
+        }
         let target = match self.url.clone().or_else(crate::target::url_from_env) {
             Some(url) => Target::parse(&url)?,
             #[cfg(feature = "sqlite")]
@@ -480,7 +542,11 @@ impl Builder {
                 crate::DEFAULT_NAMESPACE.to_string(),
             ),
         };
-        let namespace = self.namespace.unwrap_or(namespace);
+        self.finish(backend, namespace)
+    }
+
+    fn finish(self, backend: Backend, default_namespace: String) -> Result<Locks, Error> {
+        let namespace = self.namespace.unwrap_or(default_namespace);
         check_namespace(&namespace)?;
         Ok(Locks {
             inner: Arc::new(Inner {

@@ -54,16 +54,6 @@ impl Target {
     pub(crate) fn default_embedded() -> Result<Target, Error> {
         default_sqlite_path().map(|path| Target::Sqlite { path })
     }
-
-    /// How to name this target in a message, without secrets.
-    pub(crate) fn shown(&self) -> String {
-        match self {
-            #[cfg(feature = "postgres")]
-            Target::Postgres { shown, .. } => shown.clone(),
-            #[cfg(feature = "sqlite")]
-            Target::Sqlite { path } => format!("sqlite:{}", path.display()),
-        }
-    }
 }
 
 /// The path of the embedded default database file (see [`Locks::from_env`](crate::Locks::from_env)).

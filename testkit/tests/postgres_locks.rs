@@ -423,7 +423,7 @@ async fn a_lock_inside_a_sqlx_transaction_ends_with_the_transaction() {
     );
     tx2.rollback().await.unwrap();
     assert_eq!(
-        xact::current_namespace(&mut *pool.acquire().await.unwrap())
+        xact::current_namespace(&mut pool.acquire().await.unwrap())
             .await
             .unwrap(),
         s.name
@@ -480,4 +480,71 @@ async fn a_full_lock_table_is_a_typed_error() {
         "after {n} locks: {e:?}"
     );
     assert!(e.to_string().contains("max_locks_per_transaction"), "{e}");
+}
+
+/// A handle on the caller's sqlx pool keeps every promise of one on its own connections.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handle_on_a_sqlx_pool_keeps_the_same_semantics() {
+    let s = PgSchema::new("sqlxpool").await;
+    for scope in [Scope::Transaction, Scope::Session] {
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(8)
+            .connect(&s.url)
+            .await
+            .unwrap();
+        let locks = Locks::builder()
+            .sqlx_pool(pool.clone())
+            .scope(scope)
+            .build()
+            .await
+            .unwrap();
+        assert_eq!(locks.namespace(), s.name);
+        semantics::an_exclusive_lock_has_one_holder_at_a_time(&locks).await;
+        semantics::try_lock_reports_a_held_lock_as_none(&locks).await;
+        semantics::a_deadline_wait_gives_up_or_gets_the_lock(&locks).await;
+        semantics::shared_holders_coexist_and_exclude_an_exclusive_one(&locks).await;
+        semantics::tasks_of_one_process_exclude_each_other(&locks, |l| l.request("counter")).await;
+
+        // Dropping releases without any further use of the handle.
+        let other = s.locks().await;
+        let g = locks.lock("d").await.unwrap();
+        let waiter = tokio::spawn(async move { other.lock("d").await.map(drop) });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        drop(g);
+        let r = tokio::time::timeout(Duration::from_secs(5), waiter).await;
+        assert!(matches!(r, Ok(Ok(Ok(())))), "{scope:?}: {r:?}");
+
+        // Cancelled waits stop waiting on the server and leave no lock held.
+        let holder = s.locks().await;
+        let held = holder.lock("c").await.unwrap();
+        for us in [0u64, 100, 1000, 5000, 20_000] {
+            let r = tokio::time::timeout(Duration::from_micros(us), locks.lock("c")).await;
+            assert!(r.is_err());
+        }
+        let key = held.key();
+        let settled = eventually(10, &mut || async {
+            let rows = s.advisory(key).await;
+            rows.len() == 1 && rows[0].2
+        })
+        .await;
+        assert!(
+            settled,
+            "{scope:?}: waiters left: {:?}",
+            s.advisory(key).await
+        );
+        drop(held);
+
+        // A terminated connection is noticed by its guard.
+        let g = locks.lock("t").await.unwrap();
+        let lost = g.lost();
+        s.terminate_holders(g.key()).await;
+        assert!(
+            tokio::time::timeout(Duration::from_secs(5), lost)
+                .await
+                .is_ok(),
+            "{scope:?}"
+        );
+        drop(g);
+        pool.close().await;
+    }
 }

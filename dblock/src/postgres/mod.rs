@@ -6,7 +6,9 @@
 //! one wait. One acquisition is one round trip: the statements it needs go out as one
 //! simple-protocol message.
 
+mod conn;
 mod native;
+mod sqlx_conn;
 pub mod xact;
 
 use std::time::Duration;
@@ -16,11 +18,35 @@ use tokio::time::Instant;
 use crate::locks::{Builder, Grant, Mode, Req, Scope, Wait};
 use crate::{Error, Key, LossReason};
 
-pub(crate) use native::{Armed, Conn, Pool, QueryError, Results};
+pub(crate) use conn::{Armed, Conn, QueryError, Results};
+use native::Pool;
+use sqlx_conn::SqlxSource;
+
+/// Where a backend's connections come from.
+enum Source {
+    /// dblock's own pool (tokio-postgres), from a URL.
+    Native(Pool),
+    /// The caller's sqlx pool.
+    Sqlx(SqlxSource),
+}
+
+impl Source {
+    /// A connection. Waiting for one (all in use) is bounded by the pool's acquire
+    /// timeout, not by the lock's deadline.
+    async fn get(&self) -> Result<Conn, Error> {
+        match self {
+            Source::Native(p) => p.get().await.map(Conn::Native),
+            Source::Sqlx(p) => p.get().await.map(Conn::Sqlx),
+        }
+    }
+}
 
 /// The backend of a handle built from a `postgres://` URL.
 pub(crate) struct PgBackend {
-    pub(crate) pool: Pool,
+    source: Source,
+    /// Whether lock requests set `client_connection_check_interval` (sqlx connections
+    /// on PostgreSQL 14+: the only way to end a cut-off wait without a cancel request).
+    check_disconnect: bool,
     /// The schema `current_schema()` named when the handle was built (where dblock's
     /// own tables go).
     pub(crate) schema: Option<String>,
@@ -40,18 +66,38 @@ impl PgBackend {
             config,
             shown,
             opts.max_connections,
+            opts.acquire_timeout,
             opts.check_interval,
             opts.check_timeout,
         );
-        let armed = Armed::new(pool.get(None).await?);
+        PgBackend::finish_open(Source::Native(pool), false).await
+    }
+
+    /// A backend on the caller's sqlx pool.
+    pub(crate) async fn from_sqlx(
+        pool: sqlx::PgPool,
+        opts: &Builder,
+    ) -> Result<(PgBackend, String), Error> {
+        let source = Source::Sqlx(SqlxSource {
+            pool,
+            check_interval: opts.check_interval,
+            check_timeout: opts.check_timeout,
+        });
+        PgBackend::finish_open(source, true).await
+    }
+
+    async fn finish_open(source: Source, sqlx: bool) -> Result<(PgBackend, String), Error> {
+        let armed = Armed::new(source.get().await?);
         let rows = armed
             .conn()
-            .query("SELECT current_schema()")
+            .query("SELECT current_schema(); SELECT current_setting('server_version_num')")
             .await
             .map_err(QueryError::into_error)?;
-        let conn = armed.disarm();
-        conn.recycle();
+        armed.disarm().recycle();
         let schema = first_value(&rows, 0);
+        let version: u32 = first_value(&rows, 1)
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
         let namespace = match &schema {
             Some(s) => s.clone(),
             None => {
@@ -64,7 +110,8 @@ impl PgBackend {
         };
         Ok((
             PgBackend {
-                pool,
+                source,
+                check_disconnect: sqlx && version >= 140_000,
                 schema,
                 fence_ready: tokio::sync::OnceCell::new(),
             },
@@ -79,8 +126,8 @@ impl PgBackend {
             true => Some(self.fence_table().await?),
             false => None,
         };
-        let conn = self.pool.get(deadline).await?;
-        let plan = Plan::new(req, fence_table);
+        let conn = self.source.get().await?;
+        let plan = Plan::new(req, fence_table, self.check_disconnect);
         let armed = Armed::new(conn);
         let result = match deadline {
             // The server ends the wait (lock_timeout); the client-side bound is a
@@ -146,7 +193,7 @@ impl PgBackend {
                     ));
                 };
                 let table = format!("{}.{}", quote_ident(schema), crate::fencing::TABLE);
-                let armed = Armed::new(self.pool.get(None).await?);
+                let armed = Armed::new(self.source.get().await?);
                 let rows = armed
                     .conn()
                     .query(&format!(
@@ -193,7 +240,7 @@ struct Plan {
 }
 
 impl Plan {
-    fn new(req: &Req<'_>, fence_table: Option<&str>) -> Plan {
+    fn new(req: &Req<'_>, fence_table: Option<&str>, check_disconnect: bool) -> Plan {
         debug_assert!(!req.fenced || fence_table.is_some());
         let k = req.key.as_i64();
         let shared = if req.mode == Mode::Shared {
@@ -230,9 +277,15 @@ impl Plan {
         let mut must_be_true = Vec::new();
         let mut token_at = None;
         let fenced = req.fenced && fence_table.is_some();
+        // Lets the server notice, while it waits, that the client went away.
+        const CHECK: &str = "client_connection_check_interval";
+        let check_ms = 250;
         match (req.scope, fenced) {
             (Scope::Transaction, false) => {
                 push(&mut sql, "BEGIN ISOLATION LEVEL READ COMMITTED");
+                if check_disconnect {
+                    push(&mut sql, &format!("SET LOCAL {CHECK} = {check_ms}"));
+                }
                 if let Some(ms) = timeout_ms {
                     push(&mut sql, &format!("SET LOCAL lock_timeout = {ms}"));
                 }
@@ -247,6 +300,12 @@ impl Plan {
                 }
             }
             (Scope::Session, false) => {
+                if check_disconnect {
+                    push(
+                        &mut sql,
+                        &format!("SELECT set_config('{CHECK}', '{check_ms}', true)"),
+                    );
+                }
                 if let Some(ms) = timeout_ms {
                     push(
                         &mut sql,
@@ -269,6 +328,9 @@ impl Plan {
                 // holder can come between the increment and the grant.
                 let table = fence_table.unwrap_or_default();
                 push(&mut sql, "BEGIN ISOLATION LEVEL READ COMMITTED");
+                if check_disconnect {
+                    push(&mut sql, &format!("SET LOCAL {CHECK} = {check_ms}"));
+                }
                 if let Some(ms) = timeout_ms {
                     push(&mut sql, &format!("SET LOCAL lock_timeout = {ms}"));
                 }
@@ -502,6 +564,12 @@ pub(crate) fn quote_ident(s: &str) -> String {
 mod tests {
     use super::*;
 
+    impl Plan {
+        fn new_t(req: &Req<'_>, fence_table: Option<&str>) -> Plan {
+            Plan::new(req, fence_table, false)
+        }
+    }
+
     fn req(scope: Scope, mode: Mode, wait: Wait, fenced: bool) -> Req<'static> {
         Req {
             namespace: "public",
@@ -516,7 +584,7 @@ mod tests {
 
     #[test]
     fn a_plain_transaction_lock_is_one_message_of_two_statements() {
-        let p = Plan::new(
+        let p = Plan::new_t(
             &req(Scope::Transaction, Mode::Exclusive, Wait::Forever, false),
             None,
         );
@@ -524,7 +592,7 @@ mod tests {
             p.sql,
             "BEGIN ISOLATION LEVEL READ COMMITTED; SELECT pg_advisory_xact_lock(42)"
         );
-        let p = Plan::new(&req(Scope::Session, Mode::Shared, Wait::Try, false), None);
+        let p = Plan::new_t(&req(Scope::Session, Mode::Shared, Wait::Try, false), None);
         assert_eq!(p.sql, "SELECT pg_try_advisory_lock_shared(42)");
         assert_eq!(p.must_be_true, vec![0]);
     }
@@ -532,7 +600,7 @@ mod tests {
     #[test]
     fn a_deadline_becomes_a_server_side_lock_timeout() {
         let until = Instant::now() + Duration::from_secs(5);
-        let p = Plan::new(
+        let p = Plan::new_t(
             &req(
                 Scope::Transaction,
                 Mode::Exclusive,
@@ -542,7 +610,7 @@ mod tests {
             None,
         );
         assert!(p.sql.contains("SET LOCAL lock_timeout = "), "{}", p.sql);
-        let p = Plan::new(
+        let p = Plan::new_t(
             &req(Scope::Session, Mode::Exclusive, Wait::Until(until), false),
             None,
         );
@@ -552,7 +620,7 @@ mod tests {
             p.sql
         );
         // A deadline already past is a try: lock_timeout = 0 would wait forever.
-        let p = Plan::new(
+        let p = Plan::new_t(
             &req(
                 Scope::Session,
                 Mode::Exclusive,
@@ -566,7 +634,7 @@ mod tests {
 
     #[test]
     fn a_fenced_transaction_lock_commits_its_token_under_a_bridging_session_lock() {
-        let p = Plan::new(
+        let p = Plan::new_t(
             &req(Scope::Transaction, Mode::Exclusive, Wait::Forever, true),
             Some("\"public\".dblock_fencing"),
         );

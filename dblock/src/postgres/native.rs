@@ -6,124 +6,24 @@
 //! without spawning, and the next lock request on that connection goes out right
 //! behind it. sqlx can only send when the connection is next awaited.
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use futures_util::FutureExt;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 use tokio_postgres::{Client, NoTls, SimpleQueryMessage};
 
+use super::conn::{Link, QueryError, Results};
 use crate::{Error, LossReason};
-
-/// Rows of each statement of a simple query, first column only, as text.
-pub(crate) type Results = Vec<Vec<Option<String>>>;
-
-/// A failed request, before it is mapped to an [`Error`].
-#[derive(Debug)]
-pub(crate) enum QueryError {
-    /// The server answered with an error; the connection is usable.
-    Db { code: String, message: String },
-    /// The connection is gone.
-    Lost { message: String },
-}
-
-impl QueryError {
-    pub(crate) fn into_error(self) -> Error {
-        match self {
-            QueryError::Db { code, message } => Error::from_sqlstate(&code, message),
-            QueryError::Lost { message } => Error::ConnectionLost { message },
-        }
-    }
-
-    fn from_driver(e: tokio_postgres::Error) -> QueryError {
-        match e.as_db_error() {
-            Some(db) => {
-                let mut message = db.message().to_string();
-                if let Some(d) = db.detail() {
-                    message.push_str(" (");
-                    message.push_str(d);
-                    message.push(')');
-                }
-                if let Some(h) = db.hint() {
-                    message.push_str("; hint: ");
-                    message.push_str(h);
-                }
-                let code = db.code().code().to_string();
-                // A FATAL error ends the session, whatever its code.
-                if matches!(db.severity(), "FATAL" | "PANIC") {
-                    QueryError::Lost { message }
-                } else {
-                    QueryError::Db { code, message }
-                }
-            }
-            None => QueryError::Lost {
-                message: e.to_string(),
-            },
-        }
-    }
-}
-
-/// What a connection and its watchdog share.
-pub(crate) struct Link {
-    /// Whether a lock is held on the connection (the watchdog checks only then).
-    holding: AtomicBool,
-    /// `Some` once the connection is known to be gone.
-    lost: watch::Sender<Option<LossReason>>,
-}
-
-impl Link {
-    fn new() -> Arc<Link> {
-        Arc::new(Link {
-            holding: AtomicBool::new(false),
-            lost: watch::Sender::new(None),
-        })
-    }
-
-    pub(crate) fn set_holding(&self, on: bool) {
-        self.holding.store(on, Ordering::Relaxed);
-    }
-
-    pub(crate) fn loss(&self) -> Option<LossReason> {
-        self.lost.borrow().clone()
-    }
-
-    fn mark_lost(&self, reason: LossReason) {
-        self.lost.send_if_modified(|s| {
-            if s.is_none() {
-                *s = Some(reason);
-                true
-            } else {
-                false
-            }
-        });
-    }
-
-    /// Resolves when the connection is lost.
-    pub(crate) fn watch(&self) -> impl std::future::Future<Output = LossReason> + Send + 'static {
-        let mut rx = self.lost.subscribe();
-        async move {
-            match rx.wait_for(Option::is_some).await {
-                Ok(r) => r.clone().unwrap_or(LossReason::ConnectionClosed {
-                    message: "closed".into(),
-                }),
-                // The sender lives in the Link, which outlives every connection use; if it
-                // is gone, so is the connection.
-                Err(_) => LossReason::ConnectionClosed {
-                    message: "closed".into(),
-                },
-            }
-        }
-    }
-}
 
 /// The pool's settings and idle connections.
 pub(crate) struct PoolShared {
     config: tokio_postgres::Config,
     shown: String,
-    idle: Mutex<Vec<Conn>>,
+    idle: Mutex<Vec<NativeConn>>,
     permits: Arc<Semaphore>,
+    acquire_timeout: Duration,
     check_interval: Duration,
     check_timeout: Duration,
 }
@@ -139,6 +39,7 @@ impl Pool {
         config: tokio_postgres::Config,
         shown: String,
         max: usize,
+        acquire_timeout: Duration,
         check_interval: Duration,
         check_timeout: Duration,
     ) -> Pool {
@@ -148,42 +49,40 @@ impl Pool {
                 shown,
                 idle: Mutex::new(Vec::new()),
                 permits: Arc::new(Semaphore::new(max)),
+                acquire_timeout,
                 check_interval,
                 check_timeout,
             }),
         }
     }
 
-    pub(crate) fn shown(&self) -> &str {
-        &self.shared.shown
-    }
-
-    /// A connection: an idle one if there is one, else a new one.
+    /// A connection: an idle one if there is one, else a new one. Waits at most the
+    /// acquire timeout for one to come free when all are in use.
     ///
     /// Cancel safe: a connection being opened when the future is dropped is closed.
-    pub(crate) async fn get(&self, deadline: Option<Instant>) -> Result<Conn, Error> {
+    pub(crate) async fn get(&self) -> Result<NativeConn, Error> {
         let sem = self.shared.permits.clone();
         // A free permit is taken without awaiting: an await could yield for tokio's
-        // cooperative budget, and a deadline of "now" (try_lock) would then fail.
+        // cooperative budget.
         let permit = match sem.clone().try_acquire_owned() {
-            Ok(p) => Ok(p),
+            Ok(p) => p,
             Err(tokio::sync::TryAcquireError::Closed) => {
                 return Err(Error::Unsupported("the pool is closed".into()));
             }
-            Err(tokio::sync::TryAcquireError::NoPermits) => match deadline {
-                None => sem.acquire_owned().await,
-                Some(d) => match tokio::time::timeout_at(d, sem.acquire_owned()).await {
-                    Ok(p) => p,
+            Err(tokio::sync::TryAcquireError::NoPermits) => {
+                let wait = self.shared.acquire_timeout;
+                match tokio::time::timeout(wait, sem.acquire_owned()).await {
+                    Ok(Ok(p)) => p,
+                    Ok(Err(_)) => return Err(Error::Unsupported("the pool is closed".into())),
                     Err(_) => {
                         return Err(Error::Timeout {
                             waiting_for: "a free connection in dblock's pool (raise max_connections)",
-                            after: Duration::ZERO,
+                            after: wait,
                         });
                     }
-                },
-            },
-        }
-        .map_err(|_| Error::Unsupported("the pool is closed".into()))?;
+                }
+            }
+        };
         loop {
             let idle = {
                 let mut idle = self.shared.idle.lock().unwrap_or_else(|p| p.into_inner());
@@ -203,7 +102,7 @@ impl Pool {
         Ok(conn)
     }
 
-    async fn connect(&self) -> Result<Conn, Error> {
+    async fn connect(&self) -> Result<NativeConn, Error> {
         let (client, connection) = self.shared.config.connect(NoTls).await.map_err(|e| {
             let message = match e.as_db_error() {
                 Some(db) => db.message().to_string(),
@@ -232,7 +131,7 @@ impl Pool {
             self.shared.check_interval,
             self.shared.check_timeout,
         ));
-        Ok(Conn {
+        Ok(NativeConn {
             client,
             link,
             permit: None,
@@ -285,7 +184,7 @@ async fn drive(
                 }
             }
             _ = tick.tick() => {
-                if !link.holding.load(Ordering::Relaxed) {
+                if !link.holding() {
                     continue;
                 }
                 match &ping {
@@ -311,14 +210,14 @@ async fn drive(
 }
 
 /// One of dblock's connections, checked out of the pool.
-pub(crate) struct Conn {
+pub(crate) struct NativeConn {
     client: Arc<Client>,
     link: Arc<Link>,
     permit: Option<OwnedSemaphorePermit>,
     pool: Weak<PoolShared>,
 }
 
-impl Conn {
+impl NativeConn {
     fn usable(&self) -> bool {
         !self.client.is_closed() && self.link.loss().is_none()
     }
@@ -329,7 +228,7 @@ impl Conn {
 
     /// Sends a simple query (one or more statements) and waits for every result.
     ///
-    /// Not cancel safe by itself: callers arm a [`Conn::abandon`] before awaiting it.
+    /// Not cancel safe by itself: callers arm an abandon before awaiting it.
     pub(crate) async fn query(&self, sql: &str) -> Result<Results, QueryError> {
         let messages = self
             .client
@@ -406,46 +305,6 @@ impl Conn {
                 let _ =
                     tokio::time::timeout(Duration::from_secs(10), token.cancel_query(NoTls)).await;
             });
-        }
-    }
-}
-
-/// Arms [`Conn::abandon`] for the duration of a request: dropped while armed (the
-/// request's future was cancelled), the connection is abandoned.
-pub(crate) struct Armed(Option<Conn>);
-
-impl Armed {
-    pub(crate) fn new(conn: Conn) -> Armed {
-        Armed(Some(conn))
-    }
-
-    pub(crate) fn conn(&self) -> &Conn {
-        // Invariant: the Option is Some until `disarm` consumes self.
-        match &self.0 {
-            Some(c) => c,
-            None => unreachable_conn(),
-        }
-    }
-
-    pub(crate) fn disarm(mut self) -> Conn {
-        match self.0.take() {
-            Some(c) => c,
-            None => unreachable_conn(),
-        }
-    }
-}
-
-#[cold]
-#[allow(clippy::panic)]
-fn unreachable_conn() -> ! {
-    // `Armed` holds its connection from `new` until `disarm` consumes it.
-    panic!("dblock internal error: armed connection missing")
-}
-
-impl Drop for Armed {
-    fn drop(&mut self) {
-        if let Some(c) = self.0.take() {
-            c.abandon();
         }
     }
 }

@@ -1,0 +1,209 @@
+//! One connection as the lock logic sees it: dblock's own (tokio-postgres) or one
+//! borrowed from the caller's sqlx pool. The acquisition logic is written once over
+//! the few operations both offer.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use tokio::sync::watch;
+
+use super::native::NativeConn;
+use super::sqlx_conn::SqlxConn;
+use crate::{Error, LossReason};
+
+/// Rows of each statement of a simple query, first column only, as text.
+pub(crate) type Results = Vec<Vec<Option<String>>>;
+
+/// A failed request, before it is mapped to an [`Error`].
+#[derive(Debug)]
+pub(crate) enum QueryError {
+    /// The server answered with an error; the connection is usable.
+    Db { code: String, message: String },
+    /// The connection is gone.
+    Lost { message: String },
+}
+
+impl QueryError {
+    pub(crate) fn into_error(self) -> Error {
+        match self {
+            QueryError::Db { code, message } => Error::from_sqlstate(&code, message),
+            QueryError::Lost { message } => Error::ConnectionLost { message },
+        }
+    }
+
+    pub(crate) fn from_driver(e: tokio_postgres::Error) -> QueryError {
+        match e.as_db_error() {
+            Some(db) => {
+                let mut message = db.message().to_string();
+                if let Some(d) = db.detail() {
+                    message.push_str(" (");
+                    message.push_str(d);
+                    message.push(')');
+                }
+                if let Some(h) = db.hint() {
+                    message.push_str("; hint: ");
+                    message.push_str(h);
+                }
+                let code = db.code().code().to_string();
+                // A FATAL error ends the session, whatever its code.
+                if matches!(db.severity(), "FATAL" | "PANIC") {
+                    QueryError::Lost { message }
+                } else {
+                    QueryError::Db { code, message }
+                }
+            }
+            None => QueryError::Lost {
+                message: e.to_string(),
+            },
+        }
+    }
+}
+
+/// What a connection and its watchdog share.
+pub(crate) struct Link {
+    /// Whether a lock is held on the connection (the watchdog checks only then).
+    holding: AtomicBool,
+    /// `Some` once the connection is known to be gone.
+    lost: watch::Sender<Option<LossReason>>,
+}
+
+impl Link {
+    pub(crate) fn new() -> Arc<Link> {
+        Arc::new(Link {
+            holding: AtomicBool::new(false),
+            lost: watch::Sender::new(None),
+        })
+    }
+
+    pub(crate) fn holding(&self) -> bool {
+        self.holding.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn set_holding(&self, on: bool) {
+        self.holding.store(on, Ordering::Relaxed);
+    }
+
+    pub(crate) fn loss(&self) -> Option<LossReason> {
+        self.lost.borrow().clone()
+    }
+
+    pub(crate) fn mark_lost(&self, reason: LossReason) {
+        self.lost.send_if_modified(|s| {
+            if s.is_none() {
+                *s = Some(reason);
+                true
+            } else {
+                false
+            }
+        });
+    }
+
+    /// Resolves when the connection is lost.
+    pub(crate) fn watch(&self) -> impl std::future::Future<Output = LossReason> + Send + 'static {
+        let mut rx = self.lost.subscribe();
+        async move {
+            match rx.wait_for(Option::is_some).await {
+                Ok(r) => r.clone().unwrap_or(LossReason::ConnectionClosed {
+                    message: "closed".into(),
+                }),
+                // The sender lives in the Link, which outlives every connection use; if it
+                // is gone, so is the connection.
+                Err(_) => LossReason::ConnectionClosed {
+                    message: "closed".into(),
+                },
+            }
+        }
+    }
+}
+
+/// A connection checked out for one lock request and, if granted, the lock's life.
+pub(crate) enum Conn {
+    Native(NativeConn),
+    Sqlx(SqlxConn),
+}
+
+impl Conn {
+    pub(crate) fn link(&self) -> &Arc<Link> {
+        match self {
+            Conn::Native(c) => c.link(),
+            Conn::Sqlx(c) => c.link(),
+        }
+    }
+
+    /// Sends a simple query (one or more statements) and waits for every result.
+    ///
+    /// Not cancel safe by itself: callers hold the connection in an [`Armed`] while
+    /// awaiting it.
+    pub(crate) async fn query(&self, sql: &str) -> Result<Results, QueryError> {
+        match self {
+            Conn::Native(c) => c.query(sql).await,
+            Conn::Sqlx(c) => c.query(sql).await,
+        }
+    }
+
+    /// Sends `sql` without waiting for its reply, ordered before anything sent after it.
+    /// Returns false if it could not be sent (the connection is gone).
+    pub(crate) fn fire(&self, sql: &str) -> bool {
+        match self {
+            Conn::Native(c) => c.fire(sql),
+            Conn::Sqlx(c) => c.fire(sql),
+        }
+    }
+
+    /// Returns the connection to its pool (or closes it if it is broken).
+    pub(crate) fn recycle(self) {
+        match self {
+            Conn::Native(c) => c.recycle(),
+            Conn::Sqlx(c) => c.recycle(),
+        }
+    }
+
+    /// Gives up a connection whose state is unknown: stops whatever the server session
+    /// is doing as far as possible, and closes it, which releases everything it held.
+    pub(crate) fn abandon(self) {
+        match self {
+            Conn::Native(c) => c.abandon(),
+            Conn::Sqlx(c) => c.abandon(),
+        }
+    }
+}
+
+/// Arms [`Conn::abandon`] for the duration of a request: dropped while armed (the
+/// request's future was cancelled), the connection is abandoned.
+pub(crate) struct Armed(Option<Conn>);
+
+impl Armed {
+    pub(crate) fn new(conn: Conn) -> Armed {
+        Armed(Some(conn))
+    }
+
+    pub(crate) fn conn(&self) -> &Conn {
+        // Invariant: the Option is Some until `disarm` consumes self.
+        match &self.0 {
+            Some(c) => c,
+            None => unreachable_conn(),
+        }
+    }
+
+    pub(crate) fn disarm(mut self) -> Conn {
+        match self.0.take() {
+            Some(c) => c,
+            None => unreachable_conn(),
+        }
+    }
+}
+
+#[cold]
+#[allow(clippy::panic)]
+fn unreachable_conn() -> ! {
+    // `Armed` holds its connection from `new` until `disarm` consumes it.
+    panic!("dblock internal error: armed connection missing")
+}
+
+impl Drop for Armed {
+    fn drop(&mut self) {
+        if let Some(c) = self.0.take() {
+            c.abandon();
+        }
+    }
+}

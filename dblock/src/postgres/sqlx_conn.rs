@@ -1,0 +1,228 @@
+//! Connections borrowed from the caller's sqlx pool ([`Locks::from_sqlx_pool`]).
+//!
+//! sqlx sends a request only while it is awaited, so each borrowed connection is run by
+//! a small task that owns it and takes requests in order from a channel: a guard's drop
+//! hands the release to that task at once (the task sends it on its next poll, within
+//! microseconds) and the connection goes back to the sqlx pool after it. The task also
+//! runs the health checks while a lock is held.
+//!
+//! sqlx offers no cancel request, so a wait cut short closes its connection; on
+//! PostgreSQL 14 and later each lock request sets `client_connection_check_interval`
+//! for its own transaction, so the server notices the closed socket and stops waiting.
+//!
+//! [`Locks::from_sqlx_pool`]: crate::Locks::from_sqlx_pool
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::TryStreamExt;
+use sqlx::pool::PoolConnection;
+use sqlx::{AssertSqlSafe, Either, PgPool, Postgres, Row};
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
+
+use super::conn::{Link, QueryError, Results};
+use crate::{Error, LossReason};
+
+/// Where borrowed connections come from.
+pub(crate) struct SqlxSource {
+    pub(crate) pool: PgPool,
+    pub(crate) check_interval: Duration,
+    pub(crate) check_timeout: Duration,
+}
+
+impl SqlxSource {
+    /// A connection from the pool, with its task started.
+    pub(crate) async fn get(&self) -> Result<SqlxConn, Error> {
+        // The lock's deadline bounds the wait for the lock; the wait for a connection is
+        // bounded by the pool's own acquire_timeout.
+        let acquired = self.pool.acquire().await;
+        let conn = acquired.map_err(crate::postgres::xact::map_sqlx)?;
+        let (tx, rx) = mpsc::unbounded_channel();
+        let link = Link::new();
+        tokio::spawn(run_connection(
+            conn,
+            rx,
+            link.clone(),
+            self.check_interval,
+            self.check_timeout,
+        ));
+        Ok(SqlxConn { tx, link })
+    }
+}
+
+enum Cmd {
+    Query(String, oneshot::Sender<Result<Results, QueryError>>),
+    Fire(String),
+    Recycle,
+    Abandon,
+}
+
+/// A borrowed connection, as a handle on the task that runs it.
+pub(crate) struct SqlxConn {
+    tx: mpsc::UnboundedSender<Cmd>,
+    link: Arc<Link>,
+}
+
+impl SqlxConn {
+    pub(crate) fn link(&self) -> &Arc<Link> {
+        &self.link
+    }
+
+    pub(crate) async fn query(&self, sql: &str) -> Result<Results, QueryError> {
+        let (reply, rx) = oneshot::channel();
+        let gone = || QueryError::Lost {
+            message: "the connection's task ended".into(),
+        };
+        self.tx
+            .send(Cmd::Query(sql.to_string(), reply))
+            .map_err(|_| gone())?;
+        rx.await.unwrap_or_else(|_| Err(gone()))
+    }
+
+    pub(crate) fn fire(&self, sql: &str) -> bool {
+        self.tx.send(Cmd::Fire(sql.to_string())).is_ok()
+    }
+
+    pub(crate) fn recycle(self) {
+        self.link.set_holding(false);
+        let _ = self.tx.send(Cmd::Recycle);
+    }
+
+    pub(crate) fn abandon(self) {
+        self.link.set_holding(false);
+        let _ = self.tx.send(Cmd::Abandon);
+    }
+}
+
+/// Runs one borrowed connection until it is recycled or abandoned. A handle dropped
+/// without either (a panic) counts as abandoned.
+async fn run_connection(
+    mut conn: PoolConnection<Postgres>,
+    mut rx: mpsc::UnboundedReceiver<Cmd>,
+    link: Arc<Link>,
+    interval: Duration,
+    timeout: Duration,
+) {
+    let mut tick = tokio::time::interval(interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick.reset();
+    loop {
+        tokio::select! {
+            cmd = rx.recv() => match cmd {
+                Some(Cmd::Query(sql, mut reply)) => {
+                    let res = tokio::select! {
+                        r = run(&mut conn, &sql) => r,
+                        // The request was cancelled mid-way: its state is unknown.
+                        () = reply.closed() => return close(conn),
+                    };
+                    let lost = lost_reason(&res);
+                    let _ = reply.send(res);
+                    if let Some(reason) = lost {
+                        link.mark_lost(reason);
+                        return close(conn);
+                    }
+                }
+                Some(Cmd::Fire(sql)) => {
+                    if let Err(e) = run(&mut conn, &sql).await {
+                        // A release that failed leaves the session's state unknown.
+                        let message = match e {
+                            QueryError::Db { message, .. } | QueryError::Lost { message } => message,
+                        };
+                        link.mark_lost(LossReason::ConnectionClosed { message });
+                        return close(conn);
+                    }
+                }
+                Some(Cmd::Recycle) => {
+                    if link.loss().is_some() {
+                        return close(conn);
+                    }
+                    // Dropping a PoolConnection returns it to the sqlx pool.
+                    return;
+                }
+                Some(Cmd::Abandon) | None => return close(conn),
+            },
+            _ = tick.tick() => {
+                if !link.holding() {
+                    continue;
+                }
+                let since = Instant::now();
+                match tokio::time::timeout(timeout, run(&mut conn, "")).await {
+                    Ok(Ok(_)) => {}
+                    Ok(Err(e)) => {
+                        let message = match e {
+                            QueryError::Db { message, .. } | QueryError::Lost { message } => message,
+                        };
+                        link.mark_lost(LossReason::ConnectionClosed { message });
+                        return close(conn);
+                    }
+                    Err(_) => {
+                        link.mark_lost(LossReason::Unresponsive { after: since.elapsed() });
+                        return close(conn);
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn lost_reason(res: &Result<Results, QueryError>) -> Option<LossReason> {
+    match res {
+        Err(QueryError::Lost { message }) => Some(LossReason::ConnectionClosed {
+            message: message.clone(),
+        }),
+        _ => None,
+    }
+}
+
+/// Closes a connection for good: taken out of the pool and its socket dropped, which
+/// ends the server session and everything it held.
+fn close(conn: PoolConnection<Postgres>) {
+    drop(conn.detach());
+}
+
+/// Runs a simple-protocol query; the first column of each statement's rows as text.
+async fn run(conn: &mut PoolConnection<Postgres>, sql: &str) -> Result<Results, QueryError> {
+    let mut out: Results = vec![Vec::new()];
+    let mut stream = sqlx::raw_sql(AssertSqlSafe(sql.to_string())).fetch_many(&mut **conn);
+    while let Some(item) = stream.try_next().await.map_err(from_sqlx)? {
+        match item {
+            Either::Left(_done) => out.push(Vec::new()),
+            Either::Right(row) => {
+                let v = row.try_get_raw(0).ok().and_then(|v| {
+                    if sqlx::ValueRef::is_null(&v) {
+                        None
+                    } else {
+                        v.as_str().ok().map(str::to_string)
+                    }
+                });
+                if let Some(last) = out.last_mut() {
+                    last.push(v);
+                }
+            }
+        }
+    }
+    out.pop();
+    Ok(out)
+}
+
+fn from_sqlx(e: sqlx::Error) -> QueryError {
+    match e {
+        sqlx::Error::Database(db) => match db.code() {
+            // The server ended the session (admin or crash shutdown).
+            Some(code) if code.starts_with("57P") => QueryError::Lost {
+                message: db.message().to_string(),
+            },
+            Some(code) => QueryError::Db {
+                code: code.to_string(),
+                message: db.message().to_string(),
+            },
+            None => QueryError::Lost {
+                message: db.message().to_string(),
+            },
+        },
+        other => QueryError::Lost {
+            message: other.to_string(),
+        },
+    }
+}
