@@ -151,23 +151,131 @@ pub enum Error {
     /// The request combines options this backend does not support.
     #[error("unsupported: {0}")]
     Unsupported(String),
+
+    /// A migration file (or the directory of a set) cannot be used: its name breaks the
+    /// `VERSION_NAME.sql` rule, its contents are not UTF-8, its header is misspelt, or a
+    /// migration that runs in a transaction contains transaction control (see
+    /// [`Migrations`](crate::migrate::Migrations)).
+    #[error("{file}: {reason}")]
+    InvalidMigration {
+        /// The file (its path, for a directory's), or the directory.
+        file: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+
+    /// Two migration files have the same version.
+    #[error("{first} and {second} have the same version {version}; each version must be unique")]
+    DuplicateMigration {
+        /// The version.
+        version: i64,
+        /// One file.
+        first: String,
+        /// The other.
+        second: String,
+    },
+
+    /// An applied migration's file changed since it was applied: its checksum no longer
+    /// matches the one recorded.
+    #[error(
+        "{file}: changed since it was applied (checksum {}…, applied as {}…); restore it, \
+         and put the change in a new migration",
+        short(.checksum),
+        short(.applied_checksum)
+    )]
+    MigrationEdited {
+        /// The file.
+        file: String,
+        /// Its version.
+        version: i64,
+        /// The checksum recorded when it was applied.
+        applied_checksum: String,
+        /// The file's checksum now.
+        checksum: String,
+    },
+
+    /// The database has applied migrations the set lacks (a file was removed, or an
+    /// older release runs against a newer database).
+    #[error(
+        "the database has applied migrations this set lacks: {}; restore their files, \
+         or ignore them (ignore_missing, --ignore-missing)",
+        .missing.join(", ")
+    )]
+    UnknownMigrations {
+        /// Each as `VERSION (NAME)`, as recorded.
+        missing: Vec<String>,
+    },
+
+    /// A migration failed to apply. A migration in a transaction is rolled back whole;
+    /// of one outside a transaction, the statements before `statement` stay applied.
+    #[error("migration {file} failed{}: {source}", at_statement(.statement))]
+    MigrationFailed {
+        /// The file.
+        file: String,
+        /// Its version.
+        version: i64,
+        /// Its name.
+        name: String,
+        /// For a migration outside a transaction, the failing statement and how many
+        /// there are (1-based).
+        statement: Option<(usize, usize)>,
+        /// What failed: the database's error, or the connection's.
+        #[source]
+        source: Box<Error>,
+    },
+}
+
+/// The first 12 hex digits of a checksum, as messages show it.
+fn short(checksum: &str) -> &str {
+    checksum.get(..12).unwrap_or(checksum)
+}
+
+/// ` at statement k of n (…)` for a migration outside a transaction.
+fn at_statement(statement: &Option<(usize, usize)>) -> String {
+    let kept = match statement {
+        None => return String::new(),
+        Some((1, _)) => "none of it was applied".to_string(),
+        Some((2, _)) => "statement 1 stays applied".to_string(),
+        Some((k, _)) => format!("statements 1 to {} stay applied", k - 1),
+    };
+    match statement {
+        Some((k, n)) => format!(" at statement {k} of {n} (outside a transaction: {kept})"),
+        None => String::new(),
+    }
 }
 
 impl Error {
     /// Whether this error says the database could not be reached or stopped answering
     /// (as opposed to a bad request).
     pub fn is_connection(&self) -> bool {
-        matches!(
-            self,
-            Error::Connect { .. } | Error::ConnectionLost { .. } | Error::Timeout { .. }
-        )
+        match self {
+            Error::MigrationFailed { source, .. } => source.is_connection(),
+            _ => matches!(
+                self,
+                Error::Connect { .. } | Error::ConnectionLost { .. } | Error::Timeout { .. }
+            ),
+        }
     }
 
-    /// Whether this error is the caller's input (a name, namespace or URL) being wrong.
+    /// Whether this error is the caller's input (a name, namespace, URL or migration
+    /// set) being wrong.
     pub fn is_invalid_input(&self) -> bool {
         matches!(
             self,
             Error::InvalidName { .. } | Error::InvalidNamespace { .. } | Error::InvalidUrl { .. }
+        ) || self.is_bad_migration_set()
+    }
+
+    /// Whether this error is a migration set that cannot be applied as it is, found
+    /// before anything was applied: a malformed file, a repeated version, an applied
+    /// migration edited since, or applied versions the set lacks.
+    pub fn is_bad_migration_set(&self) -> bool {
+        matches!(
+            self,
+            Error::InvalidMigration { .. }
+                | Error::DuplicateMigration { .. }
+                | Error::MigrationEdited { .. }
+                | Error::UnknownMigrations { .. }
         )
     }
 
@@ -177,6 +285,7 @@ impl Error {
             Error::Database { code, .. } => code.as_deref(),
             Error::Deadlock { .. } => Some("40P01"),
             Error::LockTableFull { .. } => Some("53200"),
+            Error::MigrationFailed { source, .. } => source.sqlstate(),
             _ => None,
         }
     }

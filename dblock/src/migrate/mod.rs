@@ -1,19 +1,787 @@
 //! Schema migrations that are safe when every instance starts at once.
+//!
+//! Two tools, one lock. The lock is [`MIGRATION_LOCK_KEY`], one advisory key for the
+//! whole database, taken by every migration and every start-up DDL script.
+//!
+//! # Why one lock, and why for idempotent scripts too
+//!
+//! `CREATE … IF NOT EXISTS` is not atomic: it checks the catalogue, then creates. Two
+//! sessions running it at once both pass the check and one fails on a catalogue unique
+//! index: measured with four instances starting against one empty database, three of
+//! four failed, in ten rounds out of ten, with
+//!
+//! ```text
+//! ERROR:  duplicate key value violates unique constraint "pg_type_typname_nsp_index"
+//! ERROR:  duplicate key value violates unique constraint "pg_class_relname_nsp_index"
+//! ```
+//!
+//! and against a database where the tables already existed, the `ALTER TABLE … ENABLE
+//! ROW LEVEL SECURITY` and `CREATE POLICY` statements deadlocked, two runs each waiting
+//! for the other's `ACCESS EXCLUSIVE` lock. Those catalogue indexes are database-wide, so
+//! two *different* scripts collide exactly as two runs of one script do: a key per
+//! script would leave the common case — six subsystems' scripts at once — racing. Hence
+//! one key for every script.
+//!
+//! # Start-up scripts: [`run_script`]
+//!
+//! For a component that owns an idempotent DDL script and runs it at every start:
+//! [`run_script`] (on your sqlx pool) or [`Locks::run_script`] sends
+//! [`lock_prefixed`]`(ddl)`: `SELECT pg_advisory_xact_lock(KEY);` followed by the script,
+//! unaltered, as one simple-protocol message. PostgreSQL runs such a message as one
+//! implicit transaction, so the lock is held for the whole script and released at its
+//! end, on success and failure alike; there is nothing to release and no path that
+//! leaves it held.
+//!
+//! Its waiters wait *inside a statement*, and so hold a snapshot while they wait. That is
+//! harmless for scripts of ordinary DDL, but a `CREATE INDEX CONCURRENTLY` running
+//! meanwhile waits for every such snapshot, and PostgreSQL then reports a deadlock (see
+//! below). Scripts that build indexes concurrently belong in the runner.
+//!
+//! # The runner: [`Migrations`]
+//!
+//! An ordered set of `VERSION_NAME.sql` files ([the rule](Migrations#the-file-name-rule)),
+//! from a directory ([`Migrations::from_dir`]) or embedded in the binary at compile time
+//! ([`migrations!`](crate::migrations)), applied by [`Migrations::run`] (or
+//! [`Migrations::runner`] for options). A run:
+//!
+//! 1. waits for the migration lock **without holding a snapshot**: it polls
+//!    `pg_try_advisory_lock(KEY)` in autocommit, outside any transaction, every 20 ms
+//!    backing off to 100 ms, on one connection it keeps for the whole run, and holds
+//!    the lock as a session lock;
+//! 2. only then creates the bookkeeping table `dblock_migrations` (in the schema in use)
+//!    if it is missing, and reads what is applied — reading first would let two
+//!    instances both decide to apply the same migration;
+//! 3. refuses, before applying anything, when an applied migration's file changed
+//!    ([`Error::MigrationEdited`]) and when the database has applied versions the set
+//!    lacks ([`Error::UnknownMigrations`], unless
+//!    [`ignore_missing`](Runner::ignore_missing));
+//! 4. applies each pending migration in version order, each **in one transaction with
+//!    its bookkeeping row** (version, name, checksum, `applied_at`, `duration_ms`): all
+//!    or nothing. A failure ([`Error::MigrationFailed`], naming the file) rolls it back
+//!    and stops the run;
+//! 5. releases the lock, on success and on failure. If the connection is in any doubt
+//!    (it broke, or the run's future was dropped) dblock cancels what it was doing and
+//!    closes it, which releases the lock on the server.
+//!
+//! While a run executes a statement, its connection asks PostgreSQL (14 and later) to
+//! check every second that the client is still there (`client_connection_check_interval`),
+//! so a runner killed mid-migration stops holding the lock within about a second
+//! instead of when its statement would have finished.
+//!
+//! # Migrations outside a transaction
+//!
+//! Some statements cannot run in a transaction, `CREATE INDEX CONCURRENTLY` above all.
+//! A migration whose first line is [`NO_TRANSACTION_HEADER`]
+//!
+//! ```sql
+//! -- dblock:no-transaction
+//! DROP INDEX CONCURRENTLY IF EXISTS users_email_idx;
+//! CREATE INDEX CONCURRENTLY users_email_idx ON users (email);
+//! ```
+//!
+//! is split into statements (quotes, dollar quotes, comments and routine bodies
+//! respected) which are sent one at a time, each in autocommit; its bookkeeping row is
+//! written after the last one succeeds. It is not all or nothing: if statement *k*
+//! fails, the ones before it stay applied, and the error says so. Write such migrations
+//! to be re-run safely. A concurrent index build that fails or is cancelled leaves an
+//! `INVALID` index behind, which `CREATE INDEX CONCURRENTLY IF NOT EXISTS` would then
+//! silently keep: drop it first, as above.
+//!
+//! **Why the runner polls.** `CREATE INDEX CONCURRENTLY` waits for every transaction
+//! holding a snapshot older than its own to finish. A second migrator blocked inside
+//! `pg_advisory_lock` is running a statement and holds such a snapshot, while waiting for
+//! the lock the index builder's session holds: PostgreSQL reports `deadlock detected`
+//! and one of them fails (golang-migrate #960, Flyway #1654/#3508). dblock's waiters
+//! run a short `pg_try_advisory_lock` now and then and hold no snapshot in between, so
+//! the index build never waits for them.
+//!
+//! # SQLite
+//!
+//! The same runner and guarantees on the embedded backend: the lock is the OFD
+//! byte-range lock on `MIGRATION_LOCK_KEY`'s byte of the lock file (waited for by
+//! polling, released by the kernel if the process dies, with no snapshot to hold), the
+//! bookkeeping table lives in the SQLite database, and each migration runs in a
+//! `BEGIN IMMEDIATE` transaction with its row (SQLite's DDL is transactional). The
+//! header works the same way (`VACUUM` needs it, for one).
+//!
+//! # Status and dry runs
+//!
+//! [`Runner::status`] and [`Runner::dry_run`] only read: they take no lock, never create
+//! the bookkeeping table (an absent table means nothing is applied), and so answer at
+//! once even while a run holds the lock. They show the committed state: a migration
+//! being applied at that moment shows as pending.
+
+mod set;
+mod split;
+
+#[cfg(feature = "postgres")]
+mod pg;
+#[cfg(feature = "sqlite")]
+mod sqlite;
+
+use std::collections::HashSet;
+use std::fmt;
+use std::time::Duration;
+
+use crate::locks::Backend;
+use crate::{Error, Locks};
+
+pub use set::{Migration, Migrations, NO_TRANSACTION_HEADER};
 
 /// The advisory-lock key every migration and every start-up DDL script takes first:
 /// the ASCII bytes of `DBLOCKM` and a version byte, so that it is recognisable in
-/// `pg_locks` (classid 1145195599 = `0x44424c4f`, objid 1129008385 = `0x434b4d01`).
+/// `pg_locks` (classid 1145195599 = `0x44424c4f`, objid 1129008385 = `0x434b4d01`,
+/// objsubid 1).
 ///
 /// One key for the whole database, not one per script: the catalogue indexes that
 /// concurrent `CREATE … IF NOT EXISTS` collide on are database-wide, so two *different*
 /// scripts race exactly as two runs of one script do.
+///
+/// ```sql
+/// SELECT pid, mode, granted FROM pg_locks
+///  WHERE locktype = 'advisory' AND classid = 1145195599 AND objid = 1129008385 AND objsubid = 1;
+/// ```
 pub const MIGRATION_LOCK_KEY: i64 = 0x4442_4c4f_434b_4d01;
+
+/// The table, in the schema in use (PostgreSQL) or the database file (SQLite), that
+/// records the applied migrations: `version`, `name`, `checksum`, `applied_at`,
+/// `duration_ms`.
+pub const TABLE: &str = "dblock_migrations";
 
 /// `ddl` with the migration lock's acquisition as its first statement.
 ///
 /// Sent as one simple-protocol message, the whole script runs in one implicit
 /// transaction: the lock is held for all of it and released at its end, on success and
 /// on failure alike, with nothing for the caller to release.
+///
+/// ```
+/// let sql = dblock::migrate::lock_prefixed("CREATE TABLE IF NOT EXISTS t (x int);");
+/// assert_eq!(
+///     sql,
+///     "SELECT pg_advisory_xact_lock(4918577646357138689);\nCREATE TABLE IF NOT EXISTS t (x int);"
+/// );
+/// ```
 pub fn lock_prefixed(ddl: &str) -> String {
     format!("SELECT pg_advisory_xact_lock({MIGRATION_LOCK_KEY});\n{ddl}")
+}
+
+/// Runs the idempotent start-up script `ddl` under the migration lock, on a connection
+/// of `pool`: the seed's primitive (see [above](self#start-up-scripts-run_script)).
+///
+/// ```no_run
+/// # async fn demo(pool: sqlx::PgPool) -> Result<(), dblock::Error> {
+/// const DDL: &str = "CREATE TABLE IF NOT EXISTS cron_state (job text PRIMARY KEY, last_run timestamptz);
+///                    CREATE INDEX IF NOT EXISTS cron_state_last_run ON cron_state (last_run);";
+/// dblock::migrate::run_script(&pool, DDL).await?;
+/// # Ok(()) }
+/// ```
+///
+/// The script must not contain transaction control (`BEGIN`, `COMMIT`…): a `COMMIT`
+/// would end the transaction, and the lock with it, half way through.
+///
+/// # Errors
+///
+/// [`Error::InvalidMigration`] for a script with transaction control; the error of the
+/// first statement that failed (nothing of the script is then applied); connection
+/// errors.
+///
+/// # Cancel safety
+///
+/// If cancelled, the script may still run to its end (or fail) on the server; the lock
+/// is released when its transaction ends either way, and the script is applied whole or
+/// not at all.
+#[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+pub async fn run_script(pool: &sqlx::PgPool, ddl: &str) -> Result<(), Error> {
+    check_script(ddl)?;
+    sqlx::raw_sql(sqlx::AssertSqlSafe(lock_prefixed(ddl)))
+        .execute(pool)
+        .await
+        .map_err(crate::postgres::xact::map_sqlx)?;
+    Ok(())
+}
+
+/// Refuses a start-up script with transaction control, which would end the lock early.
+fn check_script(ddl: &str) -> Result<(), Error> {
+    for (i, stmt) in split::split(ddl).iter().enumerate() {
+        if let Some(word) = split::transaction_control(stmt) {
+            return Err(Error::InvalidMigration {
+                file: "start-up script".into(),
+                reason: format!(
+                    "statement {} is {word}: the script runs in one transaction under the \
+                     migration lock, and transaction control would end both early",
+                    i + 1
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
+impl Locks {
+    /// Runs the idempotent start-up script `ddl` under the migration lock, on one of
+    /// this handle's connections: [`run_script`] for a handle.
+    ///
+    /// On PostgreSQL, [`lock_prefixed`]`(ddl)` as one message, so its waiters wait inside
+    /// a statement (see [the module](crate::migrate#start-up-scripts-run_script)). On
+    /// SQLite, the migration lock's byte of the lock file, then the script in one
+    /// `BEGIN IMMEDIATE` transaction.
+    ///
+    /// # Errors
+    ///
+    /// As [`run_script`].
+    ///
+    /// # Cancel safety
+    ///
+    /// On PostgreSQL, cancelling it cancels the script on the server and closes the
+    /// connection: the script is applied whole or not at all, and the lock is released.
+    /// On SQLite, the transaction is rolled back and the lock released.
+    pub async fn run_script(&self, ddl: &str) -> Result<(), Error> {
+        check_script(ddl)?;
+        match &self.inner.backend {
+            #[cfg(feature = "postgres")]
+            Backend::Postgres(b) => pg::run_script(b, ddl).await,
+            #[cfg(feature = "sqlite")]
+            Backend::Sqlite(b) => sqlite::run_script(b, ddl).await,
+        }
+    }
+}
+
+impl Migrations {
+    /// Applies the pending migrations under the migration lock; see
+    /// [the module](crate::migrate#the-runner-migrations) for what a run guarantees.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), dblock::Error> {
+    /// let locks = dblock::Locks::from_env().await?;
+    /// let set = dblock::migrate::Migrations::from_dir("migrations")?;
+    /// let report = set.run(&locks).await?;
+    /// for m in &report.applied {
+    ///     println!("applied {} in {:?}", m.file_name, m.duration);
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`Runner::run`].
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`Runner::run`].
+    pub async fn run(&self, locks: &Locks) -> Result<Report, Error> {
+        self.runner(locks).run().await
+    }
+
+    /// A run with options: see [`Runner`].
+    pub fn runner<'a>(&'a self, locks: &'a Locks) -> Runner<'a> {
+        Runner {
+            set: self,
+            locks,
+            ignore_missing: false,
+            on_applied: None,
+        }
+    }
+}
+
+/// A run of a [`Migrations`] set being set up: created by [`Migrations::runner`],
+/// finished by [`run`](Runner::run), [`dry_run`](Runner::dry_run) or
+/// [`status`](Runner::status).
+///
+/// ```no_run
+/// # async fn demo(locks: dblock::Locks, set: dblock::migrate::Migrations) -> Result<(), dblock::Error> {
+/// set.runner(&locks)
+///     .on_applied(|m| println!("applied {} ({:?})", m.file_name, m.duration))
+///     .run()
+///     .await?;
+/// # Ok(()) }
+/// ```
+#[must_use = "a runner does nothing until run, dry_run or status is awaited"]
+pub struct Runner<'a> {
+    set: &'a Migrations,
+    locks: &'a Locks,
+    ignore_missing: bool,
+    on_applied: Option<OnApplied<'a>>,
+}
+
+/// The callback of [`Runner::on_applied`].
+type OnApplied<'a> = Box<dyn FnMut(&Applied) + Send + 'a>;
+
+impl fmt::Debug for Runner<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Runner")
+            .field("migrations", &self.set.len())
+            .field("locks", self.locks)
+            .field("ignore_missing", &self.ignore_missing)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<'a> Runner<'a> {
+    /// Proceed even though the database has applied versions the set lacks (a newer
+    /// release's migrations, say); they are left alone. Off unless set: such a run is
+    /// refused with [`Error::UnknownMigrations`].
+    pub fn ignore_missing(mut self, ignore: bool) -> Self {
+        self.ignore_missing = ignore;
+        self
+    }
+
+    /// Calls `f` after each migration is applied and committed, as it happens (a run
+    /// that fails later has still applied these).
+    pub fn on_applied(mut self, f: impl FnMut(&Applied) + Send + 'a) -> Self {
+        self.on_applied = Some(Box::new(f));
+        self
+    }
+
+    /// Applies the pending migrations under the migration lock.
+    ///
+    /// # Errors
+    ///
+    /// Before anything is applied: [`Error::InvalidMigration`] or
+    /// [`Error::DuplicateMigration`] for an embedded set with a bad file,
+    /// [`Error::MigrationEdited`], [`Error::UnknownMigrations`]. While applying:
+    /// [`Error::MigrationFailed`] naming the migration, whose
+    /// [`source`](std::error::Error::source) is the database's error; the migrations
+    /// before it stay applied. Connection errors. In every case the lock is no longer
+    /// held once this returns (on a broken connection: once the server notices).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancelling a run stops it where it is. On PostgreSQL its connection is abandoned:
+    /// the statement running is cancelled, the migration's transaction rolls back, and
+    /// closing the connection releases the lock. On SQLite the transaction rolls back and
+    /// the lock is released. Migrations committed before stay applied; of a
+    /// no-transaction migration, the statements that completed stay applied.
+    pub async fn run(mut self) -> Result<Report, Error> {
+        let set = self.set.checked()?;
+        let mut ignore = |_: &Applied| {};
+        let on_applied: &mut (dyn FnMut(&Applied) + Send) = match &mut self.on_applied {
+            Some(f) => f.as_mut(),
+            None => &mut ignore,
+        };
+        match &self.locks.inner.backend {
+            #[cfg(feature = "postgres")]
+            Backend::Postgres(b) => pg::run(b, set, self.ignore_missing, on_applied).await,
+            #[cfg(feature = "sqlite")]
+            Backend::Sqlite(b) => sqlite::run(b, set, self.ignore_missing, on_applied).await,
+        }
+    }
+
+    /// The migrations a run would apply now, in order, after the same checks a run
+    /// makes; changes nothing (see [the module](crate::migrate#status-and-dry-runs)).
+    ///
+    /// # Errors
+    ///
+    /// As [`Runner::run`], short of [`Error::MigrationFailed`].
+    ///
+    /// # Cancel safety
+    ///
+    /// A read; cancelling it has no effect on the database.
+    pub async fn dry_run(self) -> Result<Vec<&'a Migration>, Error> {
+        // Not `self` across the await: the callback is Send but not Sync.
+        let (set, locks, ignore_missing) = (self.set, self.locks, self.ignore_missing);
+        let set = set.checked()?;
+        let records = records(locks).await?.unwrap_or_default();
+        plan(set, &records, ignore_missing)
+    }
+
+    /// Every migration of the set and of the database, with its state: applied,
+    /// pending, edited since it was applied, or unknown to the set. Changes nothing.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidMigration`] or [`Error::DuplicateMigration`] for an embedded set
+    /// with a bad file; connection and server errors. Edited and unknown migrations are
+    /// reported in the status, not as errors.
+    ///
+    /// # Cancel safety
+    ///
+    /// A read; cancelling it has no effect on the database.
+    pub async fn status(self) -> Result<Status, Error> {
+        let (set, locks, ignore_missing) = (self.set, self.locks, self.ignore_missing);
+        let set = set.checked()?;
+        let records = records(locks).await?.unwrap_or_default();
+        Ok(status_of(set, records, ignore_missing))
+    }
+}
+
+/// The bookkeeping rows, read without the lock, if the table exists.
+async fn records(locks: &Locks) -> Result<Option<Vec<Record>>, Error> {
+    match &locks.inner.backend {
+        #[cfg(feature = "postgres")]
+        Backend::Postgres(b) => pg::records(b).await,
+        #[cfg(feature = "sqlite")]
+        Backend::Sqlite(b) => sqlite::records(b).await,
+    }
+}
+
+/// What a run did.
+#[derive(Debug, Clone, Default)]
+#[non_exhaustive]
+pub struct Report {
+    /// The migrations this run applied, in order.
+    pub applied: Vec<Applied>,
+    /// How many migrations of the set were applied before this run.
+    pub already_applied: usize,
+}
+
+/// One migration a run applied.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct Applied {
+    /// Its version.
+    pub version: i64,
+    /// Its name.
+    pub name: String,
+    /// Its file name, `VERSION_NAME.sql`.
+    pub file_name: String,
+    /// How long its SQL took (as recorded in `duration_ms`).
+    pub duration: Duration,
+    /// Whether it ran outside a transaction.
+    pub no_transaction: bool,
+}
+
+/// The state of each migration of a set and a database ([`Runner::status`]).
+#[derive(Debug, Clone, Default)]
+#[non_exhaustive]
+pub struct Status {
+    /// One entry per version, in version order: the set's migrations and the
+    /// database's unknown ones.
+    pub entries: Vec<StatusEntry>,
+    ignore_missing: bool,
+}
+
+impl Status {
+    /// How many entries are in `state`.
+    pub fn count(&self, state: State) -> usize {
+        self.entries.iter().filter(|e| e.state == state).count()
+    }
+
+    /// Whether a run would refuse: an applied migration was edited, or the database has
+    /// versions the set lacks (unless the status was taken with
+    /// [`Runner::ignore_missing`]).
+    pub fn would_refuse(&self) -> bool {
+        self.count(State::Edited) > 0 || (!self.ignore_missing && self.count(State::Unknown) > 0)
+    }
+}
+
+/// One migration in a [`Status`].
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct StatusEntry {
+    /// Its version.
+    pub version: i64,
+    /// Its name: the file's, or for an unknown migration the one recorded.
+    pub name: String,
+    /// Where it stands.
+    pub state: State,
+    /// The file name, for migrations of the set.
+    pub file_name: Option<String>,
+    /// When it was applied, for applied, edited and unknown migrations: RFC 3339 in UTC
+    /// (`2026-05-01T12:00:00.123Z`), as recorded.
+    pub applied_at: Option<String>,
+    /// How long it took, as recorded.
+    pub duration: Option<Duration>,
+}
+
+/// Where one migration stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum State {
+    /// Applied, and the file is unchanged.
+    Applied,
+    /// In the set, not yet applied.
+    Pending,
+    /// Applied, but the file changed since: a run refuses ([`Error::MigrationEdited`]).
+    Edited,
+    /// Applied, but not in the set: a run refuses ([`Error::UnknownMigrations`]) unless
+    /// told to ignore these ([`Runner::ignore_missing`]).
+    Unknown,
+}
+
+impl fmt::Display for State {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            State::Applied => "applied",
+            State::Pending => "pending",
+            State::Edited => "edited",
+            State::Unknown => "unknown",
+        })
+    }
+}
+
+/// One bookkeeping row.
+#[derive(Debug, Clone)]
+pub(crate) struct Record {
+    pub(crate) version: i64,
+    pub(crate) name: String,
+    pub(crate) checksum: String,
+    pub(crate) applied_at: String,
+    pub(crate) duration_ms: i64,
+}
+
+/// What to apply, in order, after checking the records against the set.
+pub(crate) fn plan<'s>(
+    set: &'s [Migration],
+    records: &[Record],
+    ignore_missing: bool,
+) -> Result<Vec<&'s Migration>, Error> {
+    let mut unknown = Vec::new();
+    for r in records {
+        match set.binary_search_by_key(&r.version, Migration::version) {
+            Ok(i) => {
+                let m = &set[i];
+                if m.checksum() != r.checksum {
+                    return Err(Error::MigrationEdited {
+                        file: m.file().to_string(),
+                        version: m.version(),
+                        applied_checksum: r.checksum.clone(),
+                        checksum: m.checksum().to_string(),
+                    });
+                }
+            }
+            Err(_) => unknown.push(format!("{} ({})", r.version, r.name)),
+        }
+    }
+    if !unknown.is_empty() && !ignore_missing {
+        return Err(Error::UnknownMigrations { missing: unknown });
+    }
+    let applied: HashSet<i64> = records.iter().map(|r| r.version).collect();
+    Ok(set
+        .iter()
+        .filter(|m| !applied.contains(&m.version()))
+        .collect())
+}
+
+fn status_of(set: &[Migration], records: Vec<Record>, ignore_missing: bool) -> Status {
+    let mut entries: Vec<StatusEntry> = set
+        .iter()
+        .map(|m| StatusEntry {
+            version: m.version(),
+            name: m.name().to_string(),
+            state: State::Pending,
+            file_name: Some(m.file_name().to_string()),
+            applied_at: None,
+            duration: None,
+        })
+        .collect();
+    for r in records {
+        let duration = Some(Duration::from_millis(
+            u64::try_from(r.duration_ms).unwrap_or(0),
+        ));
+        match set.binary_search_by_key(&r.version, Migration::version) {
+            Ok(i) => {
+                if let Some(e) = entries.get_mut(i) {
+                    e.state = if set[i].checksum() == r.checksum {
+                        State::Applied
+                    } else {
+                        State::Edited
+                    };
+                    e.applied_at = Some(r.applied_at);
+                    e.duration = duration;
+                }
+            }
+            Err(_) => entries.push(StatusEntry {
+                version: r.version,
+                name: r.name,
+                state: State::Unknown,
+                file_name: None,
+                applied_at: Some(r.applied_at),
+                duration,
+            }),
+        }
+    }
+    entries.sort_by_key(|e| e.version);
+    Status {
+        entries,
+        ignore_missing,
+    }
+}
+
+/// The error of migration `m` failing, at `statement` (k of n) if it runs outside a
+/// transaction.
+pub(crate) fn failed(m: &Migration, statement: Option<(usize, usize)>, e: Error) -> Error {
+    let source = match e {
+        // "CREATE INDEX CONCURRENTLY cannot run inside a transaction block"
+        Error::Database { code, message }
+            if code.as_deref() == Some("25001") && !m.no_transaction() =>
+        {
+            Error::Database {
+                code,
+                message: format!(
+                    "{message}; hint: make {NO_TRANSACTION_HEADER:?} the file's first line"
+                ),
+            }
+        }
+        other => other,
+    };
+    Error::MigrationFailed {
+        file: m.file().to_string(),
+        version: m.version(),
+        name: m.name().to_string(),
+        statement,
+        source: Box::new(source),
+    }
+}
+
+/// A duration in whole milliseconds, as the bookkeeping table records it.
+pub(crate) fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_lock_comes_first_and_the_ddl_is_carried_through_byte_for_byte() {
+        let ddl = "-- leading comment\nCREATE TABLE IF NOT EXISTS t (x int);\n\
+                   DO $$ BEGIN PERFORM 1; END $$;\r\n\tCREATE INDEX IF NOT EXISTS i ON t (x)";
+        let sql = lock_prefixed(ddl);
+        let first = "SELECT pg_advisory_xact_lock(4918577646357138689);\n";
+        assert!(sql.starts_with(first), "{sql}");
+        assert_eq!(&sql[first.len()..], ddl, "the caller's DDL, unaltered");
+        // The prefix is one complete statement, whatever the script starts with.
+        let stmts = split::split(&sql);
+        assert_eq!(
+            stmts[0],
+            "SELECT pg_advisory_xact_lock(4918577646357138689)"
+        );
+        assert_eq!(lock_prefixed(""), first);
+    }
+
+    #[test]
+    fn the_key_reads_dblockm_and_shows_in_pg_locks_as_documented() {
+        assert_eq!(&MIGRATION_LOCK_KEY.to_be_bytes()[..7], b"DBLOCKM");
+        assert_eq!(MIGRATION_LOCK_KEY.to_be_bytes()[7], 1, "version byte");
+        assert_eq!(
+            crate::Key::from_i64(MIGRATION_LOCK_KEY).pg_locks_ids(),
+            (1_145_195_599, 1_129_008_385)
+        );
+    }
+
+    #[test]
+    fn start_up_scripts_with_transaction_control_are_refused() {
+        assert!(check_script("CREATE TABLE a (x int); CREATE INDEX i ON a (x);").is_ok());
+        let e = check_script("CREATE TABLE a (x int); COMMIT; CREATE TABLE b (y int)")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("statement 2 is COMMIT"), "{e}");
+    }
+
+    fn rec(version: i64, checksum: &str) -> Record {
+        Record {
+            version,
+            name: format!("n{version}"),
+            checksum: checksum.into(),
+            applied_at: "2026-01-01T00:00:00.000Z".into(),
+            duration_ms: 5,
+        }
+    }
+
+    #[test]
+    fn plans_apply_what_is_pending_and_refuse_edits_and_unknown_versions() {
+        let set = Migrations::from_sources([
+            ("1_a.sql", "SELECT 1"),
+            ("2_b.sql", "SELECT 2"),
+            ("3_c.sql", "SELECT 3"),
+        ])
+        .unwrap();
+        let set = set.checked().unwrap();
+        let sum = |v: usize| set[v - 1].checksum().to_string();
+        let versions = |p: Vec<&Migration>| p.iter().map(|m| m.version()).collect::<Vec<_>>();
+        assert_eq!(versions(plan(set, &[], false).unwrap()), [1, 2, 3]);
+        // An out-of-order pending migration (merged late) is applied too.
+        let recs = [rec(1, &sum(1)), rec(3, &sum(3))];
+        assert_eq!(versions(plan(set, &recs, false).unwrap()), [2]);
+
+        match plan(set, &[rec(1, &sum(1)), rec(2, "beef")], false) {
+            Err(Error::MigrationEdited {
+                file, version: 2, ..
+            }) => assert_eq!(file, "2_b.sql"),
+            other => panic!("{other:?}"),
+        }
+        let recs = [rec(1, &sum(1)), rec(7, "x")];
+        match plan(set, &recs, false) {
+            Err(Error::UnknownMigrations { missing }) => assert_eq!(missing, ["7 (n7)"]),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(versions(plan(set, &recs, true).unwrap()), [2, 3]);
+
+        let st = status_of(
+            set,
+            vec![rec(1, &sum(1)), rec(2, "beef"), rec(7, "x")],
+            false,
+        );
+        let states: Vec<_> = st.entries.iter().map(|e| (e.version, e.state)).collect();
+        assert_eq!(
+            states,
+            [
+                (1, State::Applied),
+                (2, State::Edited),
+                (3, State::Pending),
+                (7, State::Unknown)
+            ]
+        );
+        assert!(st.would_refuse());
+        assert_eq!(st.count(State::Pending), 1);
+        assert_eq!(st.entries[3].name, "n7");
+        assert_eq!(st.entries[0].duration, Some(Duration::from_millis(5)));
+    }
+
+    #[test]
+    fn a_failure_outside_a_transaction_says_which_statement() {
+        let set = Migrations::from_sources([
+            (
+                "dir/0004_idx.sql",
+                "-- dblock:no-transaction\nSELECT 1; SELECT 2;",
+            ),
+            ("dir/0005_cic.sql", "CREATE INDEX CONCURRENTLY i ON t (x)"),
+        ])
+        .unwrap();
+        let e = failed(
+            set.get(4).unwrap(),
+            Some((2, 2)),
+            Error::Database {
+                code: Some("42P01".into()),
+                message: "relation \"t\" does not exist".into(),
+            },
+        );
+        assert_eq!(e.sqlstate(), Some("42P01"));
+        assert_eq!(
+            e.to_string(),
+            "migration dir/0004_idx.sql failed at statement 2 of 2 (outside a transaction: \
+             statement 1 stays applied): database error 42P01: relation \"t\" does not exist"
+        );
+        let e = failed(
+            set.get(5).unwrap(),
+            None,
+            Error::Database {
+                code: Some("25001".into()),
+                message: "CREATE INDEX CONCURRENTLY cannot run inside a transaction block".into(),
+            },
+        );
+        assert!(
+            e.to_string()
+                .contains("hint: make \"-- dblock:no-transaction\""),
+            "{e}"
+        );
+    }
+
+    #[allow(dead_code)]
+    fn futures_are_send(locks: &Locks, set: &Migrations) {
+        fn send<T: Send>(_: T) {}
+        send(set.run(locks));
+        send(set.runner(locks).on_applied(|_| {}).run());
+        send(set.runner(locks).dry_run());
+        send(set.runner(locks).status());
+        send(locks.run_script(""));
+        #[cfg(feature = "postgres")]
+        {
+            let pool: Option<sqlx::PgPool> = None;
+            if let Some(p) = &pool {
+                send(run_script(p, ""));
+            }
+        }
+    }
 }

@@ -180,6 +180,14 @@ impl PgBackend {
         }
     }
 
+    /// A connection of this handle's own, pinned for the caller (the migration runner):
+    /// it must go back through [`Conn::recycle`] only with no lock held and no
+    /// transaction open, and through [`Conn::abandon`] (or a dropped [`Armed`]) whenever
+    /// that is in doubt.
+    pub(crate) async fn pinned(&self) -> Result<Conn, Error> {
+        self.source.get().await
+    }
+
     /// The qualified name of the fencing table, created on first use.
     pub(crate) async fn fence_table(&self) -> Result<&str, Error> {
         let table = self
