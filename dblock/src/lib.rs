@@ -47,6 +47,7 @@
 //! |------------|---------|--------------|
 //! | `postgres` | yes     | PostgreSQL advisory locks; locks inside your sqlx transactions |
 //! | `sqlite`   | yes     | the embedded default: an SQLite file and byte-range locks beside it (Linux) |
+//! | `macros`   | yes     | [`migrations!`]: a directory of migrations embedded at compile time |
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
@@ -69,6 +70,10 @@ pub use guard::{LockGuard, LossReason};
 pub use key::{DEFAULT_NAMESPACE, Key, MAX_NAME_LEN, MAX_NAMESPACE_LEN};
 pub use locks::{Builder, Locks, Mode, Request, Scope};
 pub use target::{URL_ENV_VARS, default_sqlite_path, url_from_env};
+
+#[cfg(feature = "macros")]
+#[cfg_attr(docsrs, doc(cfg(feature = "macros")))]
+pub use dblock_macros::migrations;
 
 /// The README's examples, compiled as doctests so they stay true.
 #[cfg(doctest)]
