@@ -3,13 +3,21 @@
 //! ```text
 //! dblock run [--db URL] [--namespace NS] [--wait DURATION | --no-wait] [--shared] NAME -- COMMAND [ARGS...]
 //! dblock key [--namespace NS] NAME
+//! dblock migrate [--db URL] [--ignore-missing] DIR [--dry-run]
+//! dblock migrate status [--db URL] [--ignore-missing] DIR
 //! ```
 //!
 //! Exit codes: COMMAND's own status (128+N when signal N ended it); 64 usage errors
 //! (including a bad name or URL); 69 the database cannot be reached or fails; 70 the
 //! lock was lost while COMMAND ran; 75 the lock was not obtained.
+//!
+//! `dblock migrate`: 0 when everything is applied (including nothing to do); 65 for a
+//! migration set that cannot be applied (a malformed file name, an edited migration,
+//! applied versions DIR lacks); 69 when the database cannot be reached or a migration
+//! fails on it.
 
 mod duration;
+mod migrate;
 mod run;
 mod sys;
 
@@ -27,6 +35,8 @@ pub const EXIT_UNAVAILABLE: u8 = 69;
 pub const EXIT_LOST: u8 = 70;
 /// The lock was not obtained (EX_TEMPFAIL).
 pub const EXIT_NOT_OBTAINED: u8 = 75;
+/// The migration set cannot be applied as it is (EX_DATAERR).
+pub const EXIT_BAD_MIGRATIONS: u8 = 65;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -47,6 +57,9 @@ enum Command {
     Run(RunArgs),
     /// Print the key of NAME, and where PostgreSQL shows it in pg_locks.
     Key(KeyArgs),
+    /// Apply the migrations in DIR the database lacks, under the database-wide
+    /// migration lock; `migrate status DIR` shows where each stands.
+    Migrate(migrate::MigrateArgs),
 }
 
 #[derive(Args, Debug)]
@@ -115,9 +128,15 @@ fn main() -> ExitCode {
                 }
                 _ => {
                     let text = e.to_string();
-                    let first = text.lines().next().unwrap_or("invalid arguments");
+                    let mut lines = text.lines().filter(|l| !l.trim().is_empty());
+                    let first = lines.next().unwrap_or("invalid arguments");
                     let first = first.strip_prefix("error: ").unwrap_or(first);
-                    eprintln!("dblock: {first} (see dblock --help)");
+                    // "the following required arguments were not provided:" + the list.
+                    let more = match (first.ends_with(':'), lines.next()) {
+                        (true, Some(next)) => format!(" {}", next.trim()),
+                        _ => String::new(),
+                    };
+                    eprintln!("dblock: {first}{more} (see dblock --help)");
                     ExitCode::from(EXIT_USAGE)
                 }
             };
@@ -140,6 +159,7 @@ fn main() -> ExitCode {
             };
             rt.block_on(run::run(args))
         }
+        Command::Migrate(args) => migrate::main(args),
     };
     ExitCode::from(code)
 }
