@@ -8,6 +8,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
 
 pub mod cluster;
+pub mod migrations;
 pub mod semantics;
 
 use std::path::PathBuf;

@@ -1,0 +1,783 @@
+//! Migrations against a real PostgreSQL and real SQLite files: the seed's experiment
+//! with and without the lock, the runner's guarantees, and the concurrent-index trap.
+//! Each PostgreSQL test works in a schema of its own; the migration lock is
+//! database-wide, so tests that take it wait for one another briefly.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use dblock::Error;
+use dblock::Locks;
+use dblock::migrate::{MIGRATION_LOCK_KEY, Migrations, State};
+use dblock_testkit::cluster::TempCluster;
+use dblock_testkit::migrations::{MigrationDir, SUBSYSTEMS, migration_key, seed_script, seed_set};
+use dblock_testkit::{PgSchema, SqliteDb, admin_connect, eventually};
+use tokio::sync::Barrier;
+
+const RUNNERS: usize = 8;
+
+fn versions(report: &dblock::migrate::Report) -> Vec<i64> {
+    report.applied.iter().map(|a| a.version).collect()
+}
+
+/// `RUNNERS` connections run the seed's six scripts at the same moment, each script as
+/// one message (one implicit transaction), without any lock; returns the SQLSTATE (or
+/// message) of every failure.
+async fn scripts_without_the_lock(url: &str) -> Vec<String> {
+    let barrier = Arc::new(Barrier::new(RUNNERS));
+    let mut tasks = Vec::new();
+    for _ in 0..RUNNERS {
+        let client = admin_connect(url).await;
+        let barrier = barrier.clone();
+        tasks.push(tokio::spawn(async move {
+            barrier.wait().await;
+            let mut failures = Vec::new();
+            for sub in SUBSYSTEMS {
+                if let Err(e) = client.batch_execute(&seed_script(sub)).await {
+                    failures.push(match e.code() {
+                        Some(c) => c.code().to_string(),
+                        None => e.to_string(),
+                    });
+                }
+            }
+            failures
+        }));
+    }
+    let mut all = Vec::new();
+    for t in tasks {
+        all.extend(t.await.unwrap());
+    }
+    all
+}
+
+/// The control: the seed's observation, reproduced, so that the tests below can fail.
+/// From an empty schema, concurrent `IF NOT EXISTS` scripts collide on the catalogue's
+/// unique indexes; with the tables in place, `ALTER TABLE` / `CREATE POLICY` deadlock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_lock_the_seeds_scripts_fail_when_run_at_once() {
+    let s = PgSchema::new("mig_control").await;
+    let mut empty = Vec::new();
+    for _ in 0..4 {
+        s.empty().await;
+        empty.extend(scripts_without_the_lock(&s.url).await);
+    }
+    let mut existing = Vec::new();
+    for _ in 0..4 {
+        existing.extend(scripts_without_the_lock(&s.url).await);
+    }
+    let count = |v: &[String], code: &str| v.iter().filter(|c| *c == code).count();
+    eprintln!(
+        "without the lock: empty schema {} failures ({} duplicate keys), existing tables {} \
+         failures ({} deadlocks)",
+        empty.len(),
+        count(&empty, "23505"),
+        existing.len(),
+        count(&existing, "40P01")
+    );
+    assert!(
+        count(&empty, "23505") > 0,
+        "the control must race: from an empty schema, duplicate keys on the catalogue \
+         (23505) expected: {empty:?}"
+    );
+    assert!(
+        count(&existing, "40P01") > 0,
+        "the control must race: with the tables in place, deadlocks (40P01) expected: \
+         {existing:?}"
+    );
+}
+
+/// The seed's primitive under the control's concurrency: zero failures, from an empty
+/// schema and with everything in place, on sqlx pools and on dblock handles.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lock_prefixed_scripts_never_fail_when_run_at_once() {
+    let s = PgSchema::new("mig_prefixed").await;
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(RUNNERS as u32)
+        .connect(&s.url)
+        .await
+        .unwrap();
+    let handle = s.locks().await;
+    for round in 0..6 {
+        // Rounds 0–2 from an empty schema, 3–5 against the tables they left.
+        if round < 3 {
+            s.empty().await;
+        }
+        let barrier = Arc::new(Barrier::new(RUNNERS));
+        let mut tasks = Vec::new();
+        for i in 0..RUNNERS {
+            let (pool, handle, barrier) = (pool.clone(), handle.clone(), barrier.clone());
+            tasks.push(tokio::spawn(async move {
+                barrier.wait().await;
+                let mut failures = Vec::new();
+                for sub in SUBSYSTEMS {
+                    let script = seed_script(sub);
+                    // Half the runners on an sqlx pool, half on a dblock handle.
+                    let res = if i % 2 == 0 {
+                        dblock::migrate::run_script(&pool, &script).await
+                    } else {
+                        handle.run_script(&script).await
+                    };
+                    if let Err(e) = res {
+                        failures.push(e.to_string());
+                    }
+                }
+                failures
+            }));
+        }
+        for t in tasks {
+            let failures = t.await.unwrap();
+            assert!(failures.is_empty(), "round {round}: {failures:?}");
+        }
+        for sub in SUBSYSTEMS {
+            assert!(s.has_relation(&format!("_app_{sub}")).await);
+        }
+    }
+    assert!(s.migration_lock_of_sessions().await.is_empty());
+}
+
+/// The seed's experiment with the runner: eight runners on separate connections start
+/// together, from an empty schema and again with every table in place (bookkeeping
+/// reset, as when a database built by the old start-up scripts adopts the runner).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eight_concurrent_runners_apply_each_migration_exactly_once() {
+    let s = PgSchema::new("mig_runners").await;
+    let d = MigrationDir::new(&seed_set());
+    let set = Arc::new(d.set());
+    let mut handles = Vec::new();
+    for _ in 0..RUNNERS {
+        handles.push(s.locks().await);
+    }
+    let mut logged = 0;
+    for round in 0..7 {
+        if round < 4 {
+            s.empty().await;
+            logged = 0;
+        } else {
+            s.admin()
+                .batch_execute(&format!("DROP TABLE \"{}\".dblock_migrations", s.name))
+                .await
+                .unwrap();
+        }
+        let barrier = Arc::new(Barrier::new(RUNNERS));
+        let mut tasks = Vec::new();
+        for locks in &handles {
+            let (locks, set, barrier) = (locks.clone(), set.clone(), barrier.clone());
+            tasks.push(tokio::spawn(async move {
+                barrier.wait().await;
+                set.run(&locks).await
+            }));
+        }
+        let mut applied = Vec::new();
+        for t in tasks {
+            match t.await.unwrap() {
+                Ok(report) => applied.extend(versions(&report)),
+                Err(e) => panic!("round {round}: a runner failed: {e}"),
+            }
+        }
+        applied.sort();
+        assert_eq!(
+            applied,
+            [1, 2, 3, 4, 5, 6],
+            "round {round}: each exactly once"
+        );
+        assert_eq!(s.applied_versions().await, [1, 2, 3, 4, 5, 6]);
+        logged += 6;
+        assert_eq!(s.count("migration_log").await, logged, "round {round}");
+    }
+    assert!(s.migration_lock_of_sessions().await.is_empty());
+}
+
+/// A runner that reads what is applied before it holds the lock applies a migration
+/// another runner has just applied. Here a holder applies both migrations and records
+/// them while the run waits: the run must create nothing and apply nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_lock_is_taken_before_the_table_is_created_and_the_applied_ones_are_read() {
+    let s = PgSchema::new("mig_order").await;
+    let d = MigrationDir::new(&[
+        ("0001_a.sql", "CREATE TABLE a (x int);"),
+        ("0002_b.sql", "CREATE TABLE b (x int);"),
+    ]);
+    let set = d.set();
+    let holder = admin_connect(&s.url).await;
+    holder
+        .batch_execute(&format!("SELECT pg_advisory_lock({MIGRATION_LOCK_KEY})"))
+        .await
+        .unwrap();
+    let locks = s.locks().await;
+    let run = {
+        let set = set.clone();
+        tokio::spawn(async move { set.run(&locks).await })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!run.is_finished(), "the run waits for the lock");
+    assert!(
+        !s.has_relation("dblock_migrations").await,
+        "the bookkeeping table is created only under the lock"
+    );
+    let rows: Vec<String> = set
+        .iter()
+        .map(|m| format!("({}, '{}', '{}', 1)", m.version(), m.name(), m.checksum()))
+        .collect();
+    holder
+        .batch_execute(&format!(
+            "CREATE TABLE a (x int); CREATE TABLE b (x int);
+             CREATE TABLE dblock_migrations (version bigint PRIMARY KEY, name text NOT NULL,
+               checksum text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now(),
+               duration_ms bigint NOT NULL);
+             INSERT INTO dblock_migrations (version, name, checksum, duration_ms) VALUES {};
+             SELECT pg_advisory_unlock({MIGRATION_LOCK_KEY})",
+            rows.join(", ")
+        ))
+        .await
+        .unwrap();
+    let report = tokio::time::timeout(Duration::from_secs(10), run)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert!(report.applied.is_empty(), "{report:?}");
+    assert_eq!(report.already_applied, 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_migration_is_named_rolled_back_whole_and_leaves_no_lock() {
+    let s = PgSchema::new("mig_fail").await;
+    let locks = s.locks().await;
+    let d = MigrationDir::new(&[
+        ("0001_a.sql", "CREATE TABLE a (x int);"),
+        (
+            "0002_half.sql",
+            "CREATE TABLE half (x int);\nINSERT INTO half VALUES (1);\nSELECT 1/0;\n",
+        ),
+        ("0003_c.sql", "CREATE TABLE c (x int);"),
+    ]);
+    let err = d.set().run(&locks).await.unwrap_err();
+    match &err {
+        Error::MigrationFailed {
+            version: 2,
+            name,
+            statement: None,
+            ..
+        } => assert_eq!(name, "half"),
+        other => panic!("{other:?}"),
+    }
+    let msg = err.to_string();
+    assert!(
+        msg.contains("0002_half.sql") && msg.contains("division by zero"),
+        "{msg}"
+    );
+    assert_eq!(err.sqlstate(), Some("22012"));
+    assert!(s.has_relation("a").await);
+    assert!(
+        !s.has_relation("half").await,
+        "nothing of the failed migration is applied"
+    );
+    assert!(!s.has_relation("c").await, "the run stopped at the failure");
+    assert_eq!(s.applied_versions().await, [1]);
+    // Released before run() returned, not eventually.
+    assert!(s.migration_lock_of_sessions().await.is_empty());
+    assert!(
+        s.sessions()
+            .await
+            .iter()
+            .all(|(_, state)| state != "idle in transaction"),
+        "{:?}",
+        s.sessions().await
+    );
+
+    d.write(
+        "0002_half.sql",
+        "CREATE TABLE half (x int);\nINSERT INTO half VALUES (1);\n",
+    );
+    let report = d.set().run(&locks).await.unwrap();
+    assert_eq!(versions(&report), [2, 3]);
+    assert_eq!(report.already_applied, 1);
+    assert_eq!(s.count("half").await, 1);
+    assert_eq!(s.applied_versions().await, [1, 2, 3]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_statement_outside_a_transaction_is_named_and_the_ones_before_it_stay() {
+    let s = PgSchema::new("mig_notx").await;
+    let locks = s.locks().await;
+    // Plain CREATE INDEX: CONCURRENTLY on the shared server would wait for every other
+    // test's snapshot (the concurrent-index test runs on a cluster of its own).
+    let d = MigrationDir::new(&[
+        ("0001_t.sql", "CREATE TABLE t (x int);"),
+        (
+            "0002_idx.sql",
+            "-- dblock:no-transaction\nCREATE INDEX t_x ON t (x);\n\
+             CREATE INDEX t_y ON t (y);\nCREATE INDEX t_z ON t (x);\n",
+        ),
+    ]);
+    let err = d.set().run(&locks).await.unwrap_err();
+    assert!(
+        matches!(
+            &err,
+            Error::MigrationFailed {
+                version: 2,
+                statement: Some((2, 3)),
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    let msg = err.to_string();
+    assert!(
+        msg.contains("0002_idx.sql failed at statement 2 of 3")
+            && msg.contains("statement 1 stays applied"),
+        "{msg}"
+    );
+    assert!(s.has_relation("t_x").await, "statement 1 stays applied");
+    assert!(!s.has_relation("t_z").await);
+    assert_eq!(
+        s.applied_versions().await,
+        [1],
+        "recorded only once all succeed"
+    );
+    assert!(s.migration_lock_of_sessions().await.is_empty());
+
+    // The file is not recorded, so it may be fixed; written to be re-run, it is.
+    d.write(
+        "0002_idx.sql",
+        "-- dblock:no-transaction\nDROP INDEX IF EXISTS t_x;\nCREATE INDEX t_x ON t (x);\n\
+         CREATE INDEX t_z ON t (x);\n",
+    );
+    let report = d.set().run(&locks).await.unwrap();
+    assert_eq!(versions(&report), [2]);
+    assert!(report.applied[0].no_transaction);
+    assert!(s.has_relation("t_z").await);
+
+    // A file that leaves a transaction open is refused, and what it did rolled back.
+    d.write(
+        "0003_open.sql",
+        "-- dblock:no-transaction\nBEGIN;\nCREATE TABLE never (x int);\n",
+    );
+    let err = d.set().run(&locks).await.unwrap_err().to_string();
+    assert!(err.contains("left a transaction open"), "{err}");
+    assert!(!s.has_relation("never").await);
+    assert_eq!(s.applied_versions().await, [1, 2]);
+    assert!(s.migration_lock_of_sessions().await.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_run_rolls_its_migration_back_and_frees_the_lock() {
+    let s = PgSchema::new("mig_cancel").await;
+    let locks = s.locks().await;
+    let d = MigrationDir::new(&[
+        ("0001_a.sql", "CREATE TABLE a (x int);"),
+        (
+            "0002_slow.sql",
+            "CREATE TABLE slow (x int);\nSELECT pg_sleep(30);\n",
+        ),
+    ]);
+    let set = d.set();
+    let run = tokio::time::timeout(Duration::from_millis(1500), set.run(&locks)).await;
+    assert!(run.is_err(), "still sleeping: {run:?}");
+    assert!(
+        eventually(5, &mut || async {
+            s.migration_lock_of_sessions().await.is_empty()
+        })
+        .await,
+        "the dropped run's connection was cancelled and closed"
+    );
+    assert!(!s.has_relation("slow").await);
+    assert_eq!(s.applied_versions().await, [1]);
+    d.write("0002_slow.sql", "CREATE TABLE slow (x int);\n");
+    let t = Instant::now();
+    assert_eq!(versions(&d.set().run(&locks).await.unwrap()), [2]);
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn edited_and_unknown_migrations_are_refused_naming_them() {
+    let s = PgSchema::new("mig_refuse").await;
+    let locks = s.locks().await;
+    let d = MigrationDir::new(&[
+        ("0001_a.sql", "CREATE TABLE a (x int);"),
+        ("0002_b.sql", "CREATE TABLE b (x int);"),
+        ("0003_c.sql", "CREATE TABLE c (x int);"),
+    ]);
+    d.set().run(&locks).await.unwrap();
+
+    d.write("0002_b.sql", "CREATE TABLE b (x int, y int);");
+    d.write("0004_d.sql", "CREATE TABLE d (x int);");
+    let err = d.set().run(&locks).await.unwrap_err();
+    assert!(err.is_bad_migration_set());
+    match &err {
+        Error::MigrationEdited { file, version, .. } => {
+            assert_eq!(*version, 2);
+            assert!(file.ends_with("0002_b.sql"), "{file}");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(
+        !s.has_relation("d").await,
+        "nothing applied after a refusal"
+    );
+    d.write("0002_b.sql", "CREATE TABLE b (x int);");
+
+    d.remove("0003_c.sql");
+    let err = d.set().run(&locks).await.unwrap_err();
+    assert!(
+        matches!(&err, Error::UnknownMigrations { missing } if missing == &["3 (c)".to_string()]),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("3 (c)"), "{err}");
+    assert!(!s.has_relation("d").await);
+    assert!(s.migration_lock_of_sessions().await.is_empty());
+
+    let set = d.set();
+    let report = set.runner(&locks).ignore_missing(true).run().await.unwrap();
+    assert_eq!(versions(&report), [4]);
+    assert_eq!(s.applied_versions().await, [1, 2, 3, 4]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_and_dry_run_read_without_changing_anything() {
+    let s = PgSchema::new("mig_status").await;
+    let locks = s.locks().await;
+    let d = MigrationDir::new(&[
+        ("0001_a.sql", "CREATE TABLE a (x int);"),
+        ("0002_b.sql", "CREATE TABLE b (x int);"),
+    ]);
+    let set = d.set();
+    let pending = set.runner(&locks).dry_run().await.unwrap();
+    assert_eq!(
+        pending.iter().map(|m| m.version()).collect::<Vec<_>>(),
+        [1, 2]
+    );
+    let status = set.runner(&locks).status().await.unwrap();
+    assert_eq!(status.count(State::Pending), 2);
+    assert!(
+        !s.has_relation("dblock_migrations").await,
+        "no table created"
+    );
+    assert!(!s.has_relation("a").await);
+
+    set.run(&locks).await.unwrap();
+    d.write("0001_a.sql", "CREATE TABLE a (x bigint);");
+    d.remove("0002_b.sql");
+    d.write("0003_c.sql", "CREATE TABLE c (x int);");
+    let set = d.set();
+    let status = set.runner(&locks).status().await.unwrap();
+    let states: Vec<_> = status
+        .entries
+        .iter()
+        .map(|e| (e.version, e.state))
+        .collect();
+    assert_eq!(
+        states,
+        [(1, State::Edited), (2, State::Unknown), (3, State::Pending)]
+    );
+    assert!(status.would_refuse());
+    assert!(
+        status.entries[0]
+            .applied_at
+            .as_deref()
+            .unwrap()
+            .ends_with('Z')
+    );
+    assert!(matches!(
+        set.runner(&locks).dry_run().await,
+        Err(Error::MigrationEdited { .. })
+    ));
+    // A status taken while a run holds the lock answers at once.
+    let holder = admin_connect(&s.url).await;
+    holder
+        .batch_execute(&format!("SELECT pg_advisory_lock({MIGRATION_LOCK_KEY})"))
+        .await
+        .unwrap();
+    let t = Instant::now();
+    set.runner(&locks).status().await.unwrap();
+    assert!(t.elapsed() < Duration::from_secs(2));
+    drop(holder);
+}
+
+/// A handle on the caller's sqlx pool runs migrations on a borrowed connection, with
+/// the same guarantees.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handle_on_an_sqlx_pool_runs_migrations_and_releases_after_a_failure() {
+    let s = PgSchema::new("mig_sqlx").await;
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(2)
+        .connect(&s.url)
+        .await
+        .unwrap();
+    let locks = Locks::from_sqlx_pool(pool).await.unwrap();
+    let d = MigrationDir::new(&[
+        ("0001_a.sql", "CREATE TABLE a (x int);"),
+        ("0002_bad.sql", "CREATE TABLE bad (x int); SELECT nonsense;"),
+    ]);
+    let err = d.set().run(&locks).await.unwrap_err();
+    assert!(err.to_string().contains("0002_bad.sql"), "{err}");
+    assert!(!s.has_relation("bad").await);
+    assert!(
+        eventually(5, &mut || async {
+            s.migration_lock_of_sessions().await.is_empty()
+        })
+        .await
+    );
+    d.write("0002_bad.sql", "CREATE TABLE bad (x int);");
+    assert_eq!(versions(&d.set().run(&locks).await.unwrap()), [2]);
+    assert_eq!(s.applied_versions().await, [1, 2]);
+}
+
+/// The trap the runner's way of waiting avoids (golang-migrate #960): `CREATE INDEX
+/// CONCURRENTLY` waits for every older snapshot, and a migrator blocked inside
+/// `pg_advisory_lock` holds one while it waits for the lock the index builder holds.
+/// On a throwaway cluster, since the index build waits for every snapshot of the
+/// database, and the control's waiter would stall any migration of other tests.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_concurrent_index_build_does_not_deadlock_a_waiting_runner() {
+    let cluster = TempCluster::start(&[]);
+    let url = cluster.url();
+    let admin = admin_connect(&url).await;
+    let d = MigrationDir::new(&[
+        (
+            "0001_table.sql",
+            // Holds the lock long enough for a second migrator to start waiting.
+            "CREATE TABLE t AS SELECT g AS x FROM generate_series(1, 100000) g;\n\
+             SELECT pg_sleep(1);\n",
+        ),
+        (
+            "0002_index.sql",
+            "-- dblock:no-transaction\nCREATE INDEX CONCURRENTLY t_x ON t (x);\n",
+        ),
+    ]);
+    let set = Arc::new(d.set());
+    let (a, b) = (
+        Locks::connect(&url).await.unwrap(),
+        Locks::connect(&url).await.unwrap(),
+    );
+    let lock_granted = || async {
+        let (classid, objid) = migration_key().pg_locks_ids();
+        let n: i64 = admin
+            .query_one(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted \
+                 AND classid = $1::int8::oid AND objid = $2::int8::oid",
+                &[&(classid as i64), &(objid as i64)],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        n > 0
+    };
+
+    // With dblock's runner waiting: both finish.
+    let first = {
+        let (set, a) = (set.clone(), a.clone());
+        tokio::spawn(async move { set.run(&a).await })
+    };
+    assert!(eventually(10, &mut || lock_granted()).await);
+    let second = {
+        let (set, b) = (set.clone(), b.clone());
+        tokio::spawn(async move { set.run(&b).await })
+    };
+    let both = tokio::time::timeout(Duration::from_secs(30), async {
+        (first.await.unwrap(), second.await.unwrap())
+    })
+    .await
+    .expect("the runners deadlocked or hung");
+    assert_eq!(versions(&both.0.unwrap()), [1, 2]);
+    assert_eq!(versions(&both.1.unwrap()), Vec::<i64>::new());
+    let valid: bool = admin
+        .query_one(
+            "SELECT indisvalid FROM pg_index WHERE indexrelid = 't_x'::regclass",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(valid);
+
+    // The control: the same run while another migrator waits inside pg_advisory_lock,
+    // in a transaction. One of the two fails with a deadlock, or the build hangs.
+    admin
+        .batch_execute("DROP TABLE t; DROP TABLE dblock_migrations")
+        .await
+        .unwrap();
+    let first = {
+        let (set, a) = (set.clone(), a.clone());
+        tokio::spawn(async move { set.run(&a).await })
+    };
+    assert!(eventually(10, &mut || lock_granted()).await);
+    let blocking = admin_connect(&url).await;
+    let waiter = tokio::spawn(async move {
+        blocking
+            .batch_execute(&format!(
+                "BEGIN; SELECT pg_advisory_lock({MIGRATION_LOCK_KEY}); COMMIT; \
+                 SELECT pg_advisory_unlock({MIGRATION_LOCK_KEY})"
+            ))
+            .await
+            .map_err(|e| e.code().map(|c| c.code().to_string()))
+    });
+    let run = tokio::time::timeout(Duration::from_secs(15), first).await;
+    let waited = tokio::time::timeout(Duration::from_secs(5), waiter).await;
+    eprintln!("control: runner {run:?}, blocked waiter {waited:?}");
+    let run_deadlocked = matches!(&run, Ok(Ok(Err(e))) if e.sqlstate() == Some("40P01"));
+    let waiter_deadlocked = matches!(&waited, Ok(Ok(Err(Some(c)))) if c == "40P01");
+    let hung = run.is_err();
+    assert!(
+        run_deadlocked || waiter_deadlocked || hung,
+        "the control must show the trap: runner {run:?}, waiter {waited:?}"
+    );
+    drop(cluster);
+}
+
+/// `dblock::migrations!` embeds the directory: the same set as reading it, and it runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_embedded_set_equals_its_directory_and_runs() {
+    let embedded = dblock::migrations!("tests/fixtures/migrations");
+    let read = Migrations::from_dir(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/migrations"
+    ))
+    .unwrap();
+    let shape = |s: &Migrations| {
+        s.iter()
+            .map(|m| {
+                (
+                    m.version(),
+                    m.name().to_string(),
+                    m.checksum().to_string(),
+                    m.no_transaction(),
+                )
+            })
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(shape(&embedded), shape(&read));
+    assert_eq!(embedded.len(), 3, "README.txt is not a migration");
+    assert_eq!(
+        embedded.get(1).unwrap().file(),
+        "tests/fixtures/migrations/0001_create_items.sql"
+    );
+    let db = SqliteDb::new();
+    let locks = db.locks().await;
+    let report = embedded.run(&locks).await.unwrap();
+    assert_eq!(versions(&report), [1, 2, 10]);
+    assert!(embedded.run(&locks).await.unwrap().applied.is_empty());
+}
+
+// ---- SQLite ----
+
+async fn sqlite_count(db: &SqliteDb, sql: &str) -> i64 {
+    let pool = sqlx::SqlitePool::connect(&db.url).await.unwrap();
+    let n = sqlx::query_scalar(sqlx::AssertSqlSafe(sql.to_string()))
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    pool.close().await;
+    n
+}
+
+async fn sqlite_has_table(db: &SqliteDb, name: &str) -> bool {
+    sqlite_count(
+        db,
+        &format!("SELECT count(*) FROM sqlite_master WHERE name = '{name}'"),
+    )
+    .await
+        > 0
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_sqlite_a_failing_migration_is_rolled_back_whole_and_the_next_run_succeeds() {
+    let db = SqliteDb::new();
+    let locks = db.locks().await;
+    let d = MigrationDir::new(&[
+        ("0001_a.sql", "CREATE TABLE a (x INTEGER);"),
+        (
+            "0002_half.sql",
+            "CREATE TABLE half (x INTEGER);\nINSERT INTO half VALUES (1);\nINSERT INTO nowhere VALUES (1);\n",
+        ),
+    ]);
+    let err = d.set().run(&locks).await.unwrap_err();
+    assert!(
+        matches!(&err, Error::MigrationFailed { version: 2, .. }),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("0002_half.sql"), "{err}");
+    assert!(sqlite_has_table(&db, "a").await);
+    assert!(!sqlite_has_table(&db, "half").await, "rolled back whole");
+    // The lock is free: another handle (another open file description) takes it now.
+    let other = db.locks().await;
+    d.write(
+        "0002_half.sql",
+        "CREATE TABLE half (x INTEGER);\nINSERT INTO half VALUES (1);\n",
+    );
+    let t = Instant::now();
+    assert_eq!(versions(&d.set().run(&other).await.unwrap()), [2]);
+    assert!(t.elapsed() < Duration::from_secs(5));
+    assert_eq!(
+        sqlite_count(&db, "SELECT count(*) FROM dblock_migrations").await,
+        2
+    );
+
+    // VACUUM cannot run in a transaction: the header runs it outside one.
+    d.write("0003_vacuum.sql", "VACUUM;");
+    let err = d.set().run(&locks).await.unwrap_err().to_string();
+    assert!(err.contains("0003_vacuum.sql"), "{err}");
+    d.write("0003_vacuum.sql", "-- dblock:no-transaction\nVACUUM;");
+    assert_eq!(versions(&d.set().run(&locks).await.unwrap()), [3]);
+    let status = d.set().runner(&locks).status().await.unwrap();
+    assert_eq!(status.count(State::Applied), 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_sqlite_concurrent_runners_apply_each_migration_exactly_once() {
+    let db = SqliteDb::new();
+    let files: Vec<(String, String)> = (1..=6)
+        .map(|i| {
+            (
+                format!("{i:04}_m{i}.sql"),
+                // Not idempotent: a second application would fail.
+                format!(
+                    "CREATE TABLE t{i} (x INTEGER);\nCREATE INDEX t{i}_x ON t{i} (x);\n\
+                     CREATE TABLE IF NOT EXISTS log (file TEXT);\nINSERT INTO log VALUES ('{i}');"
+                ),
+            )
+        })
+        .collect();
+    let d = MigrationDir::new(&files);
+    let set = Arc::new(d.set());
+    let barrier = Arc::new(Barrier::new(RUNNERS));
+    let mut tasks = Vec::new();
+    for _ in 0..RUNNERS {
+        // A handle each: separate open file descriptions, as separate processes have.
+        let locks = db.locks().await;
+        let (set, barrier) = (set.clone(), barrier.clone());
+        tasks.push(tokio::spawn(async move {
+            barrier.wait().await;
+            set.run(&locks).await
+        }));
+    }
+    let mut applied = Vec::new();
+    for t in tasks {
+        applied.extend(versions(&t.await.unwrap().unwrap()));
+    }
+    applied.sort();
+    assert_eq!(applied, [1, 2, 3, 4, 5, 6]);
+    assert_eq!(sqlite_count(&db, "SELECT count(*) FROM log").await, 6);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_sqlite_run_script_runs_whole_or_not_at_all() {
+    let db = SqliteDb::new();
+    let locks = db.locks().await;
+    locks
+        .run_script("CREATE TABLE IF NOT EXISTS s (x INTEGER); INSERT INTO s VALUES (1);")
+        .await
+        .unwrap();
+    let err = locks
+        .run_script("INSERT INTO s VALUES (2); INSERT INTO nowhere VALUES (1);")
+        .await;
+    assert!(err.is_err());
+    assert_eq!(sqlite_count(&db, "SELECT count(*) FROM s").await, 1);
+    assert!(matches!(
+        locks
+            .run_script("CREATE TABLE u (x INTEGER); COMMIT;")
+            .await,
+        Err(Error::InvalidMigration { .. })
+    ));
+}
