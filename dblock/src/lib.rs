@@ -40,6 +40,9 @@
 //!   the server.
 //! - **Your own transaction.** [`postgres::xact`] takes a lock inside an sqlx
 //!   transaction of yours, released with it.
+//! - **Migrations.** [`migrate`]: start-up scripts and an ordered migration set, applied
+//!   under one database-wide lock by every instance starting at once, each migration
+//!   exactly once ([`migrations!`] embeds a set at compile time).
 //!
 //! # Cargo features
 //!
