@@ -236,7 +236,7 @@ fn at_statement(statement: &Option<(usize, usize)>) -> String {
         None => return String::new(),
         Some((1, _)) => "none of it was applied".to_string(),
         Some((2, _)) => "statement 1 stays applied".to_string(),
-        Some((k, _)) => format!("statements 1 to {} stay applied", k - 1),
+        Some((k, _)) => format!("statements 1 to {} stay applied", k.saturating_sub(1)),
     };
     match statement {
         Some((k, n)) => format!(" at statement {k} of {n} (outside a transaction: {kept})"),

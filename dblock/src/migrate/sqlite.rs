@@ -9,9 +9,7 @@ use sqlx::pool::PoolConnection;
 use sqlx::{AssertSqlSafe, Connection, Row, Sqlite};
 
 use super::{Applied, MIGRATION_LOCK_KEY, Migration, Record, Report, failed, millis, plan};
-use crate::guard::Held;
-use crate::locks::{Mode, Req, Scope, Wait};
-use crate::sqlite::SqliteBackend;
+use crate::sqlite::{SqliteBackend, SqliteHeld};
 use crate::{Error, Key};
 
 const CREATE_TABLE: &str = "CREATE TABLE IF NOT EXISTS dblock_migrations (\
@@ -35,25 +33,10 @@ fn map(e: sqlx::Error) -> Error {
 }
 
 /// Waits for the migration lock: the byte at the key's offset, as for any lock, but
-/// taken by its raw key rather than derived from a name.
-async fn lock(b: &SqliteBackend) -> Result<Held, Error> {
-    let req = Req {
-        namespace: crate::DEFAULT_NAMESPACE,
-        name: "dblock:migrations",
-        key: Key::from_i64(MIGRATION_LOCK_KEY),
-        mode: Mode::Exclusive,
-        scope: Scope::Session,
-        wait: Wait::Forever,
-        fenced: false,
-    };
-    match b.acquire(&req).await? {
-        Some(grant) => Ok(grant.held),
-        // A wait without a deadline ends with the lock.
-        None => Err(Error::Timeout {
-            waiting_for: "the migration lock",
-            after: Duration::ZERO,
-        }),
-    }
+/// taken by its raw key rather than derived from a name. Polled, so cancellable; the
+/// kernel drops it if the process dies.
+async fn lock(b: &SqliteBackend) -> Result<SqliteHeld, Error> {
+    b.lock_key(Key::from_i64(MIGRATION_LOCK_KEY)).await
 }
 
 async fn connection(b: &SqliteBackend) -> Result<PoolConnection<Sqlite>, Error> {

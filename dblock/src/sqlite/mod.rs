@@ -165,6 +165,23 @@ impl SqliteBackend {
             poll = (poll * 2).min(POLL_MAX);
         }
     }
+
+    /// Waits for the exclusive lock on a raw key, not derived from a name (the
+    /// migration lock): held until the returned value is dropped.
+    pub(crate) async fn lock_key(&self, key: crate::Key) -> Result<SqliteHeld, Error> {
+        let (offset, mode) = (key.file_offset(), Mode::Exclusive);
+        if self.shared.take_now(offset, mode)? {
+            return Ok(SqliteHeld::new(&self.shared, offset, mode));
+        }
+        match self.wait(offset, mode, Wait::Forever).await? {
+            Some(held) => Ok(held),
+            // A wait without a deadline ends with the lock.
+            None => Err(Error::Timeout {
+                waiting_for: "the lock",
+                after: Duration::ZERO,
+            }),
+        }
+    }
 }
 
 /// Keeps the waiter count right however the wait ends.
