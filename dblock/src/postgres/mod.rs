@@ -11,6 +11,7 @@ mod native;
 mod sqlx_conn;
 pub mod xact;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -47,11 +48,15 @@ pub(crate) struct PgBackend {
     /// Whether lock requests set `client_connection_check_interval` (sqlx connections
     /// on PostgreSQL 14+: the only way to end a cut-off wait without a cancel request).
     check_disconnect: bool,
+    /// `server_version_num`.
+    version: u32,
+    /// How often held connections are checked (a lease must be longer).
+    check_interval: Duration,
     /// The schema `current_schema()` named when the handle was built (where dblock's
     /// own tables go).
     pub(crate) schema: Option<String>,
-    /// Set once the fencing table is known to exist.
-    fence_ready: tokio::sync::OnceCell<String>,
+    /// Set once the fencing table is known to exist: its qualified name.
+    fence_ready: tokio::sync::OnceCell<Arc<str>>,
 }
 
 impl PgBackend {
@@ -70,7 +75,7 @@ impl PgBackend {
             opts.check_interval,
             opts.check_timeout,
         );
-        PgBackend::finish_open(Source::Native(pool), false).await
+        PgBackend::finish_open(Source::Native(pool), false, opts.check_interval).await
     }
 
     /// A backend on the caller's sqlx pool.
@@ -83,10 +88,14 @@ impl PgBackend {
             check_interval: opts.check_interval,
             check_timeout: opts.check_timeout,
         });
-        PgBackend::finish_open(source, true).await
+        PgBackend::finish_open(source, true, opts.check_interval).await
     }
 
-    async fn finish_open(source: Source, sqlx: bool) -> Result<(PgBackend, String), Error> {
+    async fn finish_open(
+        source: Source,
+        sqlx: bool,
+        check_interval: Duration,
+    ) -> Result<(PgBackend, String), Error> {
         let armed = Armed::new(source.get().await?);
         let rows = armed
             .conn()
@@ -112,6 +121,8 @@ impl PgBackend {
             PgBackend {
                 source,
                 check_disconnect: sqlx && version >= 140_000,
+                version,
+                check_interval,
                 schema,
                 fence_ready: tokio::sync::OnceCell::new(),
             },
@@ -121,13 +132,27 @@ impl PgBackend {
 
     /// Takes a lock as `req` says: one round trip on a pinned connection.
     pub(crate) async fn acquire(&self, req: &Req<'_>) -> Result<Option<Grant>, Error> {
+        if let Some(lease) = req.lease {
+            if lease < 2 * self.check_interval {
+                return Err(Error::Unsupported(format!(
+                    "a lease ({lease:?}) must be at least twice the check interval ({:?})",
+                    self.check_interval
+                )));
+            }
+            if req.scope == Scope::Session && self.version < 140_000 {
+                return Err(Error::Unsupported(
+                    "a lease on a session-scoped lock needs PostgreSQL 14 (idle_session_timeout)"
+                        .into(),
+                ));
+            }
+        }
         let deadline = req.wait.deadline();
         let fence_table = match req.fenced {
-            true => Some(self.fence_table().await?),
+            true => Some(self.fence_table().await?.clone()),
             false => None,
         };
         let conn = self.source.get().await?;
-        let plan = Plan::new(req, fence_table, self.check_disconnect);
+        let plan = Plan::new(req, fence_table.as_deref(), self.check_disconnect);
         let armed = Armed::new(conn);
         let result = match deadline {
             // The server ends the wait (lock_timeout); the client-side bound is a
@@ -153,7 +178,7 @@ impl PgBackend {
                     conn.link().set_holding(true);
                     Ok(Some(Grant {
                         held: crate::guard::Held::Postgres(PgHeld::new(conn, req)),
-                        token,
+                        fence: token.zip(fence_table),
                     }))
                 }
                 None => {
@@ -180,8 +205,41 @@ impl PgBackend {
         }
     }
 
+    /// The latest grant of `key` in the fencing table, if any.
+    pub(crate) async fn latest_grant(
+        &self,
+        key: Key,
+    ) -> Result<Option<crate::leader::LeaderInfo>, Error> {
+        let table = self.fence_table().await?.clone();
+        let armed = Armed::new(self.source.get().await?);
+        let sql = format!(
+            "SELECT holder FROM {table} WHERE key = {k}; \
+             SELECT token::text FROM {table} WHERE key = {k}; \
+             SELECT granted_at::text FROM {table} WHERE key = {k}",
+            k = key.as_i64()
+        );
+        let rows = armed
+            .conn()
+            .query(&sql)
+            .await
+            .map_err(QueryError::into_error)?;
+        armed.disarm().recycle();
+        let (Some(holder), Some(token), Some(elected_at)) = (
+            first_value(&rows, 0),
+            first_value(&rows, 1),
+            first_value(&rows, 2),
+        ) else {
+            return Ok(None);
+        };
+        Ok(Some(crate::leader::LeaderInfo {
+            holder,
+            token: token.parse().unwrap_or(0),
+            elected_at,
+        }))
+    }
+
     /// The qualified name of the fencing table, created on first use.
-    pub(crate) async fn fence_table(&self) -> Result<&str, Error> {
+    pub(crate) async fn fence_table(&self) -> Result<&Arc<str>, Error> {
         let table = self
             .fence_ready
             .get_or_try_init(|| async {
@@ -213,7 +271,7 @@ impl PgBackend {
                         .map_err(QueryError::into_error)?;
                 }
                 armed.disarm().recycle();
-                Ok(table)
+                Ok(Arc::<str>::from(table))
             })
             .await?;
         Ok(table)
@@ -233,6 +291,8 @@ struct Plan {
     scope: Scope,
     key: Key,
     mode: Mode,
+    /// Whether the request set a lease (which the clean-up must undo).
+    lease: bool,
     /// Statements whose single boolean row must be `t` for the lock to be held.
     must_be_true: Vec<usize>,
     /// Index of the statement returning the fencing token, if any.
@@ -277,6 +337,7 @@ impl Plan {
         let mut must_be_true = Vec::new();
         let mut token_at = None;
         let fenced = req.fenced && fence_table.is_some();
+        let lease_ms = req.lease.map(|l| l.as_millis().max(1));
         // Lets the server notice, while it waits, that the client went away.
         const CHECK: &str = "client_connection_check_interval";
         let check_ms = 250;
@@ -285,6 +346,12 @@ impl Plan {
                 push(&mut sql, "BEGIN ISOLATION LEVEL READ COMMITTED");
                 if check_disconnect {
                     push(&mut sql, &format!("SET LOCAL {CHECK} = {check_ms}"));
+                }
+                if let Some(ms) = lease_ms {
+                    push(
+                        &mut sql,
+                        &format!("SET LOCAL idle_in_transaction_session_timeout = {ms}"),
+                    );
                 }
                 if let Some(ms) = timeout_ms {
                     push(&mut sql, &format!("SET LOCAL lock_timeout = {ms}"));
@@ -300,6 +367,12 @@ impl Plan {
                 }
             }
             (Scope::Session, false) => {
+                if let Some(ms) = lease_ms {
+                    push(
+                        &mut sql,
+                        &format!("SELECT set_config('idle_session_timeout', '{ms}', false)"),
+                    );
+                }
                 if check_disconnect {
                     push(
                         &mut sql,
@@ -353,8 +426,22 @@ impl Plan {
                 }
                 token_at = Some(push(&mut sql, &upsert));
                 push(&mut sql, "COMMIT");
+                if scope == Scope::Session {
+                    if let Some(ms) = lease_ms {
+                        push(
+                            &mut sql,
+                            &format!("SELECT set_config('idle_session_timeout', '{ms}', false)"),
+                        );
+                    }
+                }
                 if scope == Scope::Transaction {
                     push(&mut sql, "BEGIN ISOLATION LEVEL READ COMMITTED");
+                    if let Some(ms) = lease_ms {
+                        push(
+                            &mut sql,
+                            &format!("SET LOCAL idle_in_transaction_session_timeout = {ms}"),
+                        );
+                    }
                     // Re-entrant, so immediate when the session lock above was granted;
                     // a try, so it never waits when it was not.
                     must_be_true.push(push(
@@ -370,6 +457,7 @@ impl Plan {
             scope: req.scope,
             key: req.key,
             mode: req.mode,
+            lease: req.lease.is_some(),
             must_be_true,
             token_at,
         }
@@ -404,7 +492,7 @@ impl Plan {
             // lock not held is a no-op with a warning.
             Scope::Session => format!(
                 "ROLLBACK; {}",
-                release_sql(Scope::Session, self.mode, self.key)
+                release_sql(Scope::Session, self.mode, self.key, self.lease)
             ),
         };
         conn.fire(&sql);
@@ -412,7 +500,14 @@ impl Plan {
 }
 
 /// The statement that releases a held lock.
-fn release_sql(scope: Scope, mode: Mode, key: Key) -> String {
+fn release_sql(scope: Scope, mode: Mode, key: Key, lease: bool) -> String {
+    if scope == Scope::Session && lease {
+        // The lease's idle_session_timeout must not outlive the lock on a pooled session.
+        return format!(
+            "{}; SET idle_session_timeout = DEFAULT",
+            release_sql(scope, mode, key, false)
+        );
+    }
     match (scope, mode) {
         (Scope::Transaction, _) => "ROLLBACK".to_string(),
         (Scope::Session, Mode::Exclusive) => format!("SELECT pg_advisory_unlock({})", key.as_i64()),
@@ -433,7 +528,7 @@ impl PgHeld {
     fn new(conn: Conn, req: &Req<'_>) -> PgHeld {
         PgHeld {
             conn: Some(conn),
-            release: release_sql(req.scope, req.mode, req.key),
+            release: release_sql(req.scope, req.mode, req.key, req.lease.is_some()),
             scope: req.scope,
         }
     }
@@ -579,6 +674,7 @@ mod tests {
             scope,
             wait,
             fenced,
+            lease: None,
         }
     }
 

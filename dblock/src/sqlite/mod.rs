@@ -124,13 +124,16 @@ impl SqliteBackend {
         };
         // Armed: if the token cannot be had (or this future is dropped), `held` drops and
         // releases.
-        let token = match req.fenced {
-            true => Some(crate::fencing::sqlite_next_token(&self.shared, req).await?),
+        let fence = match req.fenced {
+            true => Some((
+                crate::fencing::sqlite_next_token(&self.shared, req).await?,
+                Arc::from(crate::fencing::TABLE),
+            )),
             false => None,
         };
         Ok(Some(Grant {
             held: Held::Sqlite(held),
-            token,
+            fence,
         }))
     }
 
