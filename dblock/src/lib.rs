@@ -50,6 +50,7 @@
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+pub mod bench;
 mod error;
 pub mod fencing;
 mod guard;

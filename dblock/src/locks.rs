@@ -428,6 +428,7 @@ pub struct Builder {
     pub(crate) check_interval: Duration,
     pub(crate) check_timeout: Duration,
     pub(crate) allow_network_filesystem: bool,
+    pub(crate) multiplex: usize,
 }
 
 impl Default for Builder {
@@ -443,6 +444,7 @@ impl Default for Builder {
             check_interval: Duration::from_secs(1),
             check_timeout: Duration::from_secs(5),
             allow_network_filesystem: false,
+            multiplex: 0,
         }
     }
 }
@@ -510,6 +512,33 @@ impl Builder {
     /// connection closed; five seconds unless set.
     pub fn check_timeout(mut self, timeout: Duration) -> Self {
         self.check_timeout = timeout.max(Duration::from_millis(10));
+        self
+    }
+
+    /// Takes session-scoped PostgreSQL locks on at most `n` shared connections, many
+    /// locks per connection, each released on its own — for a process that holds
+    /// thousands of locks at once. A lock that is not free at once is waited for on a
+    /// connection of its own. See [`postgres`](crate::postgres#multiplexing) for how no
+    /// two owners can arise on a shared, re-entrant session. Off (`0`) unless set;
+    /// transaction-scoped and leased requests never multiplex.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), dblock::Error> {
+    /// use dblock::{Locks, Scope};
+    /// let locks = Locks::builder()
+    ///     .url("postgres://postgres@localhost/app")
+    ///     .scope(Scope::Session)
+    ///     .multiplex(4)
+    ///     .build()
+    ///     .await?;
+    /// let mut guards = Vec::new();
+    /// for tenant in 0..5000 {
+    ///     guards.push(locks.lock(&format!("tenant:{tenant}")).await?); // on 4 connections
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub fn multiplex(mut self, n: usize) -> Self {
+        self.multiplex = n.min(64);
         self
     }
 

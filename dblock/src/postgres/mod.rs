@@ -1,5 +1,26 @@
 //! The PostgreSQL backend: advisory locks on connections dblock owns.
 //!
+//! # Multiplexing
+//!
+//! One connection per lock is the default — it is what makes a lock cost one round trip
+//! and a wait cost nothing on the client — but a process that holds thousands of locks
+//! at once would need thousands of connections. With
+//! [`Builder::multiplex(n)`](crate::Builder::multiplex), session-scoped locks are taken
+//! with `pg_try_advisory_lock` on one of at most `n` shared connections, many locks per
+//! connection, each released on its own by `pg_advisory_unlock`:
+//!
+//! - a key is taken on a shared connection only if this process holds it on none of
+//!   them (PostgreSQL's locks are re-entrant per session); a second local request for a
+//!   held key goes to a connection of its own, where the server arbitrates;
+//! - every request and release of one key goes to the same shared connection (key mod
+//!   `n`), which the server serves in order, so a release always precedes a later
+//!   request for the key;
+//! - a lock that is not free at once is waited for on a connection of its own, never on
+//!   a shared one;
+//! - requests on shared connections never leave a transaction open, so a failing one
+//!   cannot disturb the others; a full server lock table fails the request with
+//!   [`Error::LockTableFull`] and every lock already held stays held.
+//!
 //! Every lock pins one connection for its whole life, so PostgreSQL's re-entrancy
 //! (a session may take the lock it already holds) can never make two holders: two
 //! tasks of one process asking for one name ask on two sessions, and the server makes
@@ -7,6 +28,7 @@
 //! simple-protocol message.
 
 mod conn;
+mod mux;
 mod native;
 mod sqlx_conn;
 pub mod xact;
@@ -45,6 +67,8 @@ impl Source {
 /// The backend of a handle built from a `postgres://` URL.
 pub(crate) struct PgBackend {
     source: Source,
+    /// Shared connections for session locks, when the handle multiplexes.
+    mux: Option<mux::Mux>,
     /// Whether lock requests set `client_connection_check_interval` (sqlx connections
     /// on PostgreSQL 14+: the only way to end a cut-off wait without a cancel request).
     check_disconnect: bool,
@@ -75,7 +99,16 @@ impl PgBackend {
             opts.check_interval,
             opts.check_timeout,
         );
-        PgBackend::finish_open(Source::Native(pool), false, opts.check_interval).await
+        let mux = (opts.multiplex > 0).then(|| mux::Mux::new(pool.clone(), opts.multiplex));
+        let (mut b, ns) =
+            PgBackend::finish_open(Source::Native(pool.clone()), false, opts.check_interval)
+                .await?;
+        if mux.is_some() {
+            // A multiplexing handle keeps to its shared connections until it must wait.
+            pool.close_idle();
+        }
+        b.mux = mux;
+        Ok((b, ns))
     }
 
     /// A backend on the caller's sqlx pool.
@@ -88,6 +121,12 @@ impl PgBackend {
             check_interval: opts.check_interval,
             check_timeout: opts.check_timeout,
         });
+        if opts.multiplex > 0 {
+            return Err(Error::Unsupported(
+                "multiplexing needs dblock's own connections (a postgres:// URL), not an sqlx pool"
+                    .into(),
+            ));
+        }
         PgBackend::finish_open(source, true, opts.check_interval).await
     }
 
@@ -120,6 +159,7 @@ impl PgBackend {
         Ok((
             PgBackend {
                 source,
+                mux: None,
                 check_disconnect: sqlx && version >= 140_000,
                 version,
                 check_interval,
@@ -146,11 +186,19 @@ impl PgBackend {
                 ));
             }
         }
-        let deadline = req.wait.deadline();
         let fence_table = match req.fenced {
             true => Some(self.fence_table().await?.clone()),
             false => None,
         };
+        if let Some(mux) = self.mux.as_ref().filter(|_| mux::Mux::applies(req)) {
+            match mux.try_acquire(req, fence_table.as_ref()).await? {
+                mux::Attempt::Granted(g) => return Ok(Some(g)),
+                mux::Attempt::NotFree if req.wait == Wait::Try => return Ok(None),
+                // Waiting never blocks a shared connection: wait on a connection of its own.
+                mux::Attempt::NotFree => {}
+            }
+        }
+        let deadline = req.wait.deadline();
         let conn = self.source.get().await?;
         let plan = Plan::new(req, fence_table.as_deref(), self.check_disconnect);
         let armed = Armed::new(conn);
@@ -202,6 +250,14 @@ impl PgBackend {
                 Err(Error::from_sqlstate(&code, message))
             }
             Err(e @ QueryError::Lost { .. }) => Err(e.into_error()),
+        }
+    }
+
+    /// The configuration of dblock's own connections, if it uses its own.
+    pub(crate) fn native_config(&self) -> Option<tokio_postgres::Config> {
+        match &self.source {
+            Source::Native(p) => Some(p.config().clone()),
+            Source::Sqlx(_) => None,
         }
     }
 
@@ -517,16 +573,66 @@ fn release_sql(scope: Scope, mode: Mode, key: Key, lease: bool) -> String {
     }
 }
 
-/// The PostgreSQL half of a guard: the pinned connection.
-pub(crate) struct PgHeld {
+/// The PostgreSQL half of a guard.
+pub(crate) enum PgHeld {
+    /// On a connection of its own, pinned for the lock's life.
+    Pinned(Pinned),
+    /// On one of a multiplexing handle's shared connections.
+    Shared(mux::MuxHeld),
+}
+
+impl PgHeld {
+    fn new(conn: Conn, req: &Req<'_>) -> PgHeld {
+        PgHeld::Pinned(Pinned::new(conn, req))
+    }
+
+    pub(crate) fn loss(&self) -> Option<LossReason> {
+        match self {
+            PgHeld::Pinned(p) => p.loss(),
+            PgHeld::Shared(m) => m.loss(),
+        }
+    }
+
+    pub(crate) fn watch_loss(
+        &self,
+    ) -> impl std::future::Future<Output = LossReason> + Send + 'static {
+        let w = match self {
+            PgHeld::Pinned(p) => p.conn.as_ref().map(|c| c.link().watch()),
+            PgHeld::Shared(m) => Some(m.link().watch()),
+        };
+        async move {
+            match w {
+                Some(w) => w.await,
+                None => std::future::pending().await,
+            }
+        }
+    }
+
+    pub(crate) async fn check(&mut self) -> Result<(), Error> {
+        match self {
+            PgHeld::Pinned(p) => p.check().await,
+            PgHeld::Shared(m) => m.check().await,
+        }
+    }
+
+    pub(crate) async fn release(self) -> Result<(), Error> {
+        match self {
+            PgHeld::Pinned(p) => p.release().await,
+            PgHeld::Shared(m) => m.release().await,
+        }
+    }
+}
+
+/// A lock on a connection of its own.
+pub(crate) struct Pinned {
     conn: Option<Conn>,
     release: String,
     scope: Scope,
 }
 
-impl PgHeld {
-    fn new(conn: Conn, req: &Req<'_>) -> PgHeld {
-        PgHeld {
+impl Pinned {
+    fn new(conn: Conn, req: &Req<'_>) -> Pinned {
+        Pinned {
             conn: Some(conn),
             release: release_sql(req.scope, req.mode, req.key, req.lease.is_some()),
             scope: req.scope,
@@ -537,18 +643,6 @@ impl PgHeld {
         match &self.conn {
             Some(c) => c.link().loss(),
             None => None,
-        }
-    }
-
-    pub(crate) fn watch_loss(
-        &self,
-    ) -> impl std::future::Future<Output = LossReason> + Send + 'static {
-        let w = self.conn.as_ref().map(|c| c.link().watch());
-        async move {
-            match w {
-                Some(w) => w.await,
-                None => std::future::pending().await,
-            }
         }
     }
 
@@ -617,7 +711,7 @@ impl PgHeld {
     }
 }
 
-impl Drop for PgHeld {
+impl Drop for Pinned {
     fn drop(&mut self) {
         if let Some(conn) = self.conn.take() {
             conn.link().set_holding(false);

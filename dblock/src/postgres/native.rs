@@ -56,6 +56,10 @@ impl Pool {
         }
     }
 
+    pub(crate) fn config(&self) -> &tokio_postgres::Config {
+        &self.shared.config
+    }
+
     /// A connection: an idle one if there is one, else a new one. Waits at most the
     /// acquire timeout for one to come free when all are in use.
     ///
@@ -100,6 +104,21 @@ impl Pool {
         let mut conn = self.connect().await?;
         conn.permit = Some(permit);
         Ok(conn)
+    }
+
+    /// Closes the idle connections.
+    pub(crate) fn close_idle(&self) {
+        self.shared
+            .idle
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
+    }
+
+    /// A new connection outside the pool's count, for a multiplexing handle's shared
+    /// connections (which are never returned to the pool).
+    pub(crate) async fn connect_unpooled(&self) -> Result<NativeConn, Error> {
+        self.connect().await
     }
 
     async fn connect(&self) -> Result<NativeConn, Error> {
@@ -236,7 +255,7 @@ pub(crate) struct NativeConn {
 }
 
 impl NativeConn {
-    fn usable(&self) -> bool {
+    pub(crate) fn usable(&self) -> bool {
         !self.client.is_closed() && self.link.loss().is_none()
     }
 

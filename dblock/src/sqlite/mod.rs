@@ -264,6 +264,24 @@ impl Shared {
     }
 }
 
+impl SqliteBackend {
+    /// The lock file's path.
+    pub(crate) fn lock_path(&self) -> PathBuf {
+        self.shared.lock_path.clone()
+    }
+}
+
+/// An exclusive lock attempt on `offset` of `file`, bypassing the process's table (for
+/// the benchmark's floor).
+pub(crate) fn raw_try_lock(file: &File, offset: u64) -> std::io::Result<bool> {
+    sys::try_lock(file, offset, Mode::Exclusive).map(|a| a == Attempt::Granted)
+}
+
+/// Unlocks `offset` of `file` (for the benchmark's floor).
+pub(crate) fn raw_unlock(file: &File, offset: u64) -> std::io::Result<()> {
+    sys::unlock(file, offset)
+}
+
 /// The lock file beside a database: `PATH-locks`.
 pub(crate) fn lock_file_path(db_path: &Path) -> PathBuf {
     let mut s = db_path.as_os_str().to_os_string();
