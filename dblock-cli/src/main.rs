@@ -57,9 +57,26 @@ enum Command {
     Run(RunArgs),
     /// Print the key of NAME, and where PostgreSQL shows it in pg_locks.
     Key(KeyArgs),
+    /// Measure lock cycles against the floor of the same work done directly.
+    Bench(BenchArgs),
     /// Apply the migrations in DIR the database lacks, under the database-wide
     /// migration lock; `migrate status DIR` shows where each stands.
     Migrate(migrate::MigrateArgs),
+}
+
+#[derive(Args, Debug)]
+struct BenchArgs {
+    /// Database URL (as for `run`).
+    #[arg(long, value_name = "URL")]
+    db: Option<String>,
+
+    /// Seconds per workload (and as many for its floor).
+    #[arg(long, value_name = "N", default_value_t = 3.0)]
+    seconds: f64,
+
+    /// Print a JSON array instead of a table.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Args, Debug)]
@@ -144,6 +161,16 @@ fn main() -> ExitCode {
     };
     let code = match cli.command {
         Command::Key(args) => key(&args),
+        Command::Bench(args) => match tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+        {
+            Ok(rt) => rt.block_on(bench(args)),
+            Err(e) => {
+                eprintln!("dblock: cannot start: {e}");
+                EXIT_UNAVAILABLE
+            }
+        },
         Command::Run(args) => {
             // One thread: the command is forked from the main thread, whose death (with
             // the process) is what its parent-death signal follows.
@@ -181,6 +208,61 @@ fn key(args: &KeyArgs) -> u8 {
             exit_code(&e)
         }
     }
+}
+
+async fn bench(args: BenchArgs) -> u8 {
+    if !(args.seconds > 0.0 && args.seconds <= 3600.0) {
+        eprintln!("dblock: --seconds must be more than 0 and at most 3600");
+        return EXIT_USAGE;
+    }
+    let mut builder = dblock::Locks::builder();
+    if let Some(url) = &args.db {
+        builder = builder.url(url);
+    }
+    let locks = match builder.build().await {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("dblock: {e}");
+            return exit_code(&e);
+        }
+    };
+    let progress = |step: &str| {
+        use std::io::Write;
+        let mut err = std::io::stderr();
+        let _ = write!(err, "\r\x1b[2K{step}…");
+        let _ = err.flush();
+    };
+    let rows = match dblock::bench::run(&locks, args.seconds, progress).await {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("\r\x1b[2Kdblock: {e}");
+            return exit_code(&e);
+        }
+    };
+    eprint!("\r\x1b[2K");
+    if args.json {
+        let items: Vec<String> = rows.iter().map(|r| r.to_json()).collect();
+        println!("[{}]", items.join(","));
+    } else {
+        println!(
+            "{:<9} {:<12} {:>7} {:>11} {:>9} {:>9} {:>13} {:>7}",
+            "backend", "workload", "workers", "ops/s", "p50 µs", "p99 µs", "floor ops/s", "ratio"
+        );
+        for r in &rows {
+            println!(
+                "{:<9} {:<12} {:>7} {:>11.0} {:>9.1} {:>9.1} {:>13.0} {:>7.2}",
+                r.backend,
+                r.workload,
+                r.workers,
+                r.ops_per_sec,
+                r.p50_us,
+                r.p99_us,
+                r.floor_ops_per_sec,
+                r.ratio()
+            );
+        }
+    }
+    0
 }
 
 /// The exit code for a library error.

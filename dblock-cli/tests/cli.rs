@@ -468,3 +468,60 @@ async fn the_printed_key_is_found_in_pg_locks_while_run_holds_it() {
     child.start_kill().unwrap();
     child.wait().await.unwrap();
 }
+
+/// The lock lost while COMMAND runs: COMMAND gets SIGTERM, then SIGKILL after the grace
+/// period, and dblock exits 70 saying the lock was lost.
+#[tokio::test]
+async fn a_lost_lock_stops_the_command_and_exits_70() {
+    let s = PgSchema::new("cli_lost").await;
+    let key = dblock::Key::new(&s.name, "lost").unwrap();
+    for (script, grace, ignores_term) in [
+        (
+            "trap 'echo got-term >&2; exit 0' TERM; echo in; while :; do sleep 0.05; done",
+            "10s",
+            false,
+        ),
+        (
+            "trap '' TERM; echo in; while :; do sleep 0.05; done",
+            "300ms",
+            true,
+        ),
+    ] {
+        let mut child = dblock(std::path::Path::new("/tmp"))
+            .args([
+                "run", "--db", &s.url, "--grace", grace, "lost", "--", "sh", "-c", script,
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let first = tokio::time::timeout(Duration::from_secs(10), lines.next_line())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(first.as_deref(), Some("in"));
+        let cut = Instant::now();
+        assert_eq!(s.terminate_holders(key).await, 1);
+        let out = tokio::time::timeout(Duration::from_secs(20), child.wait_with_output())
+            .await
+            .unwrap()
+            .unwrap();
+        let took = cut.elapsed();
+        assert_eq!(out.status.code(), Some(70), "{out:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("dblock: lock \"lost\" lost while the command ran"),
+            "{err}"
+        );
+        if ignores_term {
+            assert!(
+                took >= Duration::from_millis(300),
+                "SIGKILL only after the grace period: {took:?}"
+            );
+        } else {
+            assert!(err.contains("got-term"), "the command got SIGTERM: {err}");
+            assert!(took < Duration::from_secs(5), "{took:?}");
+        }
+    }
+}

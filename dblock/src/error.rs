@@ -70,10 +70,7 @@ pub enum Error {
     /// SQLSTATE 53200). It holds `max_locks_per_transaction × (max_connections +
     /// max_prepared_transactions)` locks across *all* sessions; every lock already held
     /// stays held.
-    #[error(
-        "the server's lock table is full ({message}); raise max_locks_per_transaction \
-         or hold fewer locks at once"
-    )]
+    #[error("the server's lock table is full: {}", with_lock_table_hint(message))]
     LockTableFull {
         /// The server's message.
         message: String,
@@ -309,6 +306,15 @@ impl Error {
                 message,
             },
         }
+    }
+}
+
+/// The server's "out of shared memory" message, with the remedy when it lacks it.
+fn with_lock_table_hint(message: &str) -> String {
+    if message.contains("max_locks_per_transaction") {
+        message.to_string()
+    } else {
+        format!("{message}; raise max_locks_per_transaction or hold fewer locks at once")
     }
 }
 

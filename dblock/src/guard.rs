@@ -60,7 +60,7 @@ pub struct LockGuard {
     name: Box<str>,
     key: Key,
     mode: Mode,
-    token: Option<i64>,
+    fence: Option<crate::fencing::Fence>,
     held: Option<Held>,
 }
 
@@ -70,7 +70,7 @@ impl fmt::Debug for LockGuard {
             .field("name", &self.name)
             .field("key", &self.key)
             .field("mode", &self.mode)
-            .field("fencing_token", &self.token)
+            .field("fencing_token", &self.fencing_token())
             .finish()
     }
 }
@@ -81,7 +81,9 @@ impl LockGuard {
             name: name.into(),
             key,
             mode,
-            token: grant.token,
+            fence: grant
+                .fence
+                .map(|(token, table)| crate::fencing::Fence::new(name, key, token, table)),
             held: Some(grant.held),
         }
     }
@@ -105,7 +107,14 @@ impl LockGuard {
     /// ([`Request::fenced`](crate::Request::fenced)): greater than every earlier grant's
     /// token for this name.
     pub fn fencing_token(&self) -> Option<i64> {
-        self.token
+        self.fence.as_ref().map(crate::fencing::Fence::token)
+    }
+
+    /// The fence of this grant, to check in the transaction that makes the writes the
+    /// lock protects (see [`fencing`](crate::fencing)); `None` unless a token was asked
+    /// for.
+    pub fn fence(&self) -> Option<&crate::fencing::Fence> {
+        self.fence.as_ref()
     }
 
     /// Whether the lock is still held as far as this process knows: `false` once its

@@ -54,10 +54,12 @@
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+pub mod bench;
 mod error;
 pub mod fencing;
 mod guard;
 mod key;
+pub mod leader;
 mod locks;
 pub mod migrate;
 #[cfg(feature = "postgres")]
@@ -69,6 +71,7 @@ pub mod sqlite;
 mod target;
 
 pub use error::Error;
+pub use fencing::Fence;
 pub use guard::{LockGuard, LossReason};
 pub use key::{DEFAULT_NAMESPACE, Key, MAX_NAME_LEN, MAX_NAMESPACE_LEN};
 pub use locks::{Builder, Locks, Mode, Request, Scope};

@@ -67,12 +67,14 @@ pub(crate) struct Req<'a> {
     pub(crate) scope: Scope,
     pub(crate) wait: Wait,
     pub(crate) fenced: bool,
+    pub(crate) lease: Option<Duration>,
 }
 
 /// A grant as a backend returns it.
 pub(crate) struct Grant {
     pub(crate) held: Held,
-    pub(crate) token: Option<i64>,
+    /// The fencing token, and the fencing table as SQL names it.
+    pub(crate) fence: Option<(i64, Arc<str>)>,
 }
 
 /// What a handle talks to.
@@ -227,6 +229,7 @@ impl Locks {
             mode: Mode::Exclusive,
             scope: self.inner.scope,
             fenced: false,
+            lease: None,
         }
     }
 
@@ -288,6 +291,7 @@ pub struct Request<'a> {
     mode: Mode,
     scope: Scope,
     fenced: bool,
+    lease: Option<Duration>,
 }
 
 impl<'a> Request<'a> {
@@ -313,6 +317,22 @@ impl<'a> Request<'a> {
     /// [`fencing`](crate::fencing) for what it costs and guarantees.
     pub fn fenced(mut self) -> Self {
         self.fenced = true;
+        self
+    }
+
+    /// Bounds how long the lock outlives a holder that falls silent (its host cut off,
+    /// its process paused): the server ends the holder's session, and so frees the lock,
+    /// once the session has been idle for `lease`. A live holder never is: its
+    /// connection is checked every [`check_interval`](Builder::check_interval), which
+    /// keeps the session busy. PostgreSQL only (the embedded backend's locks end with
+    /// their process); `lease` must be at least twice the check interval.
+    ///
+    /// Implemented with the server's own idle timeouts for the lock's session
+    /// (`idle_in_transaction_session_timeout` for a transaction-scoped lock,
+    /// `idle_session_timeout`, PostgreSQL 14+, for a session-scoped one), so it holds
+    /// even when the holder's host is gone.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = Some(lease);
         self
     }
 
@@ -383,6 +403,7 @@ impl<'a> Request<'a> {
             scope: self.scope,
             wait,
             fenced: self.fenced,
+            lease: self.lease,
         };
         let grant = match &inner.backend {
             #[cfg(feature = "postgres")]
@@ -407,6 +428,7 @@ pub struct Builder {
     pub(crate) check_interval: Duration,
     pub(crate) check_timeout: Duration,
     pub(crate) allow_network_filesystem: bool,
+    pub(crate) multiplex: usize,
 }
 
 impl Default for Builder {
@@ -422,6 +444,7 @@ impl Default for Builder {
             check_interval: Duration::from_secs(1),
             check_timeout: Duration::from_secs(5),
             allow_network_filesystem: false,
+            multiplex: 0,
         }
     }
 }
@@ -489,6 +512,33 @@ impl Builder {
     /// connection closed; five seconds unless set.
     pub fn check_timeout(mut self, timeout: Duration) -> Self {
         self.check_timeout = timeout.max(Duration::from_millis(10));
+        self
+    }
+
+    /// Takes session-scoped PostgreSQL locks on at most `n` shared connections, many
+    /// locks per connection, each released on its own — for a process that holds
+    /// thousands of locks at once. A lock that is not free at once is waited for on a
+    /// connection of its own. See [`postgres`](crate::postgres#multiplexing) for how no
+    /// two owners can arise on a shared, re-entrant session. Off (`0`) unless set;
+    /// transaction-scoped and leased requests never multiplex.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), dblock::Error> {
+    /// use dblock::{Locks, Scope};
+    /// let locks = Locks::builder()
+    ///     .url("postgres://postgres@localhost/app")
+    ///     .scope(Scope::Session)
+    ///     .multiplex(4)
+    ///     .build()
+    ///     .await?;
+    /// let mut guards = Vec::new();
+    /// for tenant in 0..5000 {
+    ///     guards.push(locks.lock(&format!("tenant:{tenant}")).await?); // on 4 connections
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub fn multiplex(mut self, n: usize) -> Self {
+        self.multiplex = n.min(64);
         self
     }
 

@@ -99,7 +99,9 @@ pub async fn shared_holders_coexist_and_exclude_an_exclusive_one(locks: &Locks) 
             .is_none(),
         "no reader while a writer holds"
     );
-    drop(w);
+    // Released and confirmed: a drop only *sends* the release, which another
+    // connection's request could overtake.
+    w.release().await.unwrap();
     assert!(
         locks
             .request("rw")

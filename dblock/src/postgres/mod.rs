@@ -1,5 +1,26 @@
 //! The PostgreSQL backend: advisory locks on connections dblock owns.
 //!
+//! # Multiplexing
+//!
+//! One connection per lock is the default — it is what makes a lock cost one round trip
+//! and a wait cost nothing on the client — but a process that holds thousands of locks
+//! at once would need thousands of connections. With
+//! [`Builder::multiplex(n)`](crate::Builder::multiplex), session-scoped locks are taken
+//! with `pg_try_advisory_lock` on one of at most `n` shared connections, many locks per
+//! connection, each released on its own by `pg_advisory_unlock`:
+//!
+//! - a key is taken on a shared connection only if this process holds it on none of
+//!   them (PostgreSQL's locks are re-entrant per session); a second local request for a
+//!   held key goes to a connection of its own, where the server arbitrates;
+//! - every request and release of one key goes to the same shared connection (key mod
+//!   `n`), which the server serves in order, so a release always precedes a later
+//!   request for the key;
+//! - a lock that is not free at once is waited for on a connection of its own, never on
+//!   a shared one;
+//! - requests on shared connections never leave a transaction open, so a failing one
+//!   cannot disturb the others; a full server lock table fails the request with
+//!   [`Error::LockTableFull`] and every lock already held stays held.
+//!
 //! Every lock pins one connection for its whole life, so PostgreSQL's re-entrancy
 //! (a session may take the lock it already holds) can never make two holders: two
 //! tasks of one process asking for one name ask on two sessions, and the server makes
@@ -7,10 +28,12 @@
 //! simple-protocol message.
 
 mod conn;
+mod mux;
 mod native;
 mod sqlx_conn;
 pub mod xact;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -44,14 +67,20 @@ impl Source {
 /// The backend of a handle built from a `postgres://` URL.
 pub(crate) struct PgBackend {
     source: Source,
+    /// Shared connections for session locks, when the handle multiplexes.
+    mux: Option<mux::Mux>,
     /// Whether lock requests set `client_connection_check_interval` (sqlx connections
     /// on PostgreSQL 14+: the only way to end a cut-off wait without a cancel request).
     check_disconnect: bool,
+    /// `server_version_num`.
+    version: u32,
+    /// How often held connections are checked (a lease must be longer).
+    check_interval: Duration,
     /// The schema `current_schema()` named when the handle was built (where dblock's
     /// own tables go).
     pub(crate) schema: Option<String>,
-    /// Set once the fencing table is known to exist.
-    fence_ready: tokio::sync::OnceCell<String>,
+    /// Set once the fencing table is known to exist: its qualified name.
+    fence_ready: tokio::sync::OnceCell<Arc<str>>,
 }
 
 impl PgBackend {
@@ -70,7 +99,16 @@ impl PgBackend {
             opts.check_interval,
             opts.check_timeout,
         );
-        PgBackend::finish_open(Source::Native(pool), false).await
+        let mux = (opts.multiplex > 0).then(|| mux::Mux::new(pool.clone(), opts.multiplex));
+        let (mut b, ns) =
+            PgBackend::finish_open(Source::Native(pool.clone()), false, opts.check_interval)
+                .await?;
+        if mux.is_some() {
+            // A multiplexing handle keeps to its shared connections until it must wait.
+            pool.close_idle();
+        }
+        b.mux = mux;
+        Ok((b, ns))
     }
 
     /// A backend on the caller's sqlx pool.
@@ -83,10 +121,20 @@ impl PgBackend {
             check_interval: opts.check_interval,
             check_timeout: opts.check_timeout,
         });
-        PgBackend::finish_open(source, true).await
+        if opts.multiplex > 0 {
+            return Err(Error::Unsupported(
+                "multiplexing needs dblock's own connections (a postgres:// URL), not an sqlx pool"
+                    .into(),
+            ));
+        }
+        PgBackend::finish_open(source, true, opts.check_interval).await
     }
 
-    async fn finish_open(source: Source, sqlx: bool) -> Result<(PgBackend, String), Error> {
+    async fn finish_open(
+        source: Source,
+        sqlx: bool,
+        check_interval: Duration,
+    ) -> Result<(PgBackend, String), Error> {
         let armed = Armed::new(source.get().await?);
         let rows = armed
             .conn()
@@ -111,7 +159,10 @@ impl PgBackend {
         Ok((
             PgBackend {
                 source,
+                mux: None,
                 check_disconnect: sqlx && version >= 140_000,
+                version,
+                check_interval,
                 schema,
                 fence_ready: tokio::sync::OnceCell::new(),
             },
@@ -121,13 +172,35 @@ impl PgBackend {
 
     /// Takes a lock as `req` says: one round trip on a pinned connection.
     pub(crate) async fn acquire(&self, req: &Req<'_>) -> Result<Option<Grant>, Error> {
-        let deadline = req.wait.deadline();
+        if let Some(lease) = req.lease {
+            if lease < 2 * self.check_interval {
+                return Err(Error::Unsupported(format!(
+                    "a lease ({lease:?}) must be at least twice the check interval ({:?})",
+                    self.check_interval
+                )));
+            }
+            if req.scope == Scope::Session && self.version < 140_000 {
+                return Err(Error::Unsupported(
+                    "a lease on a session-scoped lock needs PostgreSQL 14 (idle_session_timeout)"
+                        .into(),
+                ));
+            }
+        }
         let fence_table = match req.fenced {
-            true => Some(self.fence_table().await?),
+            true => Some(self.fence_table().await?.clone()),
             false => None,
         };
+        if let Some(mux) = self.mux.as_ref().filter(|_| mux::Mux::applies(req)) {
+            match mux.try_acquire(req, fence_table.as_ref()).await? {
+                mux::Attempt::Granted(g) => return Ok(Some(g)),
+                mux::Attempt::NotFree if req.wait == Wait::Try => return Ok(None),
+                // Waiting never blocks a shared connection: wait on a connection of its own.
+                mux::Attempt::NotFree => {}
+            }
+        }
+        let deadline = req.wait.deadline();
         let conn = self.source.get().await?;
-        let plan = Plan::new(req, fence_table, self.check_disconnect);
+        let plan = Plan::new(req, fence_table.as_deref(), self.check_disconnect);
         let armed = Armed::new(conn);
         let result = match deadline {
             // The server ends the wait (lock_timeout); the client-side bound is a
@@ -153,7 +226,7 @@ impl PgBackend {
                     conn.link().set_holding(true);
                     Ok(Some(Grant {
                         held: crate::guard::Held::Postgres(PgHeld::new(conn, req)),
-                        token,
+                        fence: token.zip(fence_table),
                     }))
                 }
                 None => {
@@ -180,6 +253,47 @@ impl PgBackend {
         }
     }
 
+    /// The configuration of dblock's own connections, if it uses its own.
+    pub(crate) fn native_config(&self) -> Option<tokio_postgres::Config> {
+        match &self.source {
+            Source::Native(p) => Some(p.config().clone()),
+            Source::Sqlx(_) => None,
+        }
+    }
+
+    /// The latest grant of `key` in the fencing table, if any.
+    pub(crate) async fn latest_grant(
+        &self,
+        key: Key,
+    ) -> Result<Option<crate::leader::LeaderInfo>, Error> {
+        let table = self.fence_table().await?.clone();
+        let armed = Armed::new(self.source.get().await?);
+        let sql = format!(
+            "SELECT holder FROM {table} WHERE key = {k}; \
+             SELECT token::text FROM {table} WHERE key = {k}; \
+             SELECT granted_at::text FROM {table} WHERE key = {k}",
+            k = key.as_i64()
+        );
+        let rows = armed
+            .conn()
+            .query(&sql)
+            .await
+            .map_err(QueryError::into_error)?;
+        armed.disarm().recycle();
+        let (Some(holder), Some(token), Some(elected_at)) = (
+            first_value(&rows, 0),
+            first_value(&rows, 1),
+            first_value(&rows, 2),
+        ) else {
+            return Ok(None);
+        };
+        Ok(Some(crate::leader::LeaderInfo {
+            holder,
+            token: token.parse().unwrap_or(0),
+            elected_at,
+        }))
+    }
+
     /// A connection of this handle's own, pinned for the caller (the migration runner):
     /// it must go back through [`Conn::recycle`] only with no lock held and no
     /// transaction open, and through [`Conn::abandon`] (or a dropped [`Armed`]) whenever
@@ -189,7 +303,7 @@ impl PgBackend {
     }
 
     /// The qualified name of the fencing table, created on first use.
-    pub(crate) async fn fence_table(&self) -> Result<&str, Error> {
+    pub(crate) async fn fence_table(&self) -> Result<&Arc<str>, Error> {
         let table = self
             .fence_ready
             .get_or_try_init(|| async {
@@ -221,7 +335,7 @@ impl PgBackend {
                         .map_err(QueryError::into_error)?;
                 }
                 armed.disarm().recycle();
-                Ok(table)
+                Ok(Arc::<str>::from(table))
             })
             .await?;
         Ok(table)
@@ -241,6 +355,8 @@ struct Plan {
     scope: Scope,
     key: Key,
     mode: Mode,
+    /// Whether the request set a lease (which the clean-up must undo).
+    lease: bool,
     /// Statements whose single boolean row must be `t` for the lock to be held.
     must_be_true: Vec<usize>,
     /// Index of the statement returning the fencing token, if any.
@@ -285,6 +401,7 @@ impl Plan {
         let mut must_be_true = Vec::new();
         let mut token_at = None;
         let fenced = req.fenced && fence_table.is_some();
+        let lease_ms = req.lease.map(|l| l.as_millis().max(1));
         // Lets the server notice, while it waits, that the client went away.
         const CHECK: &str = "client_connection_check_interval";
         let check_ms = 250;
@@ -293,6 +410,12 @@ impl Plan {
                 push(&mut sql, "BEGIN ISOLATION LEVEL READ COMMITTED");
                 if check_disconnect {
                     push(&mut sql, &format!("SET LOCAL {CHECK} = {check_ms}"));
+                }
+                if let Some(ms) = lease_ms {
+                    push(
+                        &mut sql,
+                        &format!("SET LOCAL idle_in_transaction_session_timeout = {ms}"),
+                    );
                 }
                 if let Some(ms) = timeout_ms {
                     push(&mut sql, &format!("SET LOCAL lock_timeout = {ms}"));
@@ -308,6 +431,12 @@ impl Plan {
                 }
             }
             (Scope::Session, false) => {
+                if let Some(ms) = lease_ms {
+                    push(
+                        &mut sql,
+                        &format!("SELECT set_config('idle_session_timeout', '{ms}', false)"),
+                    );
+                }
                 if check_disconnect {
                     push(
                         &mut sql,
@@ -361,8 +490,22 @@ impl Plan {
                 }
                 token_at = Some(push(&mut sql, &upsert));
                 push(&mut sql, "COMMIT");
+                if scope == Scope::Session {
+                    if let Some(ms) = lease_ms {
+                        push(
+                            &mut sql,
+                            &format!("SELECT set_config('idle_session_timeout', '{ms}', false)"),
+                        );
+                    }
+                }
                 if scope == Scope::Transaction {
                     push(&mut sql, "BEGIN ISOLATION LEVEL READ COMMITTED");
+                    if let Some(ms) = lease_ms {
+                        push(
+                            &mut sql,
+                            &format!("SET LOCAL idle_in_transaction_session_timeout = {ms}"),
+                        );
+                    }
                     // Re-entrant, so immediate when the session lock above was granted;
                     // a try, so it never waits when it was not.
                     must_be_true.push(push(
@@ -378,6 +521,7 @@ impl Plan {
             scope: req.scope,
             key: req.key,
             mode: req.mode,
+            lease: req.lease.is_some(),
             must_be_true,
             token_at,
         }
@@ -412,7 +556,7 @@ impl Plan {
             // lock not held is a no-op with a warning.
             Scope::Session => format!(
                 "ROLLBACK; {}",
-                release_sql(Scope::Session, self.mode, self.key)
+                release_sql(Scope::Session, self.mode, self.key, self.lease)
             ),
         };
         conn.fire(&sql);
@@ -420,7 +564,14 @@ impl Plan {
 }
 
 /// The statement that releases a held lock.
-fn release_sql(scope: Scope, mode: Mode, key: Key) -> String {
+fn release_sql(scope: Scope, mode: Mode, key: Key, lease: bool) -> String {
+    if scope == Scope::Session && lease {
+        // The lease's idle_session_timeout must not outlive the lock on a pooled session.
+        return format!(
+            "{}; SET idle_session_timeout = DEFAULT",
+            release_sql(scope, mode, key, false)
+        );
+    }
     match (scope, mode) {
         (Scope::Transaction, _) => "ROLLBACK".to_string(),
         (Scope::Session, Mode::Exclusive) => format!("SELECT pg_advisory_unlock({})", key.as_i64()),
@@ -430,18 +581,68 @@ fn release_sql(scope: Scope, mode: Mode, key: Key) -> String {
     }
 }
 
-/// The PostgreSQL half of a guard: the pinned connection.
-pub(crate) struct PgHeld {
+/// The PostgreSQL half of a guard.
+pub(crate) enum PgHeld {
+    /// On a connection of its own, pinned for the lock's life.
+    Pinned(Pinned),
+    /// On one of a multiplexing handle's shared connections.
+    Shared(mux::MuxHeld),
+}
+
+impl PgHeld {
+    fn new(conn: Conn, req: &Req<'_>) -> PgHeld {
+        PgHeld::Pinned(Pinned::new(conn, req))
+    }
+
+    pub(crate) fn loss(&self) -> Option<LossReason> {
+        match self {
+            PgHeld::Pinned(p) => p.loss(),
+            PgHeld::Shared(m) => m.loss(),
+        }
+    }
+
+    pub(crate) fn watch_loss(
+        &self,
+    ) -> impl std::future::Future<Output = LossReason> + Send + 'static {
+        let w = match self {
+            PgHeld::Pinned(p) => p.conn.as_ref().map(|c| c.link().watch()),
+            PgHeld::Shared(m) => Some(m.link().watch()),
+        };
+        async move {
+            match w {
+                Some(w) => w.await,
+                None => std::future::pending().await,
+            }
+        }
+    }
+
+    pub(crate) async fn check(&mut self) -> Result<(), Error> {
+        match self {
+            PgHeld::Pinned(p) => p.check().await,
+            PgHeld::Shared(m) => m.check().await,
+        }
+    }
+
+    pub(crate) async fn release(self) -> Result<(), Error> {
+        match self {
+            PgHeld::Pinned(p) => p.release().await,
+            PgHeld::Shared(m) => m.release().await,
+        }
+    }
+}
+
+/// A lock on a connection of its own.
+pub(crate) struct Pinned {
     conn: Option<Conn>,
     release: String,
     scope: Scope,
 }
 
-impl PgHeld {
-    fn new(conn: Conn, req: &Req<'_>) -> PgHeld {
-        PgHeld {
+impl Pinned {
+    fn new(conn: Conn, req: &Req<'_>) -> Pinned {
+        Pinned {
             conn: Some(conn),
-            release: release_sql(req.scope, req.mode, req.key),
+            release: release_sql(req.scope, req.mode, req.key, req.lease.is_some()),
             scope: req.scope,
         }
     }
@@ -450,18 +651,6 @@ impl PgHeld {
         match &self.conn {
             Some(c) => c.link().loss(),
             None => None,
-        }
-    }
-
-    pub(crate) fn watch_loss(
-        &self,
-    ) -> impl std::future::Future<Output = LossReason> + Send + 'static {
-        let w = self.conn.as_ref().map(|c| c.link().watch());
-        async move {
-            match w {
-                Some(w) => w.await,
-                None => std::future::pending().await,
-            }
         }
     }
 
@@ -530,7 +719,7 @@ impl PgHeld {
     }
 }
 
-impl Drop for PgHeld {
+impl Drop for Pinned {
     fn drop(&mut self) {
         if let Some(conn) = self.conn.take() {
             conn.link().set_holding(false);
@@ -587,6 +776,7 @@ mod tests {
             scope,
             wait,
             fenced,
+            lease: None,
         }
     }
 

@@ -56,6 +56,10 @@ impl Pool {
         }
     }
 
+    pub(crate) fn config(&self) -> &tokio_postgres::Config {
+        &self.shared.config
+    }
+
     /// A connection: an idle one if there is one, else a new one. Waits at most the
     /// acquire timeout for one to come free when all are in use.
     ///
@@ -102,6 +106,21 @@ impl Pool {
         Ok(conn)
     }
 
+    /// Closes the idle connections.
+    pub(crate) fn close_idle(&self) {
+        self.shared
+            .idle
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
+    }
+
+    /// A new connection outside the pool's count, for a multiplexing handle's shared
+    /// connections (which are never returned to the pool).
+    pub(crate) async fn connect_unpooled(&self) -> Result<NativeConn, Error> {
+        self.connect().await
+    }
+
     async fn connect(&self) -> Result<NativeConn, Error> {
         let (client, connection) = self.shared.config.connect(NoTls).await.map_err(|e| {
             let message = match e.as_db_error() {
@@ -122,6 +141,14 @@ impl Pool {
                 message,
             }
         })?;
+        // PostgreSQL 14+ can notice, while a lock request waits, that the client closed
+        // its socket: a cut-off wait then ends on the server even if the cancel request
+        // raced ahead of the request and was ignored.
+        let major: u32 = connection
+            .parameter("server_version")
+            .and_then(|v| v.split(|c: char| !c.is_ascii_digit()).next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
         let client = Arc::new(client);
         let link = Link::new();
         tokio::spawn(drive(
@@ -131,6 +158,12 @@ impl Pool {
             self.shared.check_interval,
             self.shared.check_timeout,
         ));
+        if major >= 14 {
+            // Best effort: a server that refuses it still works, with cancel requests only.
+            let _ = client
+                .batch_execute("SET client_connection_check_interval = 250")
+                .await;
+        }
         Ok(NativeConn {
             client,
             link,
@@ -167,6 +200,10 @@ async fn drive(
         };
         tokio::select! {
             biased;
+            () = link.closing() => {
+                link.mark_lost(LossReason::ConnectionClosed { message: "closed by dblock".into() });
+                return;
+            }
             end = &mut connection => {
                 let message = match end {
                     Ok(()) => "closed by dblock".to_string(),
@@ -218,7 +255,7 @@ pub(crate) struct NativeConn {
 }
 
 impl NativeConn {
-    fn usable(&self) -> bool {
+    pub(crate) fn usable(&self) -> bool {
         !self.client.is_closed() && self.link.loss().is_none()
     }
 
@@ -298,12 +335,19 @@ impl NativeConn {
     /// ends the session, which releases every lock and transaction it had.
     pub(crate) fn abandon(self) {
         self.link.set_holding(false);
+        self.link.close_now();
         let token = self.client.cancel_token();
         drop(self);
         if let Ok(h) = tokio::runtime::Handle::try_current() {
             h.spawn(async move {
-                let _ =
-                    tokio::time::timeout(Duration::from_secs(10), token.cancel_query(NoTls)).await;
+                // A cancel request that arrives before the request starts executing is
+                // ignored by the server; send it again a little later to cover that race
+                // on servers without client_connection_check_interval.
+                for pause in [0u64, 200, 1000] {
+                    tokio::time::sleep(Duration::from_millis(pause)).await;
+                    let _ = tokio::time::timeout(Duration::from_secs(5), token.cancel_query(NoTls))
+                        .await;
+                }
             });
         }
     }

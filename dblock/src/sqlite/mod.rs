@@ -124,13 +124,16 @@ impl SqliteBackend {
         };
         // Armed: if the token cannot be had (or this future is dropped), `held` drops and
         // releases.
-        let token = match req.fenced {
-            true => Some(crate::fencing::sqlite_next_token(&self.shared, req).await?),
+        let fence = match req.fenced {
+            true => Some((
+                crate::fencing::sqlite_next_token(&self.shared, req).await?,
+                Arc::from(crate::fencing::TABLE),
+            )),
             false => None,
         };
         Ok(Some(Grant {
             held: Held::Sqlite(held),
-            token,
+            fence,
         }))
     }
 
@@ -276,6 +279,24 @@ impl Shared {
             })
             .await
     }
+}
+
+impl SqliteBackend {
+    /// The lock file's path.
+    pub(crate) fn lock_path(&self) -> PathBuf {
+        self.shared.lock_path.clone()
+    }
+}
+
+/// An exclusive lock attempt on `offset` of `file`, bypassing the process's table (for
+/// the benchmark's floor).
+pub(crate) fn raw_try_lock(file: &File, offset: u64) -> std::io::Result<bool> {
+    sys::try_lock(file, offset, Mode::Exclusive).map(|a| a == Attempt::Granted)
+}
+
+/// Unlocks `offset` of `file` (for the benchmark's floor).
+pub(crate) fn raw_unlock(file: &File, offset: u64) -> std::io::Result<()> {
+    sys::unlock(file, offset)
 }
 
 /// The lock file beside a database: `PATH-locks`.

@@ -5,10 +5,18 @@
 //!     ITERATIONS times: take NAME, read the integer in FILE, sleep, write it + 1,
 //!     release. An "inside" marker file created with O_EXCL counts overlapping
 //!     critical sections. Prints `overlaps=N`.
-//! dblock-worker hold URL NAME [--fenced]
+//! dblock-worker hold URL NAME [--fenced] [--session] [--lease-ms N] [--check-ms N]
 //!     takes NAME, prints `held TOKEN`, then sleeps until killed.
 //! dblock-worker wait URL NAME
 //!     waits for NAME, prints `acquired`, exits.
+//! dblock-worker kleppmann URL NAME [--no-fence]
+//!     takes NAME fenced, prints `held TOKEN`, waits for a line on stdin, then writes
+//!     `resource` row 1 (value 'A') in a transaction checked by the fence (unless
+//!     --no-fence); prints `written` or `rejected`.
+//! dblock-worker candidate URL NAME CHECK_MS LEASE_MS [--no-fence] [--stubborn]
+//!     stands for election NAME; while leader, inserts its token into `leader_log`
+//!     every 20 ms, fenced (unless --no-fence); prints `leader TOKEN`, `rejected TOKEN`,
+//!     `lost`. A --stubborn leader ignores the loss of its term and keeps writing.
 //! ```
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -59,9 +67,30 @@ async fn main() {
             println!("overlaps={overlaps}");
         }
         "hold" => {
+            let opt = |flag: &str| {
+                args.iter()
+                    .position(|a| a == flag)
+                    .and_then(|i| args.get(i + 1))
+                    .map(|v| Duration::from_millis(v.parse().unwrap()))
+            };
+            let locks = match opt("--check-ms") {
+                Some(check) => dblock::Locks::builder()
+                    .url(arg(1))
+                    .check_interval(check)
+                    .build()
+                    .await
+                    .unwrap(),
+                None => locks,
+            };
             let mut req = locks.request(&name);
             if args.iter().any(|a| a == "--fenced") {
                 req = req.fenced();
+            }
+            if args.iter().any(|a| a == "--session") {
+                req = req.scope(dblock::Scope::Session);
+            }
+            if let Some(lease) = opt("--lease-ms") {
+                req = req.lease(lease);
             }
             let guard = req.lock().await.unwrap();
             println!("held {}", guard.fencing_token().unwrap_or(0));
@@ -74,6 +103,84 @@ async fn main() {
             println!("acquired");
             std::io::stdout().flush().unwrap();
             drop(guard);
+        }
+        "kleppmann" => {
+            let no_fence = args.iter().any(|a| a == "--no-fence");
+            let pool = sqlx::PgPool::connect(&arg(1)).await.unwrap();
+            let guard = locks.request(&name).fenced().lock().await.unwrap();
+            let fence = guard.fence().unwrap().clone();
+            println!("held {}", fence.token());
+            std::io::stdout().flush().unwrap();
+            let mut line = String::new();
+            std::io::stdin().read_line(&mut line).unwrap();
+            // Whatever happened meanwhile, this process now does its write, as a holder
+            // that paused without noticing would.
+            let mut tx = pool.begin().await.unwrap();
+            sqlx::query("UPDATE resource SET value = 'A', token = $1 WHERE id = 1")
+                .bind(fence.token())
+                .execute(&mut *tx)
+                .await
+                .unwrap();
+            let ok = no_fence || fence.check_postgres(&mut tx).await.is_ok();
+            if ok {
+                tx.commit().await.unwrap();
+                println!("written");
+            } else {
+                tx.rollback().await.unwrap();
+                println!("rejected");
+            }
+            drop(guard);
+        }
+        "candidate" => {
+            let check = Duration::from_millis(arg(3).parse().unwrap());
+            let lease = Duration::from_millis(arg(4).parse().unwrap());
+            let no_fence = args.iter().any(|a| a == "--no-fence");
+            let stubborn = args.iter().any(|a| a == "--stubborn");
+            let locks = dblock::Locks::builder()
+                .url(arg(1))
+                .check_interval(check)
+                .check_timeout(check * 2)
+                .build()
+                .await
+                .unwrap();
+            let pool = sqlx::PgPool::connect(&arg(1)).await.unwrap();
+            let election = dblock::leader::Election::new(&locks, &name).lease(lease);
+            loop {
+                let term = election.campaign().await.unwrap();
+                let fence = term.fence().unwrap().clone();
+                println!("leader {}", fence.token());
+                std::io::stdout().flush().unwrap();
+                let mut lost = std::pin::pin!(term.lost());
+                loop {
+                    tokio::select! {
+                        _ = &mut lost, if !stubborn => {
+                            println!("lost");
+                            std::io::stdout().flush().unwrap();
+                            break;
+                        }
+                        () = tokio::time::sleep(Duration::from_millis(20)) => {}
+                    }
+                    let Ok(mut tx) = pool.begin().await else {
+                        continue;
+                    };
+                    let ins = sqlx::query("INSERT INTO leader_log (token) VALUES ($1)")
+                        .bind(fence.token())
+                        .execute(&mut *tx)
+                        .await;
+                    if ins.is_err() {
+                        continue;
+                    }
+                    let ok = no_fence || fence.check_postgres(&mut tx).await.is_ok();
+                    if ok {
+                        let _ = tx.commit().await;
+                    } else {
+                        let _ = tx.rollback().await;
+                        println!("rejected {}", fence.token());
+                        std::io::stdout().flush().unwrap();
+                    }
+                }
+                drop(term);
+            }
         }
         other => panic!("unknown mode {other:?}"),
     }

@@ -1,0 +1,308 @@
+//! Many session locks over a few shared connections ([`Builder::multiplex`]).
+//!
+//! One connection per lock is the right default — it is what makes a lock cost one
+//! round trip and a wait cost nothing — but a process that holds thousands of locks at
+//! once (a lock per tenant, per shard, per file) would need thousands of connections.
+//! With multiplexing, session-scoped locks are taken with `pg_try_advisory_lock` on one
+//! of at most `n` shared connections, many locks per connection, each released on its
+//! own by `pg_advisory_unlock` (as .NET's DistributedLock multiplexes).
+//!
+//! - **No two owners.** PostgreSQL's locks are re-entrant per session, so a key is
+//!   taken on a shared connection only if this process holds it on none of them; a
+//!   second local request for a key already held goes to a connection of its own, where
+//!   the server arbitrates as between any two sessions.
+//! - **Order.** Every request and release of one key goes to the same shared connection
+//!   (key mod `n`), whose requests the server runs in order, so a release is always
+//!   applied before a later request for the key.
+//! - **Waiting never blocks a shared connection.** A lock that is not free at once is
+//!   waited for on a connection of its own (the non-multiplexed path).
+//! - **Nothing leaves a transaction open.** Requests on shared connections are single
+//!   statements or implicit transactions, never `BEGIN` … `COMMIT`, so a failing
+//!   request cannot leave the connection in an aborted transaction for the others.
+//! - **A full lock table** fails the request with [`Error::LockTableFull`]; the locks
+//!   already held, on every connection, stay held.
+//!
+//! [`Builder::multiplex`]: crate::Builder::multiplex
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+
+use super::native::{NativeConn, Pool};
+use super::{Key, LossReason, QueryError, first_value, quote_literal};
+use crate::locks::{Grant, Mode, Req};
+use crate::{Error, Scope};
+
+pub(crate) struct Mux {
+    inner: Arc<MuxInner>,
+}
+
+struct MuxInner {
+    pool: Pool,
+    /// The shared connections, opened on first use, replaced when lost.
+    slots: Vec<tokio::sync::Mutex<Option<Arc<NativeConn>>>>,
+    /// Keys this process holds (or is taking) on a shared connection.
+    held: Mutex<HashSet<i64>>,
+}
+
+/// The outcome of a multiplexed attempt.
+pub(crate) enum Attempt {
+    Granted(Grant),
+    /// Held elsewhere (or by this process): the caller waits on a connection of its own
+    /// if the request may wait.
+    NotFree,
+}
+
+impl Mux {
+    pub(crate) fn new(pool: Pool, n: usize) -> Mux {
+        Mux {
+            inner: Arc::new(MuxInner {
+                pool,
+                slots: (0..n.max(1))
+                    .map(|_| tokio::sync::Mutex::new(None))
+                    .collect(),
+                held: Mutex::new(HashSet::new()),
+            }),
+        }
+    }
+
+    /// Whether this request is one for the shared connections.
+    pub(crate) fn applies(req: &Req<'_>) -> bool {
+        req.scope == Scope::Session && req.lease.is_none()
+    }
+
+    async fn conn(&self, key: i64) -> Result<Arc<NativeConn>, Error> {
+        let i = (key as u64 % self.inner.slots.len() as u64) as usize;
+        let mut slot = self.inner.slots[i].lock().await;
+        if let Some(c) = slot.as_ref().filter(|c| c.usable()) {
+            return Ok(c.clone());
+        }
+        let c = Arc::new(self.inner.pool.connect_unpooled().await?);
+        // Shared connections hold locks for their whole life: always checked.
+        c.link().set_holding(true);
+        *slot = Some(c.clone());
+        Ok(c)
+    }
+
+    /// Tries `req`'s key on its shared connection.
+    pub(crate) async fn try_acquire(
+        &self,
+        req: &Req<'_>,
+        fence_table: Option<&Arc<str>>,
+    ) -> Result<Attempt, Error> {
+        let k = req.key.as_i64();
+        // Claim the key first: never two requests for one key on a shared connection.
+        if !self.lock_table().insert(k) {
+            return Ok(Attempt::NotFree);
+        }
+        let claim = Claim {
+            inner: self.inner.clone(),
+            key: k,
+            armed: true,
+        };
+        let conn = self.conn(k).await?;
+        let shared = if req.mode == Mode::Shared {
+            "_shared"
+        } else {
+            ""
+        };
+        let sql = match fence_table {
+            Some(table) => format!(
+                "INSERT INTO {table} AS f (key, namespace, name, token, holder, granted_at) \
+                 SELECT {k}, {ns}, {name}, 1, {holder}, now() WHERE pg_try_advisory_lock({k}) \
+                 ON CONFLICT (key) DO UPDATE SET token = f.token + 1, \
+                 holder = EXCLUDED.holder, granted_at = EXCLUDED.granted_at RETURNING token",
+                ns = quote_literal(req.namespace),
+                name = quote_literal(req.name),
+                holder = quote_literal(crate::fencing::holder_id()),
+            ),
+            None => format!("SELECT pg_try_advisory_lock{shared}({k})"),
+        };
+        let unlock = format!("SELECT pg_advisory_unlock{shared}({k})");
+        // If this future is dropped mid-request, the unlock is queued behind it on the
+        // same connection: whatever the request did, the key ends up free.
+        let pending = Pending {
+            conn: &conn,
+            unlock: &unlock,
+            armed: true,
+        };
+        let res = conn.query(&sql).await;
+        pending.disarm();
+        let rows = match res {
+            Ok(rows) => rows,
+            Err(e) => {
+                // A fenced request may have taken the lock before its INSERT failed.
+                conn.fire(&unlock);
+                return Err(e.into_error());
+            }
+        };
+        let (obtained, token) = match fence_table {
+            Some(_) => match first_value(&rows, 0) {
+                Some(t) => (true, t.parse::<i64>().ok()),
+                None => (false, None),
+            },
+            None => (first_value(&rows, 0).as_deref() == Some("t"), None),
+        };
+        if !obtained {
+            return Ok(Attempt::NotFree);
+        }
+        let claim = claim.keep();
+        Ok(Attempt::Granted(Grant {
+            held: crate::guard::Held::Postgres(super::PgHeld::Shared(MuxHeld {
+                conn,
+                unlock,
+                key: claim,
+                released: false,
+            })),
+            fence: token.zip(fence_table.cloned()),
+        }))
+    }
+
+    fn lock_table(&self) -> std::sync::MutexGuard<'_, HashSet<i64>> {
+        self.inner.held.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// The claim on a key in the table, given up on drop unless kept.
+struct Claim {
+    inner: Arc<MuxInner>,
+    key: i64,
+    armed: bool,
+}
+
+impl Claim {
+    fn keep(mut self) -> HeldKey {
+        self.armed = false;
+        HeldKey {
+            inner: self.inner.clone(),
+            key: self.key,
+        }
+    }
+}
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        if self.armed {
+            remove(&self.inner, self.key);
+        }
+    }
+}
+
+fn remove(inner: &MuxInner, key: i64) {
+    inner
+        .held
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .remove(&key);
+}
+
+/// A key held on a shared connection; removed from the table when dropped.
+struct HeldKey {
+    inner: Arc<MuxInner>,
+    key: i64,
+}
+
+impl Drop for HeldKey {
+    fn drop(&mut self) {
+        remove(&self.inner, self.key);
+    }
+}
+
+/// Queues the unlock if the request's future is dropped before its reply.
+struct Pending<'a> {
+    conn: &'a NativeConn,
+    unlock: &'a str,
+    armed: bool,
+}
+
+impl Pending<'_> {
+    fn disarm(mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for Pending<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.conn.fire(self.unlock);
+        }
+    }
+}
+
+/// A lock held on a shared connection.
+pub(crate) struct MuxHeld {
+    conn: Arc<NativeConn>,
+    unlock: String,
+    /// Dropped after the unlock is sent (field order), so a later request for the key
+    /// queues behind it.
+    key: HeldKey,
+    released: bool,
+}
+
+impl MuxHeld {
+    pub(crate) fn link(&self) -> &Arc<super::conn::Link> {
+        self.conn.link()
+    }
+
+    pub(crate) fn loss(&self) -> Option<LossReason> {
+        self.conn.link().loss()
+    }
+
+    pub(crate) async fn check(&mut self) -> Result<(), Error> {
+        if let Some(reason) = self.loss() {
+            return Err(Error::LockLost { reason });
+        }
+        // A check is a read: if it is cancelled, nothing is left to undo.
+        match self.conn.query("").await {
+            Ok(_) => Ok(()),
+            Err(QueryError::Lost { message }) => Err(Error::LockLost {
+                reason: LossReason::ConnectionClosed { message },
+            }),
+            Err(e) => Err(e.into_error()),
+        }
+    }
+
+    pub(crate) async fn release(mut self) -> Result<(), Error> {
+        if let Some(reason) = self.loss() {
+            return Err(Error::LockLost { reason });
+        }
+        // Sent here, and awaited; Drop must not send it again.
+        self.released = true;
+        // If this future is dropped before the reply, the unlock is queued anyway.
+        let pending = Pending {
+            conn: &self.conn,
+            unlock: &self.unlock,
+            armed: true,
+        };
+        let res = self.conn.query(&self.unlock).await;
+        pending.disarm();
+        match res {
+            Ok(rows) if first_value(&rows, 0).as_deref() == Some("t") => Ok(()),
+            Ok(_) => Err(Error::LockLost {
+                reason: LossReason::ConnectionClosed {
+                    message: "the shared session no longer held the lock".into(),
+                },
+            }),
+            Err(QueryError::Lost { message }) => Err(Error::LockLost {
+                reason: LossReason::ConnectionClosed { message },
+            }),
+            Err(e) => Err(e.into_error()),
+        }
+    }
+}
+
+impl Drop for MuxHeld {
+    fn drop(&mut self) {
+        // Sent before `key` leaves the table (fields drop after this body).
+        if !self.released {
+            self.conn.fire(&self.unlock);
+        }
+    }
+}
+
+impl std::fmt::Debug for MuxHeld {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MuxHeld")
+            .field("key", &Key::from_i64(self.key.key))
+            .finish()
+    }
+}

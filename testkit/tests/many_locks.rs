@@ -1,0 +1,199 @@
+//! Thousands of locks held at once over a few multiplexed connections.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::time::Duration;
+
+use dblock::{Error, Locks, Scope};
+use dblock_testkit::PgSchema;
+use dblock_testkit::cluster::TempCluster;
+
+fn rss_bytes() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let kb: u64 = status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap();
+    kb * 1024
+}
+
+async fn multiplexed(url: &str, n: usize) -> Locks {
+    Locks::builder()
+        .url(url)
+        .scope(Scope::Session)
+        .multiplex(n)
+        .build()
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn five_thousand_locks_are_held_over_four_connections_and_released_one_by_one() {
+    let s = PgSchema::new("many").await;
+    let locks = multiplexed(&s.url, 4).await;
+    let names: Vec<String> = (0..5000).map(|i| format!("tenant:{i}")).collect();
+    let before = rss_bytes();
+    let mut guards = Vec::with_capacity(names.len());
+    for chunk in names.chunks(250) {
+        // Many requests in flight at once, pipelined on the shared connections.
+        let got = futures_join(chunk.iter().map(|n| locks.try_lock(n))).await;
+        for g in got {
+            guards.push(g.unwrap().expect("a free lock"));
+        }
+    }
+    let after = rss_bytes();
+    eprintln!(
+        "5000 locks held: {} bytes of resident memory per held lock (RSS {} -> {} KiB)",
+        after.saturating_sub(before) / 5000,
+        before / 1024,
+        after / 1024
+    );
+    let sessions = s.sessions().await;
+    assert!(sessions.len() <= 4, "at most 4 connections: {sessions:?}");
+    assert_eq!(
+        s.advisory_of_sessions()
+            .await
+            .iter()
+            .filter(|r| r.2)
+            .count(),
+        5000
+    );
+
+    // Any one is released on its own; the others stay held.
+    let other = s.locks().await;
+    let g = guards.swap_remove(2500);
+    g.release().await.unwrap();
+    assert!(
+        other.try_lock("tenant:2500").await.unwrap().is_some(),
+        "released"
+    );
+    assert!(
+        other.try_lock("tenant:2501").await.unwrap().is_none(),
+        "still held"
+    );
+    drop(guards.swap_remove(10)); // by drop, too
+    assert!(
+        dblock_testkit::eventually(5, &mut || async {
+            other.try_lock("tenant:10").await.unwrap().is_some()
+        })
+        .await
+    );
+    // (The other handle's probes are released by drop, which sends the release: wait
+    // for the count to settle rather than race them.)
+    let settled = dblock_testkit::eventually(5, &mut || async {
+        s.advisory_of_sessions()
+            .await
+            .iter()
+            .filter(|r| r.2)
+            .count()
+            == 4998
+    })
+    .await;
+    assert!(
+        settled,
+        "4998 held: {}",
+        s.advisory_of_sessions().await.len()
+    );
+
+    // A key held on a shared session is not granted again to this process (no
+    // re-entrancy across owners); a waiter waits on a connection of its own.
+    assert!(locks.try_lock("tenant:7").await.unwrap().is_none());
+    let waiter = {
+        let locks = locks.clone();
+        tokio::spawn(async move { locks.lock("tenant:7").await.map(drop) })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!waiter.is_finished(), "waits while held");
+    let i = guards.iter().position(|g| g.name() == "tenant:7").unwrap();
+    drop(guards.swap_remove(i));
+    let r = tokio::time::timeout(Duration::from_secs(5), waiter).await;
+    assert!(matches!(r, Ok(Ok(Ok(())))), "{r:?}");
+
+    drop(guards);
+    assert!(
+        dblock_testkit::eventually(5, &mut || async {
+            s.advisory_of_sessions().await.is_empty()
+        })
+        .await,
+        "every lock released"
+    );
+}
+
+/// Runs futures concurrently, in order of results.
+async fn futures_join<F: std::future::Future>(futs: impl Iterator<Item = F>) -> Vec<F::Output> {
+    let handles: Vec<_> = futs.map(Box::pin).collect();
+    let mut out = Vec::new();
+    // Poll all together.
+    let mut pending: Vec<Option<std::pin::Pin<Box<F>>>> = handles.into_iter().map(Some).collect();
+    let mut results: Vec<Option<F::Output>> = (0..pending.len()).map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut done = true;
+        for (i, p) in pending.iter_mut().enumerate() {
+            if let Some(f) = p {
+                match f.as_mut().poll(cx) {
+                    std::task::Poll::Ready(v) => {
+                        results[i] = Some(v);
+                        *p = None;
+                    }
+                    std::task::Poll::Pending => done = false,
+                }
+            }
+        }
+        if done {
+            std::task::Poll::Ready(())
+        } else {
+            std::task::Poll::Pending
+        }
+    })
+    .await;
+    for r in results {
+        out.push(r.unwrap());
+    }
+    out
+}
+
+/// Beyond the server's lock table: a typed error at once, and every lock held stays held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_lock_table_fails_the_request_and_keeps_every_held_lock() {
+    let cluster = TempCluster::start(&[("max_locks_per_transaction", "10")]);
+    let locks = multiplexed(&cluster.url(), 4).await;
+    // Connected before the table fills: then even a new connection's start-up fails.
+    let admin = dblock_testkit::admin_connect(&cluster.url()).await;
+    let mut guards = Vec::new();
+    let err = loop {
+        let name = format!("k{}", guards.len());
+        match tokio::time::timeout(Duration::from_secs(10), locks.try_lock(&name)).await {
+            Ok(Ok(Some(g))) => guards.push(g),
+            Ok(Ok(None)) => panic!("{name} is free"),
+            Ok(Err(e)) => break e,
+            Err(_) => panic!("hung after {} locks", guards.len()),
+        }
+        assert!(guards.len() < 100_000, "the lock table never filled");
+    };
+    let held = guards.len();
+    eprintln!("lock table full after {held} locks: {err}");
+    assert!(matches!(err, Error::LockTableFull { .. }), "{err:?}");
+    assert!(
+        err.to_string().contains("max_locks_per_transaction"),
+        "{err}"
+    );
+    // Every lock already held is still held, as the server sees it.
+    let count: i64 = admin
+        .query_one(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(count as usize, held);
+    assert!(guards.iter().all(|g| g.is_held()));
+    // Asking again fails again, promptly; freeing one makes room for one.
+    assert!(matches!(
+        locks.try_lock("one-more").await,
+        Err(Error::LockTableFull { .. })
+    ));
+    guards.pop().unwrap().release().await.unwrap();
+    assert!(locks.try_lock("one-more").await.unwrap().is_some());
+}
