@@ -176,13 +176,11 @@ impl SqliteBackend {
         if self.shared.take_now(offset, mode)? {
             return Ok(SqliteHeld::new(&self.shared, offset, mode));
         }
-        match self.wait(offset, mode, Wait::Forever).await? {
-            Some(held) => Ok(held),
-            // A wait without a deadline ends with the lock.
-            None => Err(Error::Timeout {
-                waiting_for: "the lock",
-                after: Duration::ZERO,
-            }),
+        // A wait without a deadline returns only with the lock (or an error).
+        loop {
+            if let Some(held) = self.wait(offset, mode, Wait::Forever).await? {
+                return Ok(held);
+            }
         }
     }
 }
