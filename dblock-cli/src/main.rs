@@ -226,20 +226,30 @@ async fn bench(args: BenchArgs) -> u8 {
             return exit_code(&e);
         }
     };
+    use std::io::{IsTerminal, Write};
+    let tty = std::io::stderr().is_terminal();
     let progress = |step: &str| {
-        use std::io::Write;
         let mut err = std::io::stderr();
-        let _ = write!(err, "\r\x1b[2K{step}…");
+        // One line rewritten in place on a terminal; a line per step in a log.
+        let _ = match tty {
+            true => write!(err, "\r\x1b[2K{step}…"),
+            false => writeln!(err, "{step}…"),
+        };
         let _ = err.flush();
     };
     let rows = match dblock::bench::run(&locks, args.seconds, progress).await {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("\r\x1b[2Kdblock: {e}");
+            if tty {
+                eprint!("\r\x1b[2K");
+            }
+            eprintln!("dblock: {e}");
             return exit_code(&e);
         }
     };
-    eprint!("\r\x1b[2K");
+    if tty {
+        eprint!("\r\x1b[2K");
+    }
     if args.json {
         let items: Vec<String> = rows.iter().map(|r| r.to_json()).collect();
         println!("[{}]", items.join(","));

@@ -525,3 +525,47 @@ async fn a_lost_lock_stops_the_command_and_exits_70() {
         }
     }
 }
+
+/// `dblock bench --json` prints one object per workload with the documented fields, on
+/// both backends (figures are not judged here: benchmarks are not timed tests).
+#[tokio::test]
+async fn bench_json_reports_every_workload_with_its_floor() {
+    let s = PgSchema::new("cli_bench").await;
+    let db = SqliteDb::new();
+    for (url, backend) in [(s.url.as_str(), "postgres"), (db.url.as_str(), "sqlite")] {
+        let out = run(
+            db.dir.path(),
+            &["bench", "--db", url, "--seconds", "0.2", "--json"],
+        )
+        .await;
+        assert_eq!(code(&out), 0, "{out:?}");
+        let text = String::from_utf8(out.stdout).unwrap();
+        let rows: Vec<serde_json::Value> = serde_json::from_str(text.trim()).unwrap();
+        let got: Vec<(String, u64)> = rows
+            .iter()
+            .map(|r| {
+                (
+                    r["workload"].as_str().unwrap().to_string(),
+                    r["workers"].as_u64().unwrap(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("uncontended".into(), 1),
+                ("uncontended".into(), 8),
+                ("hot".into(), 8)
+            ],
+            "{text}"
+        );
+        for r in &rows {
+            assert_eq!(r["backend"], backend);
+            for field in ["ops_per_sec", "p50_us", "p99_us", "floor_ops_per_sec"] {
+                assert!(r[field].as_f64().unwrap() > 0.0, "{field} in {r}");
+            }
+        }
+    }
+    let out = run(db.dir.path(), &["bench", "--db", &db.url, "--seconds", "0"]).await;
+    assert_eq!(code(&out), 64);
+}

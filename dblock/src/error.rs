@@ -79,12 +79,12 @@ pub enum Error {
     /// Something dblock waits for besides the lock itself did not happen in time: a free
     /// connection in dblock's pool, a connection attempt, a health check, or a server
     /// `statement_timeout`.
-    #[error("timed out after {after:?} {waiting_for}")]
+    #[error("timed out waiting for {waiting_for}{}", after.map(|a| format!(" (after {a:?})")).unwrap_or_default())]
     Timeout {
         /// What was being waited for.
         waiting_for: &'static str,
-        /// How long dblock waited.
-        after: Duration,
+        /// How long dblock waited, when it set the bound itself.
+        after: Option<Duration>,
     },
 
     /// The lock was lost while it was held (see [`LockGuard::lost`]); reported by

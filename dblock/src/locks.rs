@@ -351,7 +351,7 @@ impl<'a> Request<'a> {
             // A server-side lock_timeout configured by an administrator ended the wait.
             None => Err(Error::Timeout {
                 waiting_for: "the lock (ended by the server's lock_timeout)",
-                after: Duration::ZERO,
+                after: None,
             }),
         }
     }

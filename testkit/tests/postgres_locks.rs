@@ -548,3 +548,30 @@ async fn a_handle_on_a_sqlx_pool_keeps_the_same_semantics() {
         pool.close().await;
     }
 }
+
+/// All of dblock's connections in use: a request waits at most acquire_timeout for one,
+/// then fails with a typed timeout (the lock's own deadline is a separate matter).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_exhausted_pool_is_a_typed_timeout() {
+    let s = PgSchema::new("pooltimeout").await;
+    let locks = Locks::builder()
+        .url(&s.url)
+        .max_connections(1)
+        .acquire_timeout(Duration::from_millis(200))
+        .build()
+        .await
+        .unwrap();
+    let g = locks.lock("a").await.unwrap();
+    let t = Instant::now();
+    let r = locks.try_lock("b").await;
+    assert!(matches!(r, Err(Error::Timeout { .. })), "{r:?}");
+    assert!(r.unwrap_err().is_connection());
+    assert!(t.elapsed() >= Duration::from_millis(200));
+    drop(g);
+    assert!(
+        eventually(5, &mut || async {
+            locks.try_lock("b").await.unwrap().is_some()
+        })
+        .await
+    );
+}

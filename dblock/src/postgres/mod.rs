@@ -212,7 +212,7 @@ impl PgBackend {
                         drop(armed); // abandons: cancels on the server, closes
                         return Err(Error::Timeout {
                             waiting_for: "the server to answer a lock request",
-                            after: BACKSTOP,
+                            after: Some(BACKSTOP),
                         });
                     }
                 }
@@ -244,7 +244,7 @@ impl PgBackend {
                 if code == QUERY_CANCELED {
                     return Err(Error::Timeout {
                         waiting_for: "the lock (the server cancelled the wait: statement_timeout)",
-                        after: Duration::ZERO,
+                        after: None,
                     });
                 }
                 Err(Error::from_sqlstate(&code, message))

@@ -81,7 +81,7 @@ impl Pool {
                     Err(_) => {
                         return Err(Error::Timeout {
                             waiting_for: "a free connection in dblock's pool (raise max_connections)",
-                            after: wait,
+                            after: Some(wait),
                         });
                     }
                 }

@@ -126,7 +126,7 @@ pub fn map_sqlx(e: sqlx::Error) -> Error {
         },
         sqlx::Error::PoolTimedOut => Error::Timeout {
             waiting_for: "a connection from the sqlx pool",
-            after: std::time::Duration::ZERO,
+            after: None,
         },
         other => Error::Database {
             code: None,
