@@ -58,7 +58,9 @@
 //! 4. applies each pending migration in version order, each **in one transaction with
 //!    its bookkeeping row** (version, name, checksum, `applied_at`, `duration_ms`): all
 //!    or nothing. A failure ([`Error::MigrationFailed`], naming the file) rolls it back
-//!    and stops the run;
+//!    and stops the run. A pending migration older than applied ones (a branch merged
+//!    late) is applied too; a file renamed with its contents unchanged is still the
+//!    applied migration (versions and checksums identify migrations, not names);
 //! 5. releases the lock, on success and on failure. If the connection is in any doubt
 //!    (it broke, or the run's future was dropped) dblock cancels what it was doing and
 //!    closes it, which releases the lock on the server.
