@@ -16,6 +16,31 @@
 //! applied versions DIR lacks); 69 when the database cannot be reached or a migration
 //! fails on it.
 
+/// `println!` that never panics: output to a closed pipe (the reader went away) is
+/// dropped, as a well-behaved command-line tool does.
+macro_rules! outln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout().lock(), $($arg)*);
+    }};
+}
+
+/// `eprintln!` that never panics.
+macro_rules! errln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr().lock(), $($arg)*);
+    }};
+}
+
+/// `eprint!` that never panics.
+macro_rules! err {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = write!(std::io::stderr().lock(), $($arg)*);
+    }};
+}
+
 mod duration;
 mod migrate;
 mod run;
@@ -153,7 +178,7 @@ fn main() -> ExitCode {
                         (true, Some(next)) => format!(" {}", next.trim()),
                         _ => String::new(),
                     };
-                    eprintln!("dblock: {first}{more} (see dblock --help)");
+                    errln!("dblock: {first}{more} (see dblock --help)");
                     ExitCode::from(EXIT_USAGE)
                 }
             };
@@ -167,7 +192,7 @@ fn main() -> ExitCode {
         {
             Ok(rt) => rt.block_on(bench(args)),
             Err(e) => {
-                eprintln!("dblock: cannot start: {e}");
+                errln!("dblock: cannot start: {e}");
                 EXIT_UNAVAILABLE
             }
         },
@@ -180,7 +205,7 @@ fn main() -> ExitCode {
             {
                 Ok(rt) => rt,
                 Err(e) => {
-                    eprintln!("dblock: cannot start: {e}");
+                    errln!("dblock: cannot start: {e}");
                     return ExitCode::from(EXIT_UNAVAILABLE);
                 }
             };
@@ -195,16 +220,16 @@ fn key(args: &KeyArgs) -> u8 {
     match dblock::Key::new(&args.namespace, &args.name) {
         Ok(key) => {
             let (classid, objid) = key.pg_locks_ids();
-            println!("key       {key}");
-            println!("pg_locks  classid={classid} objid={objid} objsubid=1");
-            println!(
+            outln!("key       {key}");
+            outln!("pg_locks  classid={classid} objid={objid} objsubid=1");
+            outln!(
                 "query     SELECT * FROM pg_locks WHERE locktype = 'advisory' AND classid = {classid} \
                  AND objid = {objid} AND objsubid = 1;"
             );
             0
         }
         Err(e) => {
-            eprintln!("dblock: {e}");
+            errln!("dblock: {e}");
             exit_code(&e)
         }
     }
@@ -212,7 +237,7 @@ fn key(args: &KeyArgs) -> u8 {
 
 async fn bench(args: BenchArgs) -> u8 {
     if !(args.seconds > 0.0 && args.seconds <= 3600.0) {
-        eprintln!("dblock: --seconds must be more than 0 and at most 3600");
+        errln!("dblock: --seconds must be more than 0 and at most 3600");
         return EXIT_USAGE;
     }
     let mut builder = dblock::Locks::builder();
@@ -222,7 +247,7 @@ async fn bench(args: BenchArgs) -> u8 {
     let locks = match builder.build().await {
         Ok(l) => l,
         Err(e) => {
-            eprintln!("dblock: {e}");
+            errln!("dblock: {e}");
             return exit_code(&e);
         }
     };
@@ -241,25 +266,32 @@ async fn bench(args: BenchArgs) -> u8 {
         Ok(r) => r,
         Err(e) => {
             if tty {
-                eprint!("\r\x1b[2K");
+                err!("\r\x1b[2K");
             }
-            eprintln!("dblock: {e}");
+            errln!("dblock: {e}");
             return exit_code(&e);
         }
     };
     if tty {
-        eprint!("\r\x1b[2K");
+        err!("\r\x1b[2K");
     }
     if args.json {
         let items: Vec<String> = rows.iter().map(|r| r.to_json()).collect();
-        println!("[{}]", items.join(","));
+        outln!("[{}]", items.join(","));
     } else {
-        println!(
+        outln!(
             "{:<9} {:<12} {:>7} {:>11} {:>9} {:>9} {:>13} {:>7}",
-            "backend", "workload", "workers", "ops/s", "p50 µs", "p99 µs", "floor ops/s", "ratio"
+            "backend",
+            "workload",
+            "workers",
+            "ops/s",
+            "p50 µs",
+            "p99 µs",
+            "floor ops/s",
+            "ratio"
         );
         for r in &rows {
-            println!(
+            outln!(
                 "{:<9} {:<12} {:>7} {:>11.0} {:>9.1} {:>9.1} {:>13.0} {:>7.2}",
                 r.backend,
                 r.workload,

@@ -67,7 +67,7 @@ pub fn main(args: MigrateArgs) -> u8 {
     {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("dblock: cannot start: {e}");
+            errln!("dblock: cannot start: {e}");
             return EXIT_UNAVAILABLE;
         }
     };
@@ -79,7 +79,7 @@ pub fn main(args: MigrateArgs) -> u8 {
         match res {
             Ok(code) => code,
             Err(e) => {
-                eprintln!("dblock: {e}");
+                errln!("dblock: {e}");
                 if e.is_bad_migration_set() {
                     EXIT_BAD_MIGRATIONS
                 } else {
@@ -179,7 +179,7 @@ async fn status(target: &Target) -> Result<u8, dblock::Error> {
     .collect();
     out(&counts.join(", "));
     if status.would_refuse() {
-        eprintln!(
+        errln!(
             "dblock: a run would refuse: {} edited since applied, {} applied but not in {} \
              (see dblock migrate --help)",
             status.count(State::Edited),

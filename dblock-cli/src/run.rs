@@ -49,7 +49,7 @@ pub async fn run(args: RunArgs) -> u8 {
     let name = args.name.as_str();
     // Bad input is a usage error before anything is opened.
     if let Err(e) = dblock::Key::new(args.namespace.as_deref().unwrap_or("x"), name) {
-        eprintln!("dblock: {e}");
+        errln!("dblock: {e}");
         return EXIT_USAGE;
     }
     // Installed first, so that a signal during the wait ends dblock cleanly.
@@ -58,7 +58,7 @@ pub async fn run(args: RunArgs) -> u8 {
         match signal(kind) {
             Ok(s) => signals.push((s, n)),
             Err(e) => {
-                eprintln!("dblock: cannot install a signal handler: {e}");
+                errln!("dblock: cannot install a signal handler: {e}");
                 return EXIT_UNAVAILABLE;
             }
         }
@@ -75,7 +75,7 @@ pub async fn run(args: RunArgs) -> u8 {
         r = builder.build() => match r {
             Ok(l) => l,
             Err(e) => {
-                eprintln!("dblock: {e}");
+                errln!("dblock: {e}");
                 return exit_code(&e);
             }
         },
@@ -102,16 +102,16 @@ pub async fn run(args: RunArgs) -> u8 {
             Ok(Some(g)) => g,
             Ok(None) => {
                 match args.wait {
-                    Some(d) if !args.no_wait => eprintln!(
+                    Some(d) if !args.no_wait => errln!(
                         "dblock: lock {name:?} not obtained within {} (held by another process)",
                         show(d)
                     ),
-                    _ => eprintln!("dblock: lock {name:?} is held by another process (--no-wait)"),
+                    _ => errln!("dblock: lock {name:?} is held by another process (--no-wait)"),
                 }
                 return EXIT_NOT_OBTAINED;
             }
             Err(e) => {
-                eprintln!("dblock: {e}");
+                errln!("dblock: {e}");
                 return exit_code(&e);
             }
         },
@@ -129,7 +129,7 @@ pub async fn run(args: RunArgs) -> u8 {
     let mut child = match cmd.spawn() {
         Ok(c) => c,
         Err(e) => {
-            eprintln!("dblock: cannot run {}: {e}", program.to_string_lossy());
+            errln!("dblock: cannot run {}: {e}", program.to_string_lossy());
             let _ = guard.release().await;
             return match e.kind() {
                 std::io::ErrorKind::NotFound => 127,
@@ -145,7 +145,7 @@ pub async fn run(args: RunArgs) -> u8 {
             status = child.wait() => break status,
             n = next_signal(&mut signals) => sys::send_signal(pid, n),
             reason = &mut lost => {
-                eprintln!(
+                errln!(
                     "dblock: lock {name:?} lost while the command ran ({reason}); stopping it"
                 );
                 sys::send_signal(pid, libc::SIGTERM);
@@ -160,12 +160,12 @@ pub async fn run(args: RunArgs) -> u8 {
     let code = match status {
         Ok(s) => exit_status_code(s),
         Err(e) => {
-            eprintln!("dblock: lost track of the command: {e}");
+            errln!("dblock: lost track of the command: {e}");
             EXIT_UNAVAILABLE
         }
     };
     if let Err(e) = guard.release().await {
-        eprintln!("dblock: warning: releasing lock {name:?}: {e}");
+        errln!("dblock: warning: releasing lock {name:?}: {e}");
     }
     code
 }

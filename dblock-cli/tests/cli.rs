@@ -569,3 +569,20 @@ async fn bench_json_reports_every_workload_with_its_floor() {
     let out = run(db.dir.path(), &["bench", "--db", &db.url, "--seconds", "0"]).await;
     assert_eq!(code(&out), 64);
 }
+
+/// Output to a pipe whose reader has gone is dropped, not a panic.
+#[tokio::test]
+async fn a_closed_stdout_is_not_a_panic() {
+    let state = tempfile::tempdir().unwrap();
+    let mut child = dblock(state.path())
+        .args(["key", "autoland:7"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take()); // the reader goes away before dblock writes
+    let out = child.wait_with_output().await.unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("panicked"), "{err}");
+    assert_eq!(out.status.code(), Some(0));
+}

@@ -117,7 +117,7 @@ mod set;
 mod split;
 
 #[cfg(feature = "postgres")]
-mod pg;
+pub(crate) mod pg;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 

@@ -116,6 +116,44 @@ fn parse_record(row: Option<&str>) -> Result<Record, Error> {
     })
 }
 
+/// Waits for the migration lock, as a session lock, holding no snapshot: a short
+/// `pg_try_advisory_lock` in autocommit now and then, idle in between (see the module
+/// documentation).
+pub(crate) async fn wait_for_lock(armed: &Armed) -> Result<(), Error> {
+    let sql = format!("SELECT pg_try_advisory_lock({MIGRATION_LOCK_KEY})");
+    let mut pause = POLL_FIRST;
+    loop {
+        let rows = q(armed, &sql).await?;
+        if first_value(&rows, 0).as_deref() == Some("t") {
+            return Ok(());
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(POLL_MAX);
+    }
+}
+
+/// Runs dblock's own idempotent DDL under the migration lock, waiting for it the
+/// runner's way (no snapshot held, so never in the way of a CREATE INDEX CONCURRENTLY).
+/// If anything fails the connection is abandoned by the caller's [`Armed`], which
+/// releases the lock.
+pub(crate) async fn own_ddl(armed: &Armed, ddl: &str) -> Result<(), Error> {
+    wait_for_lock(armed).await?;
+    q(armed, ddl).await?;
+    let rows = q(
+        armed,
+        &format!("SELECT pg_advisory_unlock({MIGRATION_LOCK_KEY})"),
+    )
+    .await?;
+    match first_value(&rows, 0).as_deref() {
+        Some("t") => Ok(()),
+        _ => Err(Error::LockLost {
+            reason: crate::LossReason::ConnectionClosed {
+                message: "the session no longer held the migration lock".into(),
+            },
+        }),
+    }
+}
+
 /// A run's connection and what it has changed on the session.
 struct Session {
     armed: Armed,
@@ -154,9 +192,12 @@ impl Session {
         ignore_missing: bool,
         on_applied: &mut (dyn FnMut(&Applied) + Send),
     ) -> Result<Report, Error> {
+        // Set for the run only where the session lacks it (dblock's own connections
+        // already have it; a borrowed sqlx connection may not): what is set is reset.
         let v = q(
             &self.armed,
-            "SELECT current_setting('server_version_num')::int >= 140000",
+            "SELECT current_setting('server_version_num')::int >= 140000 \
+             AND coalesce(current_setting('client_connection_check_interval', true), '0') = '0'",
         )
         .await?;
         if first_value(&v, 0).as_deref() == Some("t") {
@@ -206,20 +247,11 @@ impl Session {
         Ok(report)
     }
 
-    /// Waits for the migration lock holding no snapshot: a short `pg_try_advisory_lock`
-    /// in autocommit now and then, idle in between (see the module documentation).
+    /// Waits for the migration lock holding no snapshot (see [`wait_for_lock`]).
     async fn lock(&mut self) -> Result<(), Error> {
-        let sql = format!("SELECT pg_try_advisory_lock({MIGRATION_LOCK_KEY})");
-        let mut pause = POLL_FIRST;
-        loop {
-            let rows = q(&self.armed, &sql).await?;
-            if first_value(&rows, 0).as_deref() == Some("t") {
-                self.locked = true;
-                return Ok(());
-            }
-            tokio::time::sleep(pause).await;
-            pause = (pause * 2).min(POLL_MAX);
-        }
+        wait_for_lock(&self.armed).await?;
+        self.locked = true;
+        Ok(())
     }
 
     fn insert(table: &str, m: &Migration, ms: i64) -> String {

@@ -325,14 +325,11 @@ impl PgBackend {
                     .await
                     .map_err(QueryError::into_error)?;
                 if first_value(&rows, 0).as_deref() != Some("t") {
-                    // Idempotent DDL is not concurrency-safe: take the migration lock first,
-                    // as every start-up script should (see `migrate`).
+                    // Idempotent DDL is not concurrency-safe: under the migration lock,
+                    // waited for the runner's way (no snapshot held while waiting, so a
+                    // concurrent CREATE INDEX CONCURRENTLY cannot deadlock with it).
                     let ddl = crate::fencing::pg_table_ddl(&table);
-                    armed
-                        .conn()
-                        .query(&crate::migrate::lock_prefixed(&ddl))
-                        .await
-                        .map_err(QueryError::into_error)?;
+                    crate::migrate::pg::own_ddl(&armed, &ddl).await?;
                 }
                 armed.disarm().recycle();
                 Ok(Arc::<str>::from(table))
