@@ -229,7 +229,7 @@ fn key(args: &KeyArgs) -> u8 {
             0
         }
         Err(e) => {
-            errln!("dblock: {e}");
+            errln!("dblock: {}", crate::one_line(&e));
             exit_code(&e)
         }
     }
@@ -247,7 +247,7 @@ async fn bench(args: BenchArgs) -> u8 {
     let locks = match builder.build().await {
         Ok(l) => l,
         Err(e) => {
-            errln!("dblock: {e}");
+            errln!("dblock: {}", crate::one_line(&e));
             return exit_code(&e);
         }
     };
@@ -268,7 +268,7 @@ async fn bench(args: BenchArgs) -> u8 {
             if tty {
                 err!("\r\x1b[2K");
             }
-            errln!("dblock: {e}");
+            errln!("dblock: {}", crate::one_line(&e));
             return exit_code(&e);
         }
     };
@@ -305,6 +305,14 @@ async fn bench(args: BenchArgs) -> u8 {
         }
     }
     0
+}
+
+/// An error as one line, whatever the server put in its detail.
+pub(crate) fn one_line(e: &dblock::Error) -> String {
+    e.to_string()
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// The exit code for a library error.

@@ -79,7 +79,7 @@ pub fn main(args: MigrateArgs) -> u8 {
         match res {
             Ok(code) => code,
             Err(e) => {
-                errln!("dblock: {e}");
+                errln!("dblock: {}", crate::one_line(&e));
                 if e.is_bad_migration_set() {
                     EXIT_BAD_MIGRATIONS
                 } else {

@@ -3,66 +3,78 @@
 use std::pin::pin;
 use std::time::Duration;
 
-use tokio::signal::unix::{Signal, SignalKind, signal};
-
-use crate::{EXIT_LOST, EXIT_NOT_OBTAINED, EXIT_UNAVAILABLE, EXIT_USAGE, RunArgs, exit_code, sys};
+use crate::{
+    EXIT_LOST, EXIT_NOT_OBTAINED, EXIT_UNAVAILABLE, EXIT_USAGE, RunArgs, exit_code, one_line, sys,
+};
 
 /// The signals passed on to the command (and that end a wait for the lock).
-const FORWARDED: [(SignalKind, i32); 6] = [
-    (SignalKind::interrupt(), libc::SIGINT),
-    (SignalKind::terminate(), libc::SIGTERM),
-    (SignalKind::hangup(), libc::SIGHUP),
-    (SignalKind::quit(), libc::SIGQUIT),
-    (SignalKind::user_defined1(), libc::SIGUSR1),
-    (SignalKind::user_defined2(), libc::SIGUSR2),
+const FORWARDED: [i32; 6] = [
+    libc::SIGINT,
+    libc::SIGTERM,
+    libc::SIGHUP,
+    libc::SIGQUIT,
+    libc::SIGUSR1,
+    libc::SIGUSR2,
 ];
 
-/// Resolves with the number of the first forwarded signal received.
-async fn next_signal(signals: &mut [(Signal, i32)]) -> i32 {
-    let futs = signals.iter_mut().map(|(s, n)| {
-        let n = *n;
-        Box::pin(async move {
-            s.recv().await;
-            n
-        })
-    });
-    futures_select_all(futs).await
+/// A signal dblock received, and whether the kernel generated it for the terminal's
+/// foreground process group (Ctrl-C, Ctrl-\, a hangup) rather than a process sending
+/// it.
+struct Received {
+    signal: i32,
+    from_terminal: bool,
 }
 
-/// The first of several futures to finish (a tiny `select_all`).
-async fn futures_select_all<F: std::future::Future<Output = i32> + Unpin>(
-    futs: impl Iterator<Item = F>,
-) -> i32 {
-    let mut futs: Vec<F> = futs.collect();
-    std::future::poll_fn(|cx| {
-        for f in futs.iter_mut() {
-            if let std::task::Poll::Ready(n) = std::pin::Pin::new(f).poll(cx) {
-                return std::task::Poll::Ready(n);
+/// Starts receiving [`FORWARDED`] signals, with their origin, on a thread of their own
+/// (tokio's signal streams do not say where a signal came from).
+fn signals() -> std::io::Result<tokio::sync::mpsc::UnboundedReceiver<Received>> {
+    use signal_hook::iterator::SignalsInfo;
+    use signal_hook::iterator::exfiltrator::WithOrigin;
+    use signal_hook::low_level::siginfo::Cause;
+    let mut info = SignalsInfo::<WithOrigin>::new(FORWARDED)?;
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    std::thread::Builder::new()
+        .name("dblock-signals".into())
+        .spawn(move || {
+            for origin in info.forever() {
+                let from_terminal = matches!(origin.cause, Cause::Kernel);
+                if tx
+                    .send(Received {
+                        signal: origin.signal,
+                        from_terminal,
+                    })
+                    .is_err()
+                {
+                    break;
+                }
             }
-        }
-        std::task::Poll::Pending
-    })
-    .await
+        })?;
+    Ok(rx)
+}
+
+/// The next signal (never resolves if the receiving thread is gone).
+async fn next_signal(rx: &mut tokio::sync::mpsc::UnboundedReceiver<Received>) -> Received {
+    match rx.recv().await {
+        Some(r) => r,
+        None => std::future::pending().await,
+    }
 }
 
 pub async fn run(args: RunArgs) -> u8 {
     let name = args.name.as_str();
     // Bad input is a usage error before anything is opened.
     if let Err(e) = dblock::Key::new(args.namespace.as_deref().unwrap_or("x"), name) {
-        errln!("dblock: {e}");
+        errln!("dblock: {}", crate::one_line(&e));
         return EXIT_USAGE;
     }
     // Installed first, so that a signal during the wait ends dblock cleanly.
-    let mut signals = Vec::new();
-    for (kind, n) in FORWARDED {
-        match signal(kind) {
-            Ok(s) => signals.push((s, n)),
-            Err(e) => {
-                errln!("dblock: cannot install a signal handler: {e}");
-                return EXIT_UNAVAILABLE;
-            }
+    let mut signals = match signals() {
+        Ok(s) => s,
+        Err(e) => {
+            errln!("dblock: cannot install a signal handler: {e}");
+            return EXIT_UNAVAILABLE;
         }
-    }
+    };
 
     let mut builder = dblock::Locks::builder();
     if let Some(url) = &args.db {
@@ -75,11 +87,11 @@ pub async fn run(args: RunArgs) -> u8 {
         r = builder.build() => match r {
             Ok(l) => l,
             Err(e) => {
-                errln!("dblock: {e}");
+                errln!("dblock: {}", one_line(&e));
                 return exit_code(&e);
             }
         },
-        n = next_signal(&mut signals) => return 128 + n as u8,
+        r = next_signal(&mut signals) => return 128 + r.signal as u8,
     };
 
     let mut req = locks.request(name);
@@ -110,12 +122,17 @@ pub async fn run(args: RunArgs) -> u8 {
                 }
                 return EXIT_NOT_OBTAINED;
             }
+            // The server's own lock_timeout ended a wait without a deadline: not obtained.
+            Err(e) if e.is_lock_wait_timeout() => {
+                errln!("dblock: lock {name:?} not obtained: {}", one_line(&e));
+                return EXIT_NOT_OBTAINED;
+            }
             Err(e) => {
-                errln!("dblock: {e}");
+                errln!("dblock: {}", one_line(&e));
                 return exit_code(&e);
             }
         },
-        n = next_signal(&mut signals) => return 128 + n as u8,
+        r = next_signal(&mut signals) => return 128 + r.signal as u8,
     };
 
     let program = &args.command[0];
@@ -143,7 +160,14 @@ pub async fn run(args: RunArgs) -> u8 {
     let status = loop {
         tokio::select! {
             status = child.wait() => break status,
-            n = next_signal(&mut signals) => sys::send_signal(pid, n),
+            // A signal the terminal sent to the foreground group reached the command too
+            // (it shares dblock's process group): passing it on would deliver it twice,
+            // and a second Ctrl-C means "abort now" to many programs.
+            r = next_signal(&mut signals) => {
+                if !r.from_terminal {
+                    sys::send_signal(pid, r.signal);
+                }
+            }
             reason = &mut lost => {
                 errln!(
                     "dblock: lock {name:?} lost while the command ran ({reason}); stopping it"
@@ -164,10 +188,22 @@ pub async fn run(args: RunArgs) -> u8 {
             EXIT_UNAVAILABLE
         }
     };
-    if let Err(e) = guard.release().await {
-        errln!("dblock: warning: releasing lock {name:?}: {e}");
+    match guard.release().await {
+        Ok(()) => code,
+        // Lost before the command finished, as far as anyone can tell: the command may
+        // have run partly outside the lock.
+        Err(e @ dblock::Error::LockLost { .. }) => {
+            errln!(
+                "dblock: lock {name:?} lost while the command ran ({}); the command exited with {code}",
+                one_line(&e)
+            );
+            EXIT_LOST
+        }
+        Err(e) => {
+            errln!("dblock: warning: releasing lock {name:?}: {}", one_line(&e));
+            code
+        }
     }
-    code
 }
 
 /// The command's exit code, or 128+N for signal N.

@@ -241,7 +241,18 @@ fn at_statement(statement: &Option<(usize, usize)>) -> String {
     }
 }
 
+/// What a [`Error::Timeout`] waited for when the server's own `lock_timeout` (set by an
+/// administrator) ended a wait that had no deadline of its own.
+pub(crate) const SERVER_LOCK_TIMEOUT: &str = "the lock (the server's lock_timeout ended the wait)";
+
 impl Error {
+    /// Whether this error says the wait for the lock itself ran out (the server's
+    /// `lock_timeout` ended a wait), as opposed to a connection or server failure: the
+    /// lock was simply not obtained.
+    pub fn is_lock_wait_timeout(&self) -> bool {
+        matches!(self, Error::Timeout { waiting_for, .. } if *waiting_for == SERVER_LOCK_TIMEOUT)
+    }
+
     /// Whether this error says the database could not be reached or stopped answering
     /// (as opposed to a bad request).
     pub fn is_connection(&self) -> bool {

@@ -10,14 +10,22 @@
 //! # What dblock guarantees
 //!
 //! Ask for one with [`Request::fenced`](crate::Request::fenced) (exclusive locks only).
-//! Every grant of a name then carries a token strictly greater than every earlier
-//! grant's token for that name — across processes, clients, and restarts of the server
+//! Every fenced grant of a name then carries a token strictly greater than every earlier
+//! fenced grant's token for that name — across processes, clients, and restarts of the server
 //! or of every client. The latest token of each name is a row of the table
 //! [`TABLE`] (`dblock_fencing`, created on first use in the schema in use on PostgreSQL,
 //! in the database file on SQLite), incremented *while the lock is held* and committed
 //! before the grant is returned: on PostgreSQL in the same round trip as the
 //! acquisition, with a session lock bridging the commit so no other holder can come
 //! between the increment and the grant.
+//!
+//! Only fenced grants raise the token: a holder that takes the same name without asking
+//! for a token (a plain `lock`, `dblock run --no-fencing` or `--shared`) does not make
+//! earlier tokens stale. Every writer of a fenced resource must take fenced locks.
+//!
+//! The token's commit is forced durable (`synchronous_commit = on` for that
+//! transaction, `synchronous = FULL` on SQLite) whatever the server's settings, so a
+//! crash never hands out a token twice.
 //!
 //! # Fenced writes to the same database
 //!

@@ -145,10 +145,12 @@ impl LockGuard {
     /// # Ok(()) }
     /// ```
     ///
-    /// On PostgreSQL the lock's connection is watched all the time it is held: a closed
-    /// connection is noticed at once, a silent one within
-    /// [`check_interval`](crate::Builder::check_interval) plus
-    /// [`check_timeout`](crate::Builder::check_timeout). A transaction-scoped lock that
+    /// On PostgreSQL the lock's connection is watched all the time it is held: on
+    /// dblock's own connections a closed connection is noticed at once, a silent one
+    /// within [`check_interval`](crate::Builder::check_interval) plus
+    /// [`check_timeout`](crate::Builder::check_timeout). A connection borrowed from an
+    /// sqlx pool is only read while a request or a check runs on it, so there a closed
+    /// connection is noticed at the next check, within `check_interval`. A transaction-scoped lock that
     /// is lost takes its transaction with it. Locks of the embedded backend live as long
     /// as the process and are never lost.
     ///

@@ -350,7 +350,7 @@ impl<'a> Request<'a> {
             Some(guard) => Ok(guard),
             // A server-side lock_timeout configured by an administrator ended the wait.
             None => Err(Error::Timeout {
-                waiting_for: "the lock (ended by the server's lock_timeout)",
+                waiting_for: crate::error::SERVER_LOCK_TIMEOUT,
                 after: None,
             }),
         }
@@ -501,8 +501,9 @@ impl Builder {
     }
 
     /// How often a held PostgreSQL lock's connection is checked, so that a silently
-    /// broken connection is noticed ([`LockGuard::lost`]); one second unless set. A
-    /// connection the server closes is noticed at once regardless.
+    /// broken connection is noticed ([`LockGuard::lost`]); one second unless set. On
+    /// dblock's own connections a connection the server closes is noticed at once
+    /// regardless; on connections borrowed from an sqlx pool, at the next check.
     pub fn check_interval(mut self, interval: Duration) -> Self {
         self.check_interval = interval.max(Duration::from_millis(10));
         self

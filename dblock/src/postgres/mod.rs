@@ -76,6 +76,8 @@ pub(crate) struct PgBackend {
     version: u32,
     /// How often held connections are checked (a lease must be longer).
     check_interval: Duration,
+    /// How long a check may go unanswered (and a release, before it is given up).
+    check_timeout: Duration,
     /// The schema `current_schema()` named when the handle was built (where dblock's
     /// own tables go).
     pub(crate) schema: Option<String>,
@@ -100,9 +102,7 @@ impl PgBackend {
             opts.check_timeout,
         );
         let mux = (opts.multiplex > 0).then(|| mux::Mux::new(pool.clone(), opts.multiplex));
-        let (mut b, ns) =
-            PgBackend::finish_open(Source::Native(pool.clone()), false, opts.check_interval)
-                .await?;
+        let (mut b, ns) = PgBackend::finish_open(Source::Native(pool.clone()), false, opts).await?;
         if mux.is_some() {
             // A multiplexing handle keeps to its shared connections until it must wait.
             pool.close_idle();
@@ -127,13 +127,13 @@ impl PgBackend {
                     .into(),
             ));
         }
-        PgBackend::finish_open(source, true, opts.check_interval).await
+        PgBackend::finish_open(source, true, opts).await
     }
 
     async fn finish_open(
         source: Source,
         sqlx: bool,
-        check_interval: Duration,
+        opts: &Builder,
     ) -> Result<(PgBackend, String), Error> {
         let armed = Armed::new(source.get().await?);
         let rows = armed
@@ -162,7 +162,8 @@ impl PgBackend {
                 mux: None,
                 check_disconnect: sqlx && version >= 140_000,
                 version,
-                check_interval,
+                check_interval: opts.check_interval,
+                check_timeout: opts.check_timeout,
                 schema,
                 fence_ready: tokio::sync::OnceCell::new(),
             },
@@ -195,7 +196,7 @@ impl PgBackend {
                 mux::Attempt::Granted(g) => return Ok(Some(g)),
                 mux::Attempt::NotFree if req.wait == Wait::Try => return Ok(None),
                 // Waiting never blocks a shared connection: wait on a connection of its own.
-                mux::Attempt::NotFree => {}
+                mux::Attempt::NotFree | mux::Attempt::HeldHere => {}
             }
         }
         let deadline = req.wait.deadline();
@@ -225,7 +226,11 @@ impl PgBackend {
                 Some(token) => {
                     conn.link().set_holding(true);
                     Ok(Some(Grant {
-                        held: crate::guard::Held::Postgres(PgHeld::new(conn, req)),
+                        held: crate::guard::Held::Postgres(PgHeld::new(
+                            conn,
+                            req,
+                            self.check_timeout,
+                        )),
                         fence: token.zip(fence_table),
                     }))
                 }
@@ -238,8 +243,14 @@ impl PgBackend {
             Err(QueryError::Db { code, message }) => {
                 plan.clean_up(&conn);
                 conn.recycle();
-                if code == LOCK_NOT_AVAILABLE && req.wait != Wait::Forever {
-                    return Ok(None);
+                if code == LOCK_NOT_AVAILABLE {
+                    return match req.wait {
+                        Wait::Forever => Err(Error::Timeout {
+                            waiting_for: crate::error::SERVER_LOCK_TIMEOUT,
+                            after: None,
+                        }),
+                        _ => Ok(None),
+                    };
                 }
                 if code == QUERY_CANCELED {
                     return Err(Error::Timeout {
@@ -344,6 +355,9 @@ impl PgBackend {
 const BACKSTOP: Duration = Duration::from_secs(2);
 
 const LOCK_NOT_AVAILABLE: &str = "55P03";
+
+/// How long a fenced `try_lock` waits for a previous holder's fenced write to commit.
+const FENCED_TRY_ROW_WAIT_MS: u32 = 100;
 const QUERY_CANCELED: &str = "57014";
 
 /// The SQL of one acquisition, and how to read its result.
@@ -462,6 +476,17 @@ impl Plan {
                 // holder can come between the increment and the grant.
                 let table = fence_table.unwrap_or_default();
                 push(&mut sql, "BEGIN ISOLATION LEVEL READ COMMITTED");
+                // The token must be durable before it is handed out, whatever the
+                // server's synchronous_commit: a crash must never reissue a token.
+                push(&mut sql, "SET LOCAL synchronous_commit = on");
+                if try_ {
+                    // A try must not wait long on the fencing row, which a previous
+                    // holder's fenced write holds until it commits.
+                    push(
+                        &mut sql,
+                        &format!("SET LOCAL lock_timeout = {FENCED_TRY_ROW_WAIT_MS}"),
+                    );
+                }
                 if check_disconnect {
                     push(&mut sql, &format!("SET LOCAL {CHECK} = {check_ms}"));
                 }
@@ -546,6 +571,13 @@ impl Plan {
     /// After a request that did not end with the lock held: leave the connection clean.
     fn clean_up(&self, conn: &Conn) {
         let sql = match self.scope {
+            // A fenced request takes a session lock first (to bridge its token's commit):
+            // it survives the ROLLBACK, so unlock it too (a no-op with a warning if the
+            // request failed before taking it).
+            Scope::Transaction if self.token_at.is_some() => format!(
+                "ROLLBACK; {}",
+                release_sql(Scope::Session, self.mode, self.key, false)
+            ),
             // Ends the transaction, failed or not (a warning if there is none).
             Scope::Transaction => "ROLLBACK".to_string(),
             // A session lock may have been granted before a later statement failed:
@@ -587,8 +619,8 @@ pub(crate) enum PgHeld {
 }
 
 impl PgHeld {
-    fn new(conn: Conn, req: &Req<'_>) -> PgHeld {
-        PgHeld::Pinned(Pinned::new(conn, req))
+    fn new(conn: Conn, req: &Req<'_>, release_timeout: Duration) -> PgHeld {
+        PgHeld::Pinned(Pinned::new(conn, req, release_timeout))
     }
 
     pub(crate) fn loss(&self) -> Option<LossReason> {
@@ -602,7 +634,7 @@ impl PgHeld {
         &self,
     ) -> impl std::future::Future<Output = LossReason> + Send + 'static {
         let w = match self {
-            PgHeld::Pinned(p) => p.conn.as_ref().map(|c| c.link().watch()),
+            PgHeld::Pinned(p) => Some(p.link.watch()),
             PgHeld::Shared(m) => Some(m.link().watch()),
         };
         async move {
@@ -630,41 +662,44 @@ impl PgHeld {
 
 /// A lock on a connection of its own.
 pub(crate) struct Pinned {
+    /// `None` once the connection was given up (a cut-off check): the lock is then lost,
+    /// as `link` says.
     conn: Option<Conn>,
+    link: Arc<conn::Link>,
     release: String,
     scope: Scope,
+    /// How long a release may go unanswered before the connection is given up.
+    release_timeout: Duration,
 }
 
 impl Pinned {
-    fn new(conn: Conn, req: &Req<'_>) -> Pinned {
+    fn new(conn: Conn, req: &Req<'_>, release_timeout: Duration) -> Pinned {
         Pinned {
+            link: conn.link().clone(),
             conn: Some(conn),
             release: release_sql(req.scope, req.mode, req.key, req.lease.is_some()),
             scope: req.scope,
+            release_timeout,
         }
     }
 
     pub(crate) fn loss(&self) -> Option<LossReason> {
-        match &self.conn {
-            Some(c) => c.link().loss(),
-            None => None,
-        }
+        self.link.loss()
     }
 
     pub(crate) async fn check(&mut self) -> Result<(), Error> {
+        if let Some(reason) = self.link.loss() {
+            return Err(Error::LockLost { reason });
+        }
         let Some(conn) = self.conn.take() else {
             return Err(Error::Unsupported("the guard was already released".into()));
         };
-        if let Some(reason) = conn.link().loss() {
-            self.conn = Some(conn);
-            return Err(Error::LockLost { reason });
-        }
+        // Cut off mid-way, the connection is given up: the lock is then lost, and the
+        // link (kept apart from the connection) reports it.
         let armed = Armed::new(conn);
         let res = armed.conn().query("").await;
-        let conn = armed.disarm();
-        let lost = conn.link().loss();
-        self.conn = Some(conn);
-        match (res, lost) {
+        self.conn = Some(armed.disarm());
+        match (res, self.link.loss()) {
             (_, Some(reason)) => Err(Error::LockLost { reason }),
             (Ok(_), None) => Ok(()),
             (Err(QueryError::Lost { message }), None) => Err(Error::LockLost {
@@ -675,15 +710,30 @@ impl Pinned {
     }
 
     pub(crate) async fn release(mut self) -> Result<(), Error> {
+        if let Some(reason) = self.link.loss() {
+            return Err(Error::LockLost { reason });
+        }
         let Some(conn) = self.conn.take() else {
             return Ok(());
         };
-        if let Some(reason) = conn.link().loss() {
-            return Err(Error::LockLost { reason });
-        }
-        conn.link().set_holding(false);
+        // Bounded: a server that stops answering must not hold the caller (the watchdog
+        // is off once the release starts). Past the bound the connection is given up,
+        // which frees the lock on the server when it notices.
         let armed = Armed::new(conn);
-        let res = armed.conn().query(&self.release).await;
+        let res =
+            match tokio::time::timeout(self.release_timeout, armed.conn().query(&self.release))
+                .await
+            {
+                Ok(res) => res,
+                Err(_) => {
+                    drop(armed);
+                    return Err(Error::LockLost {
+                        reason: LossReason::Unresponsive {
+                            after: self.release_timeout,
+                        },
+                    });
+                }
+            };
         let conn = armed.disarm();
         match res {
             Ok(rows) => {
@@ -834,18 +884,26 @@ mod tests {
             Some("\"public\".dblock_fencing"),
         );
         let stmts: Vec<&str> = p.sql.split("; ").collect();
-        assert_eq!(stmts[1], "SELECT pg_advisory_lock(42)");
-        assert!(stmts[2].starts_with("INSERT INTO \"public\".dblock_fencing"));
+        // The token's commit is durable whatever the server's synchronous_commit.
+        assert_eq!(stmts[1], "SET LOCAL synchronous_commit = on");
+        assert_eq!(stmts[2], "SELECT pg_advisory_lock(42)");
+        assert!(stmts[3].starts_with("INSERT INTO \"public\".dblock_fencing"));
         assert!(
-            stmts[2].contains("E'it''s'"),
+            stmts[3].contains("E'it''s'"),
             "names are quoted: {}",
-            stmts[2]
+            stmts[3]
         );
-        assert_eq!(stmts[3], "COMMIT");
-        assert_eq!(stmts[5], "SELECT pg_try_advisory_xact_lock(42)");
-        assert_eq!(stmts[6], "SELECT pg_advisory_unlock(42)");
-        assert_eq!(p.token_at, Some(2));
-        assert_eq!(p.must_be_true, vec![5]);
+        assert_eq!(stmts[4], "COMMIT");
+        assert_eq!(stmts[6], "SELECT pg_try_advisory_xact_lock(42)");
+        assert_eq!(stmts[7], "SELECT pg_advisory_unlock(42)");
+        assert_eq!(p.token_at, Some(3));
+        assert_eq!(p.must_be_true, vec![6]);
+        // A fenced try bounds its wait on the fencing row.
+        let p = Plan::new_t(
+            &req(Scope::Transaction, Mode::Exclusive, Wait::Try, true),
+            Some("\"public\".dblock_fencing"),
+        );
+        assert!(p.sql.contains("SET LOCAL lock_timeout = 100"), "{}", p.sql);
     }
 
     #[test]

@@ -47,9 +47,13 @@ struct MuxInner {
 /// The outcome of a multiplexed attempt.
 pub(crate) enum Attempt {
     Granted(Grant),
-    /// Held elsewhere (or by this process): the caller waits on a connection of its own
-    /// if the request may wait.
+    /// The server says another session holds it: the caller waits on a connection of
+    /// its own if the request may wait.
     NotFree,
+    /// This process already holds (or is taking) the key on a shared connection: the
+    /// request goes to a connection of its own, where the server decides (a second
+    /// shared holder is granted at once).
+    HeldHere,
 }
 
 impl Mux {
@@ -65,9 +69,11 @@ impl Mux {
         }
     }
 
-    /// Whether this request is one for the shared connections.
+    /// Whether this request is one for the shared connections. Fenced requests are not:
+    /// they may wait on the fencing row for a previous holder's write to commit, and no
+    /// request may wait on a shared connection.
     pub(crate) fn applies(req: &Req<'_>) -> bool {
-        req.scope == Scope::Session && req.lease.is_none()
+        req.scope == Scope::Session && req.lease.is_none() && !req.fenced
     }
 
     async fn conn(&self, key: i64) -> Result<Arc<NativeConn>, Error> {
@@ -92,7 +98,7 @@ impl Mux {
         let k = req.key.as_i64();
         // Claim the key first: never two requests for one key on a shared connection.
         if !self.lock_table().insert(k) {
-            return Ok(Attempt::NotFree);
+            return Ok(Attempt::HeldHere);
         }
         let claim = Claim {
             inner: self.inner.clone(),

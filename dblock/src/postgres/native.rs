@@ -192,9 +192,18 @@ async fn drive(
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
+        // A check in flight is declared failed the moment its deadline passes, not at
+        // the next tick.
+        let ping_deadline = ping.as_ref().map(|(_, since)| *since + timeout);
         let ping_done = async {
             match &mut ping {
                 Some((p, _)) => p.await,
+                None => std::future::pending().await,
+            }
+        };
+        let ping_overdue = async {
+            match ping_deadline {
+                Some(d) => tokio::time::sleep_until(d).await,
                 None => std::future::pending().await,
             }
         };
@@ -212,6 +221,10 @@ async fn drive(
                     },
                 };
                 link.mark_lost(LossReason::ConnectionClosed { message });
+                return;
+            }
+            () = ping_overdue => {
+                link.mark_lost(LossReason::Unresponsive { after: timeout });
                 return;
             }
             res = ping_done => {
@@ -335,6 +348,10 @@ impl NativeConn {
     /// ends the session, which releases every lock and transaction it had.
     pub(crate) fn abandon(self) {
         self.link.set_holding(false);
+        // Whatever the connection held is gone from now on: say so at once.
+        self.link.mark_lost(LossReason::ConnectionClosed {
+            message: "closed by dblock after a request on it was cut off".into(),
+        });
         self.link.close_now();
         let token = self.client.cancel_token();
         drop(self);

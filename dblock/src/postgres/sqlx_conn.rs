@@ -91,6 +91,9 @@ impl SqlxConn {
 
     pub(crate) fn abandon(self) {
         self.link.set_holding(false);
+        self.link.mark_lost(LossReason::ConnectionClosed {
+            message: "closed by dblock after a request on it was cut off".into(),
+        });
         let _ = self.tx.send(Cmd::Abandon);
     }
 }
@@ -209,7 +212,21 @@ async fn run(conn: &mut PoolConnection<Postgres>, sql: &str) -> Result<Results, 
 fn from_sqlx(e: sqlx::Error) -> QueryError {
     match e {
         sqlx::Error::Database(db) => match db.code() {
-            // The server ended the session (admin or crash shutdown).
+            // The server ended the session: a FATAL error (an idle timeout, say), or an
+            // admin or crash shutdown.
+            _ if db
+                .try_downcast_ref::<sqlx::postgres::PgDatabaseError>()
+                .is_some_and(|e| {
+                    matches!(
+                        e.severity(),
+                        sqlx::postgres::PgSeverity::Fatal | sqlx::postgres::PgSeverity::Panic
+                    )
+                }) =>
+            {
+                QueryError::Lost {
+                    message: db.message().to_string(),
+                }
+            }
             Some(code) if code.starts_with("57P") => QueryError::Lost {
                 message: db.message().to_string(),
             },

@@ -1,0 +1,207 @@
+//! Regressions for defects found in review, each reproduced against a real server
+//! before it was fixed.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::time::{Duration, Instant};
+
+use dblock::{Error, Locks, LossReason, Scope};
+use dblock_testkit::{PgSchema, eventually};
+
+fn signal(pid: i32, sig: &str) {
+    let ok = std::process::Command::new("kill")
+        .args([sig, &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(ok.success());
+}
+
+async fn side_conn(url: &str) -> tokio_postgres::Client {
+    let (c, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    c
+}
+
+/// A fenced transaction-scoped request that fails after its bridging session lock was
+/// granted (here: its deadline passes while it waits for a previous holder's fenced
+/// write to commit) must not leave that session lock on a pooled connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_fenced_request_leaves_no_lock_behind() {
+    let s = PgSchema::new("fenced_leak").await;
+    let locks = s.locks().await;
+    let key = locks.key("x").unwrap();
+    locks
+        .request("x")
+        .fenced()
+        .lock()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    for attempt in ["deadline", "try"] {
+        // A previous holder's fenced write, not yet committed: FOR SHARE on the row.
+        let side = side_conn(&s.url).await;
+        side.batch_execute(&format!(
+            "BEGIN; SELECT token FROM \"{}\".dblock_fencing WHERE key = {} FOR SHARE",
+            s.name,
+            key.as_i64()
+        ))
+        .await
+        .unwrap();
+        let r = match attempt {
+            "deadline" => {
+                locks
+                    .request("x")
+                    .fenced()
+                    .try_lock_for(Duration::from_millis(300))
+                    .await
+            }
+            _ => locks.request("x").fenced().try_lock().await,
+        };
+        assert!(
+            matches!(r, Ok(None)),
+            "{attempt}: not obtained while the row is held: {r:?}"
+        );
+        side.batch_execute("COMMIT").await.unwrap();
+        let clean = eventually(5, &mut || async { s.advisory(key).await.is_empty() }).await;
+        assert!(
+            clean,
+            "{attempt}: lock left behind: {:?}",
+            s.advisory(key).await
+        );
+        let other = s.locks().await;
+        assert!(other.try_lock("x").await.unwrap().is_some(), "{attempt}");
+    }
+}
+
+/// A check cut off mid-way gives the connection up, and so the lock: the guard must
+/// then say so, never claim a lock another process can take.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_check_reports_the_loss_it_causes() {
+    let s = PgSchema::new("cancel_check").await;
+    let locks = s.locks().await;
+    let mut g = locks.lock("y").await.unwrap();
+    tokio::select! {
+        biased;
+        _ = g.check() => panic!("a check cannot finish without a round trip"),
+        () = async {} => {}
+    }
+    assert!(!g.is_held(), "the guard knows its connection was given up");
+    let lost = tokio::time::timeout(Duration::from_secs(2), g.lost()).await;
+    assert!(lost.is_ok(), "lost() fires");
+    assert!(matches!(g.release().await, Err(Error::LockLost { .. })));
+}
+
+/// release() on a server that stops answering returns within check_timeout, reporting
+/// the loss, instead of waiting for TCP to give up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_on_a_silent_server_is_bounded() {
+    let s = PgSchema::new("silent_release").await;
+    let locks = Locks::builder()
+        .url(&s.url)
+        .check_interval(Duration::from_millis(100))
+        .check_timeout(Duration::from_millis(300))
+        .build()
+        .await
+        .unwrap();
+    let g = locks.lock("w").await.unwrap();
+    let pid = s.advisory(g.key()).await[0].0;
+    signal(pid, "-STOP");
+    let t = Instant::now();
+    let r = tokio::time::timeout(Duration::from_secs(4), g.release()).await;
+    signal(pid, "-CONT");
+    let r = r.expect("release returned");
+    assert!(
+        matches!(
+            r,
+            Err(Error::LockLost {
+                reason: LossReason::Unresponsive { .. }
+            })
+        ),
+        "{r:?}"
+    );
+    assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+}
+
+/// A silent connection is declared lost within check_interval + check_timeout, not at
+/// the first tick after the timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_loss_is_detected_within_interval_plus_timeout() {
+    let s = PgSchema::new("silent_bound").await;
+    // With these, checking only on ticks declared the loss after 2.95 s: over the bound.
+    let (interval, timeout) = (Duration::from_millis(1000), Duration::from_millis(1500));
+    let locks = Locks::builder()
+        .url(&s.url)
+        .check_interval(interval)
+        .check_timeout(timeout)
+        .build()
+        .await
+        .unwrap();
+    let g = locks.lock("v").await.unwrap();
+    let pid = s.advisory(g.key()).await[0].0;
+    // Just after a check has completed: the worst case.
+    tokio::time::sleep(interval + Duration::from_millis(50)).await;
+    signal(pid, "-STOP");
+    let t = Instant::now();
+    let r = tokio::time::timeout(Duration::from_secs(5), g.lost()).await;
+    let took = t.elapsed();
+    signal(pid, "-CONT");
+    assert!(matches!(r, Ok(LossReason::Unresponsive { .. })), "{r:?}");
+    eprintln!(
+        "declared lost after {took:?} (bound {:?})",
+        interval + timeout
+    );
+    // The bound, with a margin for a loaded machine's scheduling.
+    assert!(
+        took < interval + timeout + Duration::from_millis(250),
+        "{took:?}"
+    );
+}
+
+/// Multiplexed: a second shared holder of the same process is granted, as it would be
+/// from any other session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_shared_holder_is_granted_on_a_multiplexed_handle() {
+    let s = PgSchema::new("mux_shared").await;
+    let locks = Locks::builder()
+        .url(&s.url)
+        .scope(Scope::Session)
+        .multiplex(2)
+        .build()
+        .await
+        .unwrap();
+    let a = locks.request("z").shared().try_lock().await.unwrap();
+    let b = locks.request("z").shared().try_lock().await.unwrap();
+    assert!(a.is_some() && b.is_some(), "two shared holders");
+    assert!(
+        locks.try_lock("z").await.unwrap().is_none(),
+        "no exclusive one meanwhile"
+    );
+}
+
+/// A server-side lock_timeout ending a wait without a deadline is a lock-wait timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_lock_timeout_is_a_lock_wait_timeout() {
+    let s = PgSchema::new("server_lt").await;
+    let holder = s.locks().await;
+    let _g = holder.lock("t").await.unwrap();
+    let admin = s.admin();
+    // A role whose sessions have lock_timeout set, as an administrator might.
+    let role = format!("r_{}", s.name);
+    admin.batch_execute(&format!("CREATE ROLE \"{role}\" LOGIN; ALTER ROLE \"{role}\" SET lock_timeout = '200ms'; GRANT ALL ON SCHEMA \"{}\" TO \"{role}\"", s.name)).await.unwrap();
+    let url = s
+        .url
+        .replacen("postgres://postgres@", &format!("postgres://{role}@"), 1);
+    let waiter = Locks::connect(&url).await.unwrap();
+    let r = waiter.lock("t").await;
+    let e = r.unwrap_err();
+    assert!(e.is_lock_wait_timeout(), "{e:?}");
+    drop(waiter);
+    drop(_g);
+    admin
+        .batch_execute(&format!("DROP OWNED BY \"{role}\"; DROP ROLE \"{role}\""))
+        .await
+        .unwrap();
+}
