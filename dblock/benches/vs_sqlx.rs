@@ -12,6 +12,7 @@
 //!   prompt release; dropping the guard would leave the unlock queued until the
 //!   connection's next use).
 //!
+//! The contenders run in alternating half-second slices (after one warm-up slice each).
 //! Prints cycles per second and each one's ratio to the floor and to sqlx.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
@@ -20,28 +21,49 @@ use std::time::{Duration, Instant};
 
 use dblock::{Locks, Scope};
 
+/// Seconds per contender, run in alternating slices of half a second so that a machine
+/// whose speed drifts slows every contender alike.
 const SECS: f64 = 3.0;
+const SLICE: f64 = 0.5;
 
-async fn rate<F, Fut>(mut cycle: F) -> f64
+/// This process's CPU time (user + system), in seconds.
+fn cpu_secs() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let fields: Vec<&str> = stat
+        .rsplit(')')
+        .next()
+        .unwrap_or("")
+        .split_whitespace()
+        .collect();
+    // utime and stime: fields 14 and 15 of stat, 12 and 13 after the command name.
+    let ticks: f64 = fields
+        .get(11)
+        .and_then(|u| u.parse::<f64>().ok())
+        .unwrap_or(0.0)
+        + fields
+            .get(12)
+            .and_then(|s| s.parse::<f64>().ok())
+            .unwrap_or(0.0);
+    ticks / 100.0
+}
+
+/// Cycles a contender ran in one slice, how long the slice took, and the CPU time this
+/// process spent.
+async fn slice<F, Fut>(cycle: &mut F, n: &mut u64) -> (u64, f64, f64)
 where
     F: FnMut(u64) -> Fut,
     Fut: std::future::Future<Output = ()>,
 {
-    // Warm up, then measure.
-    let warm = Instant::now() + Duration::from_millis(300);
-    let mut i = 0;
-    while Instant::now() < warm {
-        cycle(i).await;
-        i += 1;
-    }
     let start = Instant::now();
-    let end = start + Duration::from_secs_f64(SECS);
-    let mut n = 0u64;
+    let cpu = cpu_secs();
+    let end = start + Duration::from_secs_f64(SLICE);
+    let mut done = 0;
     while Instant::now() < end {
-        cycle(n).await;
-        n += 1;
+        cycle(*n).await;
+        *n += 1;
+        done += 1;
     }
-    n as f64 / start.elapsed().as_secs_f64()
+    (done, start.elapsed().as_secs_f64(), cpu_secs() - cpu)
 }
 
 #[tokio::main(flavor = "current_thread")]
@@ -62,64 +84,86 @@ async fn main() {
         .iter()
         .map(|n| dblock::Key::new("public", n).unwrap().as_i64())
         .collect();
-    let floor = rate(|i| {
+    let mut floor_cycle = |i: u64| {
         let sql = format!("SELECT pg_advisory_xact_lock({})", keys[(i % 64) as usize]);
         let client = &client;
         async move {
             client.simple_query(&sql).await.unwrap();
         }
-    })
-    .await;
-
+    };
     let locks = Locks::connect(&url).await.unwrap();
-    let dblock_xact = rate(|i| {
+    let mut xact_cycle = |i: u64| {
         let (locks, name) = (&locks, &names[(i % 64) as usize]);
         async move { drop(locks.lock(name).await.unwrap()) }
-    })
-    .await;
-
+    };
     let session = Locks::builder()
         .url(&url)
         .scope(Scope::Session)
         .build()
         .await
         .unwrap();
-    let dblock_session = rate(|i| {
+    let mut session_cycle = |i: u64| {
         let (locks, name) = (&session, &names[(i % 64) as usize]);
         async move { drop(locks.lock(name).await.unwrap()) }
-    })
-    .await;
-
+    };
     let pool = sqlx::PgPool::connect(&url).await.unwrap();
     let sqlx_locks: Vec<sqlx::postgres::PgAdvisoryLock> = names
         .iter()
         .map(sqlx::postgres::PgAdvisoryLock::new)
         .collect();
-    let sqlx_rate = rate(|i| {
+    let mut sqlx_cycle = |i: u64| {
         let (pool, lock) = (&pool, &sqlx_locks[(i % 64) as usize]);
         async move {
             let conn = pool.acquire().await.unwrap();
             let guard = lock.acquire(conn).await.unwrap();
             let _conn = guard.release_now().await.unwrap();
         }
-    })
-    .await;
+    };
 
-    println!("PostgreSQL, 1 worker, uncontended ({SECS} s each, same server, same run)");
+    // Warm-up slice each, then alternate.
+    let mut n = [0u64; 4];
+    let mut total = [(0u64, 0f64, 0f64); 4];
+    let slices = (SECS / SLICE).round() as usize;
+    for round in 0..=slices {
+        let r = [
+            slice(&mut floor_cycle, &mut n[0]).await,
+            slice(&mut xact_cycle, &mut n[1]).await,
+            slice(&mut session_cycle, &mut n[2]).await,
+            slice(&mut sqlx_cycle, &mut n[3]).await,
+        ];
+        if round > 0 {
+            for (t, (ops, secs, cpu)) in total.iter_mut().zip(r) {
+                t.0 += ops;
+                t.1 += secs;
+                t.2 += cpu;
+            }
+        }
+    }
+    let rate = |i: usize| total[i].0 as f64 / total[i].1;
+    let cpu_us = |i: usize| total[i].2 * 1e6 / total[i].0.max(1) as f64;
+    let (floor, dblock_xact, dblock_session, sqlx_rate) = (rate(0), rate(1), rate(2), rate(3));
+
     println!(
-        "{:<44} {:>10} {:>9} {:>9}",
-        "", "cycles/s", "÷ floor", "÷ sqlx"
+        "PostgreSQL, 1 worker, uncontended ({SECS} s each in {SLICE} s slices, same server, same run)"
     );
-    for (label, r) in [
+    println!(
+        "{:<44} {:>10} {:>9} {:>9} {:>14}",
+        "", "cycles/s", "÷ floor", "÷ sqlx", "client CPU µs"
+    );
+    for (i, (label, r)) in [
         ("floor: pg_advisory_xact_lock, autocommit", floor),
         ("dblock: lock + drop (transaction scope)", dblock_xact),
         ("dblock: lock + drop (session scope)", dblock_session),
         ("sqlx PgAdvisoryLock: acquire + release_now", sqlx_rate),
-    ] {
+    ]
+    .into_iter()
+    .enumerate()
+    {
         println!(
-            "{label:<44} {r:>10.0} {:>9.2} {:>9.2}",
+            "{label:<44} {r:>10.0} {:>9.2} {:>9.2} {:>14.1}",
             r / floor,
-            r / sqlx_rate
+            r / sqlx_rate,
+            cpu_us(i)
         );
     }
 }

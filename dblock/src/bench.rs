@@ -7,6 +7,10 @@
 //! | `uncontended` | take and release a lock of its own (1 and 8 workers) | PostgreSQL: `SELECT pg_advisory_xact_lock(k)` in autocommit, one round trip per cycle; SQLite: `F_OFD_SETLK` lock + unlock |
 //! | `hot`         | take and release one lock shared by 8 workers        | PostgreSQL: `BEGIN`; `SELECT pg_advisory_xact_lock(k)`; `COMMIT` on one key, 8 clients, each statement awaited (what `pgbench -f` runs); SQLite: lock + unlock of one byte from 8 descriptors |
 //!
+//! Each workload and its floor run in alternating slices of half a second, so that a
+//! machine whose speed drifts (a shared host, a CPU changing frequency) slows both
+//! alike, and the ratio stays meaningful where absolute figures are not.
+//!
 //! A dblock cycle is `lock().await` then dropping the guard, the way a program uses it;
 //! latency is the time `lock()` takes (for the floors, the lock statement's).
 //!
@@ -80,6 +84,20 @@ struct Sample {
 }
 
 impl Sample {
+    fn empty() -> Sample {
+        Sample {
+            ops: 0,
+            elapsed: Duration::ZERO,
+            latencies_us: Vec::new(),
+        }
+    }
+
+    fn add(&mut self, other: Sample) {
+        self.ops += other.ops;
+        self.elapsed += other.elapsed;
+        self.latencies_us.extend(other.latencies_us);
+    }
+
     fn rate(&self) -> f64 {
         self.ops as f64 / self.elapsed.as_secs_f64().max(1e-9)
     }
@@ -131,6 +149,9 @@ where
     })
 }
 
+/// The length of one slice of a workload or its floor, in seconds.
+const SLICE: f64 = 0.5;
+
 /// The workloads, in the order they run: (workload, workers).
 pub const WORKLOADS: [(&str, usize); 3] = [("uncontended", 1), ("uncontended", 8), ("hot", 8)];
 
@@ -179,16 +200,25 @@ pub async fn run(
         })
         .await?;
 
-        progress(&format!("{backend} {workload} x{workers}: floor"));
-        let mut f = timed(workers, secs, floor.cycle(locks, hot)?).await?;
-        progress(&format!("{backend} {workload} x{workers}: dblock"));
-        let l = locks.clone();
-        let n = names.clone();
-        let mut d = timed(workers, secs, move |w, i| {
-            let (l, n) = (l.clone(), n.clone());
-            async move { dblock_cycle(&l, &n[w][(i % 64) as usize]).await }
-        })
-        .await?;
+        let slices = ((secs / SLICE).round() as usize).max(1);
+        let slice = secs / slices as f64;
+        let (mut f, mut d) = (Sample::empty(), Sample::empty());
+        for k in 0..slices {
+            progress(&format!(
+                "{backend} {workload} x{workers}: slice {}/{slices}",
+                k + 1
+            ));
+            f.add(timed(workers, slice, floor.cycle(locks, hot)?).await?);
+            let l = locks.clone();
+            let n = names.clone();
+            d.add(
+                timed(workers, slice, move |w, i| {
+                    let (l, n) = (l.clone(), n.clone());
+                    async move { dblock_cycle(&l, &n[w][(i % 64) as usize]).await }
+                })
+                .await?,
+            );
+        }
         out.push(Measurement {
             backend,
             workload,
