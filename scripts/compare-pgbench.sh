@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# dblock beside pgbench on the same server, alternating, so that a drifting machine
+# slows both alike. Prints the rates and dblock's ratio to pgbench for:
+#   hot:         8 clients, BEGIN; SELECT pg_advisory_xact_lock(42); COMMIT  vs  dblock `hot` x8
+#   uncontended: 1 client,  SELECT pg_advisory_xact_lock(random k) (autocommit)  vs  dblock `uncontended` x1
+#
+# Usage: scripts/compare-pgbench.sh [postgres://URL] [rounds]
+set -euo pipefail
+url="${1:-postgres://postgres@127.0.0.1:5432/test}"
+rounds="${2:-3}"
+cd "$(dirname "$0")/.."
+cargo build --release -q -p dblock-cli
+dblock=target/release/dblock
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+printf 'BEGIN;\nSELECT pg_advisory_xact_lock(42);\nCOMMIT;\n' > "$tmp/hot.sql"
+printf '\\set k random(1, 1000000)\nSELECT pg_advisory_xact_lock(:k);\n' > "$tmp/one.sql"
+pgb() { pgbench -n -T 3 "$@" "$url" 2>/dev/null | sed -n 's/^tps = \([0-9.]*\).*/\1/p'; }
+for r in $(seq "$rounds"); do
+  printf '%s %s\n' hot "$(pgb -c 8 -j 2 -f "$tmp/hot.sql")" >> "$tmp/pgbench"
+  printf '%s %s\n' uncontended "$(pgb -c 1 -j 1 -f "$tmp/one.sql")" >> "$tmp/pgbench"
+  "$dblock" bench --db "$url" --seconds 3 --json 2>/dev/null >> "$tmp/dblock"
+  echo >> "$tmp/dblock"
+done
+python3 - "$tmp" <<'PY'
+import json, sys, statistics as st
+tmp = sys.argv[1]
+pg = {}
+for line in open(f"{tmp}/pgbench"):
+    w, tps = line.split()
+    pg.setdefault(w, []).append(float(tps))
+db = {"hot": [], "uncontended": []}
+for line in open(f"{tmp}/dblock"):
+    if line.strip():
+        for r in json.loads(line):
+            if (r["workload"], r["workers"]) in (("hot", 8), ("uncontended", 1)):
+                db[r["workload"]].append(r["ops_per_sec"])
+print(f"{'workload':<24}{'pgbench tps':>14}{'dblock ops/s':>14}{'dblock/pgbench':>16}")
+for w, label in (("hot", "hot, 8 clients"), ("uncontended", "uncontended, 1 client")):
+    p, d = st.mean(pg[w]), st.mean(db[w])
+    print(f"{label:<24}{p:>14.0f}{d:>14.0f}{d / p:>16.2f}")
+PY
