@@ -242,6 +242,9 @@ async fn a_lease_frees_a_paused_holders_lock() {
 struct Candidates {
     children: Vec<Child>,
     events: mpsc::UnboundedReceiver<(usize, String, Instant)>,
+    /// Events received but not yet asked for: lines of different candidates may arrive
+    /// in any order (a new leader's line before the old leader's "lost").
+    backlog: Vec<(usize, String, Instant)>,
 }
 
 impl Candidates {
@@ -271,7 +274,11 @@ impl Candidates {
             });
             children.push(child);
         }
-        Candidates { children, events }
+        Candidates {
+            children,
+            events,
+            backlog: Vec::new(),
+        }
     }
 
     /// The next event whose line starts with `prefix`, from any candidate but `not`.
@@ -281,12 +288,17 @@ impl Candidates {
         not: Option<usize>,
         within: Duration,
     ) -> (usize, String, Instant) {
+        let wanted =
+            |(i, l, _): &(usize, String, Instant)| l.starts_with(prefix) && Some(*i) != not;
+        if let Some(k) = self.backlog.iter().position(wanted) {
+            return self.backlog.remove(k);
+        }
         let end = Instant::now() + within;
         loop {
             let left = end.saturating_duration_since(Instant::now());
             match tokio::time::timeout(left, self.events.recv()).await {
-                Ok(Some((i, l, t))) if l.starts_with(prefix) && Some(i) != not => return (i, l, t),
-                Ok(Some(_)) => continue,
+                Ok(Some(e)) if wanted(&e) => return e,
+                Ok(Some(e)) => self.backlog.push(e),
                 other => panic!("no {prefix:?} within {within:?}: {other:?}"),
             }
         }
