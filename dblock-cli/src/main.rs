@@ -186,31 +186,11 @@ fn main() -> ExitCode {
     };
     let code = match cli.command {
         Command::Key(args) => key(&args),
-        Command::Bench(args) => match tokio::runtime::Builder::new_multi_thread()
-            .enable_all()
-            .build()
-        {
-            Ok(rt) => rt.block_on(bench(args)),
-            Err(e) => {
-                errln!("dblock: cannot start: {e}");
-                EXIT_UNAVAILABLE
-            }
-        },
-        Command::Run(args) => {
-            // One thread: the command is forked from the main thread, whose death (with
-            // the process) is what its parent-death signal follows.
-            let rt = match tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            {
-                Ok(rt) => rt,
-                Err(e) => {
-                    errln!("dblock: cannot start: {e}");
-                    return ExitCode::from(EXIT_UNAVAILABLE);
-                }
-            };
-            rt.block_on(run::run(args))
-        }
+        // Eight workers need more than one thread.
+        Command::Bench(args) => block_on(true, bench(args)),
+        // One thread: the command is forked from the main thread, whose death (with the
+        // process) is what its parent-death signal follows.
+        Command::Run(args) => block_on(false, run::run(args)),
         Command::Migrate(args) => migrate::main(args),
     };
     ExitCode::from(code)
@@ -313,6 +293,21 @@ pub(crate) fn one_line(e: &dblock::Error) -> String {
         .split_whitespace()
         .collect::<Vec<_>>()
         .join(" ")
+}
+
+/// Runs `f` to its exit code on a new tokio runtime: one thread unless `multi_thread`.
+pub(crate) fn block_on(multi_thread: bool, f: impl std::future::Future<Output = u8>) -> u8 {
+    let mut builder = match multi_thread {
+        true => tokio::runtime::Builder::new_multi_thread(),
+        false => tokio::runtime::Builder::new_current_thread(),
+    };
+    match builder.enable_all().build() {
+        Ok(rt) => rt.block_on(f),
+        Err(e) => {
+            errln!("dblock: cannot start: {e}");
+            EXIT_UNAVAILABLE
+        }
+    }
 }
 
 /// The exit code for a library error.

@@ -9,7 +9,7 @@ use std::time::Duration;
 use clap::{Args, Subcommand};
 use dblock::migrate::{Migrations, State};
 
-use crate::{EXIT_BAD_MIGRATIONS, EXIT_UNAVAILABLE, exit_code};
+use crate::{EXIT_BAD_MIGRATIONS, exit_code};
 
 #[derive(Args, Debug)]
 #[command(
@@ -61,17 +61,7 @@ struct Target {
 }
 
 pub fn main(args: MigrateArgs) -> u8 {
-    let rt = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            errln!("dblock: cannot start: {e}");
-            return EXIT_UNAVAILABLE;
-        }
-    };
-    rt.block_on(async {
+    crate::block_on(false, async {
         let res = match args.action {
             Some(Action::Status(target)) => status(&target).await,
             None => apply(&args.target, args.dry_run).await,

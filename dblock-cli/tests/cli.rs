@@ -9,40 +9,19 @@
 use std::process::{Output, Stdio};
 use std::time::{Duration, Instant};
 
-use dblock_testkit::{PgSchema, SqliteDb};
+use dblock_testkit::{PgSchema, SqliteDb, exit_code as code, one_line_error};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::Command;
 
 const DBLOCK: &str = env!("CARGO_BIN_EXE_dblock");
 
-/// `dblock ARGS` with a clean environment: no URL variables, state under `state`.
+/// `dblock` with a clean environment: no URL variables, state under `state`.
 fn dblock(state: &std::path::Path) -> Command {
-    let mut c = Command::new(DBLOCK);
-    c.env_remove("DBLOCK_DATABASE_URL")
-        .env_remove("DATABASE_URL")
-        .env("XDG_STATE_HOME", state)
-        .kill_on_drop(true);
-    c
+    dblock_testkit::dblock_command(DBLOCK, state)
 }
 
 async fn run(state: &std::path::Path, args: &[&str]) -> Output {
     dblock(state).args(args).output().await.unwrap()
-}
-
-/// The error contract: one line on stderr saying what happened, never a panic.
-fn one_line_error(out: &Output) -> String {
-    let err = String::from_utf8_lossy(&out.stderr).to_string();
-    assert_eq!(err.trim_end().lines().count(), 1, "one line: {err:?}");
-    assert!(err.starts_with("dblock: "), "{err:?}");
-    assert!(
-        !err.contains("panicked") && !err.contains("RUST_BACKTRACE"),
-        "{err:?}"
-    );
-    err
-}
-
-fn code(out: &Output) -> i32 {
-    out.status.code().unwrap_or(-1)
 }
 
 #[tokio::test]

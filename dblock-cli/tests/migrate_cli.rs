@@ -11,19 +11,14 @@ use std::process::Output;
 use std::time::{Duration, Instant};
 
 use dblock_testkit::migrations::{MigrationDir, seed_set};
-use dblock_testkit::{PgSchema, SqliteDb, eventually};
+use dblock_testkit::{PgSchema, SqliteDb, eventually, exit_code as code, one_line_error};
 use tokio::process::Command;
 
 const DBLOCK: &str = env!("CARGO_BIN_EXE_dblock");
 
 /// `dblock` with a clean environment: no URL variables, state under `state`.
 fn dblock(state: &std::path::Path) -> Command {
-    let mut c = Command::new(DBLOCK);
-    c.env_remove("DBLOCK_DATABASE_URL")
-        .env_remove("DATABASE_URL")
-        .env("XDG_STATE_HOME", state)
-        .kill_on_drop(true);
-    c
+    dblock_testkit::dblock_command(DBLOCK, state)
 }
 
 async fn migrate(url: &str, args: &[&str]) -> Output {
@@ -48,21 +43,8 @@ async fn status(url: &str, dir: &MigrationDir) -> Output {
         .unwrap()
 }
 
-fn code(out: &Output) -> i32 {
-    out.status.code().unwrap_or(-1)
-}
-
 fn stdout(out: &Output) -> String {
     String::from_utf8_lossy(&out.stdout).to_string()
-}
-
-/// The error contract: one line on stderr, starting `dblock: `, never a panic.
-fn one_line_error(out: &Output) -> String {
-    let err = String::from_utf8_lossy(&out.stderr).to_string();
-    assert_eq!(err.trim_end().lines().count(), 1, "one line: {err:?}");
-    assert!(err.starts_with("dblock: "), "{err:?}");
-    assert!(!err.contains("panicked"), "{err:?}");
-    err
 }
 
 /// The migrations an invocation reported applying, by file name.

@@ -280,3 +280,32 @@ impl Default for SqliteDb {
         SqliteDb::new()
     }
 }
+
+/// The `dblock` program with a clean environment: no URL variables, state (the
+/// embedded default's directory) under `state`, killed if the test drops it.
+pub fn dblock_command(bin: &str, state: &std::path::Path) -> tokio::process::Command {
+    let mut c = tokio::process::Command::new(bin);
+    c.env_remove("DBLOCK_DATABASE_URL")
+        .env_remove("DATABASE_URL")
+        .env("XDG_STATE_HOME", state)
+        .kill_on_drop(true);
+    c
+}
+
+/// The error contract of the `dblock` program: one line on stderr, starting
+/// `dblock: `, never a panic or a backtrace. Returns the line.
+pub fn one_line_error(out: &std::process::Output) -> String {
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert_eq!(err.trim_end().lines().count(), 1, "one line: {err:?}");
+    assert!(err.starts_with("dblock: "), "{err:?}");
+    assert!(
+        !err.contains("panicked") && !err.contains("RUST_BACKTRACE"),
+        "{err:?}"
+    );
+    err
+}
+
+/// A process's exit code (-1 if a signal ended it).
+pub fn exit_code(out: &std::process::Output) -> i32 {
+    out.status.code().unwrap_or(-1)
+}
