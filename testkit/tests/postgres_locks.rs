@@ -175,6 +175,84 @@ async fn dropping_a_guard_releases_without_further_use_of_its_handle() {
     }
 }
 
+/// A transaction-scoped guard dropped just before the next request on its connection
+/// (one pooled connection, nothing awaited in between) has its ROLLBACK carried in
+/// that request's message: the old lock is released before the new request runs, and
+/// every kind of request reads its own results, not the ROLLBACK's. (One thread, so the
+/// connection's task cannot send the ROLLBACK on its own in between.)
+#[tokio::test(flavor = "current_thread")]
+async fn a_release_carried_by_the_next_request_still_goes_first() {
+    let s = PgSchema::new("carried").await;
+    let locks = Locks::builder()
+        .url(&s.url)
+        .max_connections(1)
+        .build()
+        .await
+        .unwrap();
+    let other = s.locks().await;
+    let held_elsewhere = other.lock("busy").await.unwrap();
+    let only_one_lock = || async {
+        let rows = s.advisory_of_sessions().await;
+        rows.iter().filter(|r| r.2).count()
+    };
+    for round in 0..20 {
+        // Each request below follows a dropped transaction-scoped guard at once.
+        let g = locks.lock("a").await.unwrap();
+        drop(g);
+        let b = locks.try_lock("b").await.unwrap().expect("b is free");
+        assert!(
+            other.try_lock("a").await.unwrap().is_some(),
+            "{round}: a was released"
+        );
+        assert!(
+            other.try_lock("b").await.unwrap().is_none(),
+            "{round}: b is held"
+        );
+        // `busy` (held elsewhere, plus b) counted once each: a is gone.
+        assert_eq!(only_one_lock().await, 2, "{round}");
+        drop(b);
+        // A try for a lock held elsewhere reads its own `f`, not the ROLLBACK's result.
+        assert!(locks.try_lock("busy").await.unwrap().is_none(), "{round}");
+        // A try that failed leaves a ROLLBACK to be carried, too.
+        let b = locks.try_lock("b").await.unwrap().expect("b is free again");
+        drop(b);
+        let waited = locks
+            .try_lock_for("b", Duration::from_secs(5))
+            .await
+            .unwrap();
+        drop(waited.expect("b is free"));
+        // A session-scoped request after a carried ROLLBACK leaves no transaction open.
+        let sess = locks
+            .request("c")
+            .scope(Scope::Session)
+            .lock()
+            .await
+            .unwrap();
+        let holder = s.advisory(sess.key()).await;
+        assert_eq!(holder.len(), 1, "{round}: {holder:?}");
+        let state = s
+            .sessions()
+            .await
+            .into_iter()
+            .find(|(pid, _)| *pid == holder[0].0);
+        assert_eq!(state.map(|s| s.1).as_deref(), Some("idle"), "{round}");
+        sess.release().await.unwrap();
+        let g = locks.lock("a").await.unwrap();
+        drop(g);
+        let f = locks.request("f").fenced().lock().await.unwrap();
+        assert!(f.fencing_token().is_some_and(|t| t > round), "{round}");
+        drop(f);
+    }
+    drop(held_elsewhere);
+    let clean = s
+        .eventually(10, || async {
+            s.advisory_of_sessions().await.is_empty()
+                && s.sessions().await.iter().all(|(_, st)| st == "idle")
+        })
+        .await;
+    assert!(clean, "left behind: {:?}", s.advisory_of_sessions().await);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_transaction_scoped_holder_is_idle_in_transaction_and_a_session_one_is_idle() {
     let s = PgSchema::new("states").await;

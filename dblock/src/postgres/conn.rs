@@ -155,6 +155,27 @@ impl Conn {
         }
     }
 
+    /// [`Conn::query`] for a lock request, which may carry a `ROLLBACK` still waiting to
+    /// be sent on the connection (see [`Conn::rollback_soon`]) in the same message.
+    pub(crate) async fn lock_query(&self, sql: &str) -> Result<Results, QueryError> {
+        match self {
+            Conn::Native(c) => c.lock_query(sql).await,
+            Conn::Sqlx(c) => c.query(sql).await,
+        }
+    }
+
+    /// Sends `ROLLBACK` without waiting for its reply, ordered before anything sent
+    /// after it. On dblock's own connections it is handed to the connection's task, which
+    /// sends it the next time it runs, unless the next lock request on the connection
+    /// comes first and carries it in its own message. Returns false if the connection is
+    /// gone.
+    pub(crate) fn rollback_soon(&self) -> bool {
+        match self {
+            Conn::Native(c) => c.rollback_soon(),
+            Conn::Sqlx(c) => c.fire("ROLLBACK"),
+        }
+    }
+
     /// Sends `sql` without waiting for its reply, ordered before anything sent after it.
     /// Returns false if it could not be sent (the connection is gone).
     pub(crate) fn fire(&self, sql: &str) -> bool {

@@ -207,7 +207,9 @@ impl PgBackend {
             // The server ends the wait (lock_timeout); the client-side bound is a
             // backstop for a server that stops answering.
             Some(d) => {
-                match tokio::time::timeout_at(d + BACKSTOP, armed.conn().query(&plan.sql)).await {
+                match tokio::time::timeout_at(d + BACKSTOP, armed.conn().lock_query(&plan.sql))
+                    .await
+                {
                     Ok(r) => r,
                     Err(_) => {
                         drop(armed); // abandons: cancels on the server, closes
@@ -218,7 +220,7 @@ impl PgBackend {
                     }
                 }
             }
-            None => armed.conn().query(&plan.sql).await,
+            None => armed.conn().lock_query(&plan.sql).await,
         };
         let conn = armed.disarm();
         match result {
@@ -579,7 +581,10 @@ impl Plan {
                 release_sql(Scope::Session, self.mode, self.key, false)
             ),
             // Ends the transaction, failed or not (a warning if there is none).
-            Scope::Transaction => "ROLLBACK".to_string(),
+            Scope::Transaction => {
+                conn.rollback_soon();
+                return;
+            }
             // A session lock may have been granted before a later statement failed:
             // unlock it, and end the implicit transaction if one is open. Unlocking a
             // lock not held is a no-op with a warning.
@@ -770,7 +775,11 @@ impl Drop for Pinned {
     fn drop(&mut self) {
         if let Some(conn) = self.conn.take() {
             conn.link().set_holding(false);
-            if conn.fire(&self.release) {
+            let sent = match self.scope {
+                Scope::Transaction => conn.rollback_soon(),
+                Scope::Session => conn.fire(&self.release),
+            };
+            if sent {
                 conn.recycle();
             } else {
                 conn.abandon();

@@ -1,15 +1,22 @@
 //! dblock's own PostgreSQL connections (tokio-postgres) and their small pool.
 //!
 //! Why not sqlx here: a lock cycle must cost one round trip. tokio-postgres pipelines:
-//! a request is handed to the connection's task the moment it is issued, so a guard's
-//! `Drop` can *send* its `ROLLBACK` synchronously, without waiting for the reply and
-//! without spawning, and the next lock request on that connection goes out right
-//! behind it. sqlx can only send when the connection is next awaited.
+//! a request is handed to the connection's task the moment it is issued, and that task
+//! is dblock's own (`drive`), so a guard's `Drop` can *send* its release
+//! synchronously, without waiting for the reply and without spawning: it hands the
+//! release to the connection's task, which writes it the next time it runs. A
+//! transaction-scoped guard's `ROLLBACK` goes one better: if the next lock request on
+//! that connection is issued before the task has run (a loop that takes and drops
+//! locks), the request carries the `ROLLBACK` at the head of its own message, so the
+//! server answers both with one reply (see `Outbox`). sqlx can only send when the
+//! connection is next awaited.
 
 use std::sync::{Arc, Mutex, Weak};
+use std::task::Poll;
 use std::time::Duration;
 
 use futures_util::FutureExt;
+use futures_util::task::AtomicWaker;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 use tokio_postgres::{Client, NoTls, SimpleQueryMessage};
@@ -151,10 +158,12 @@ impl Pool {
             .unwrap_or(0);
         let client = Arc::new(client);
         let link = Link::new();
+        let outbox = Arc::new(Outbox::default());
         tokio::spawn(drive(
             connection,
             Arc::downgrade(&client),
             link.clone(),
+            outbox.clone(),
             self.shared.check_interval,
             self.shared.check_timeout,
         ));
@@ -167,10 +176,56 @@ impl Pool {
         Ok(NativeConn {
             client,
             link,
+            outbox,
             permit: None,
             pool: Arc::downgrade(&self.shared),
         })
     }
+}
+
+/// A `ROLLBACK` handed from a guard's drop to the connection's task, so that it can go
+/// out in one message with the next lock request on the connection.
+///
+/// Sent on its own, a release costs a message of its own and, on the client, a wake-up
+/// for its reply; the server answers every message with a separate write. Handed over
+/// here instead, it is queued by the connection's task the next time that task runs —
+/// exactly when a request queued on the driver would have been written — unless a lock
+/// request on the connection comes first (a loop that takes and drops locks), which
+/// then carries it: `ROLLBACK; BEGIN …; SELECT pg_advisory_xact_lock(…)`, one message,
+/// one reply. Either way it leaves no later than it would have.
+#[derive(Default)]
+struct Outbox {
+    /// Whether a `ROLLBACK` waits to be sent. Whoever clears it queues the `ROLLBACK`
+    /// (alone, or ahead of its own request) while holding the mutex, so nothing issued
+    /// later on the connection can overtake it.
+    rollback: Mutex<bool>,
+    /// The connection's task, woken when there is something to send.
+    task: AtomicWaker,
+}
+
+impl Outbox {
+    fn lock(&self) -> std::sync::MutexGuard<'_, bool> {
+        self.rollback.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Queues a waiting `ROLLBACK` on its own. Returns false if it could not be.
+    fn flush(&self, client: &Client) -> bool {
+        let mut waiting = self.lock();
+        if !*waiting {
+            return true;
+        }
+        *waiting = false;
+        queue(client, "ROLLBACK")
+    }
+}
+
+/// Queues `sql` on the connection without waiting for its reply. Returns false if it
+/// was not queued: the connection is gone (or, should the driver ever need more than
+/// one poll to queue a request, which it does not, the caller must give it up).
+fn queue(client: &Client, sql: &str) -> bool {
+    // `simple_query_raw` encodes and queues the request on its first poll, before any
+    // await; the reply is dropped unread (the connection task discards it).
+    matches!(client.simple_query_raw(sql).now_or_never(), Some(Ok(_)))
 }
 
 /// Runs a connection: its I/O, and while a lock is held on it, a health check every
@@ -183,6 +238,7 @@ async fn drive(
     >,
     client: Weak<Client>,
     link: Arc<Link>,
+    outbox: Arc<Outbox>,
     interval: Duration,
     timeout: Duration,
 ) {
@@ -207,8 +263,22 @@ async fn drive(
                 None => std::future::pending().await,
             }
         };
+        // A ROLLBACK handed over since the last poll goes out before anything else.
+        let handed_over = std::future::poll_fn(|cx| {
+            outbox.task.register(cx.waker());
+            if let Some(c) = client.upgrade() {
+                if !outbox.flush(&c) {
+                    return Poll::Ready(());
+                }
+            }
+            Poll::Pending
+        });
         tokio::select! {
             biased;
+            () = handed_over => {
+                link.mark_lost(LossReason::ConnectionClosed { message: "the connection closed".into() });
+                return;
+            }
             () = link.closing() => {
                 link.mark_lost(LossReason::ConnectionClosed { message: "closed by dblock".into() });
                 return;
@@ -263,6 +333,7 @@ async fn drive(
 pub(crate) struct NativeConn {
     client: Arc<Client>,
     link: Arc<Link>,
+    outbox: Arc<Outbox>,
     permit: Option<OwnedSemaphorePermit>,
     pool: Weak<PoolShared>,
 }
@@ -280,6 +351,33 @@ impl NativeConn {
     ///
     /// Not cancel safe by itself: callers arm an abandon before awaiting it.
     pub(crate) async fn query(&self, sql: &str) -> Result<Results, QueryError> {
+        if !self.outbox.flush(&self.client) {
+            return Err(QueryError::Lost {
+                message: "the connection closed".into(),
+            });
+        }
+        self.run(sql, false).await
+    }
+
+    /// [`NativeConn::query`] for a lock request: a `ROLLBACK` still waiting to be sent
+    /// on the connection goes out in the same message, ahead of `sql`, and its result
+    /// is left out of the results.
+    ///
+    /// Only for requests that behave alike after a `ROLLBACK` in their own message: the
+    /// lock requests, which either begin a transaction or are plain `SELECT`s.
+    pub(crate) async fn lock_query(&self, sql: &str) -> Result<Results, QueryError> {
+        let merged = {
+            let mut waiting = self.outbox.lock();
+            std::mem::take(&mut *waiting)
+        };
+        if merged {
+            self.run(&format!("ROLLBACK; {sql}"), true).await
+        } else {
+            self.run(sql, false).await
+        }
+    }
+
+    async fn run(&self, sql: &str, skip_first: bool) -> Result<Results, QueryError> {
         let messages = self
             .client
             .simple_query(sql)
@@ -298,7 +396,22 @@ impl NativeConn {
             }
         }
         out.pop();
+        if skip_first && !out.is_empty() {
+            out.remove(0);
+        }
         Ok(out)
+    }
+
+    /// Hands a `ROLLBACK` to the connection's task: it goes out the next time that task
+    /// runs, or with the next lock request if that comes first (see [`Outbox`]). Returns
+    /// false if the connection is gone.
+    pub(crate) fn rollback_soon(&self) -> bool {
+        if self.client.is_closed() {
+            return false;
+        }
+        *self.outbox.lock() = true;
+        self.outbox.task.wake();
+        true
     }
 
     /// Sends `sql` now without waiting for its reply. Returns false if it could not be
@@ -307,6 +420,9 @@ impl NativeConn {
     /// The request is queued on the connection's task before this returns, so anything
     /// sent later on this connection runs after it.
     pub(crate) fn fire(&self, sql: &str) -> bool {
+        if !self.outbox.flush(&self.client) {
+            return false;
+        }
         // `simple_query_raw` encodes and queues the request on its first poll, before
         // any await; the reply is dropped unread (the connection task discards it).
         match self.client.simple_query_raw(sql).now_or_never() {
