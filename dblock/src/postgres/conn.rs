@@ -14,6 +14,50 @@ use crate::{Error, LossReason};
 /// Rows of each statement of a simple query, first column only, as text.
 pub(crate) type Results = Vec<Vec<Option<String>>>;
 
+/// The SQL of a lock request, written behind room for a `ROLLBACK` so that the request
+/// can carry one waiting to be sent on its connection without copying itself.
+pub(crate) struct LockSql {
+    /// `ROLLBACK; ` then the request's statements, separated by `; `.
+    text: String,
+    /// Statements so far.
+    statements: usize,
+}
+
+impl LockSql {
+    const CARRIED: &'static str = "ROLLBACK; ";
+
+    pub(crate) fn new() -> LockSql {
+        let mut text = String::with_capacity(128);
+        text.push_str(LockSql::CARRIED);
+        LockSql {
+            text,
+            statements: 0,
+        }
+    }
+
+    /// Appends a statement made of `parts`; returns its index.
+    pub(crate) fn push(&mut self, parts: &[&str]) -> usize {
+        if self.statements > 0 {
+            self.text.push_str("; ");
+        }
+        for p in parts {
+            self.text.push_str(p);
+        }
+        self.statements += 1;
+        self.statements - 1
+    }
+
+    /// The request alone.
+    pub(crate) fn alone(&self) -> &str {
+        self.text.get(LockSql::CARRIED.len()..).unwrap_or_default()
+    }
+
+    /// `ROLLBACK; ` and the request, one statement more than [`LockSql::alone`].
+    pub(crate) fn carrying_rollback(&self) -> &str {
+        &self.text
+    }
+}
+
 /// A failed request, before it is mapped to an [`Error`].
 #[derive(Debug)]
 pub(crate) enum QueryError {
@@ -155,12 +199,24 @@ impl Conn {
         }
     }
 
-    /// [`Conn::query`] for a lock request, which may carry a `ROLLBACK` still waiting to
-    /// be sent on the connection (see [`Conn::rollback_soon`]) in the same message.
-    pub(crate) async fn lock_query(&self, sql: &str) -> Result<Results, QueryError> {
+    /// Sends a lock request and returns, for each statement index in `want`, the first
+    /// column of that statement's first row (`None` for no row, a NULL, or no index).
+    /// On dblock's own connections the request may carry a `ROLLBACK` still waiting to
+    /// be sent (see [`Conn::rollback_soon`]) in the same message.
+    ///
+    /// Not cancel safe by itself: callers hold the connection in an [`Armed`] while
+    /// awaiting it.
+    pub(crate) async fn lock_query<const N: usize>(
+        &self,
+        sql: &LockSql,
+        want: [Option<usize>; N],
+    ) -> Result<[Option<String>; N], QueryError> {
         match self {
-            Conn::Native(c) => c.lock_query(sql).await,
-            Conn::Sqlx(c) => c.query(sql).await,
+            Conn::Native(c) => c.lock_query(sql, want).await,
+            Conn::Sqlx(c) => {
+                let rows = c.query(sql.alone()).await?;
+                Ok(want.map(|i| i.and_then(|i| super::first_value(&rows, i))))
+            }
         }
     }
 

@@ -15,13 +15,13 @@ use std::sync::{Arc, Mutex, Weak};
 use std::task::Poll;
 use std::time::Duration;
 
-use futures_util::FutureExt;
 use futures_util::task::AtomicWaker;
+use futures_util::{FutureExt, StreamExt};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
-use tokio_postgres::{Client, NoTls, SimpleQueryMessage};
+use tokio_postgres::{Client, NoTls, SimpleQueryMessage, SimpleQueryStream};
 
-use super::conn::{Link, QueryError, Results};
+use super::conn::{Link, LockSql, QueryError, Results};
 use crate::{Error, LossReason};
 
 /// The pool's settings and idle connections.
@@ -228,6 +228,39 @@ fn queue(client: &Client, sql: &str) -> bool {
     matches!(client.simple_query_raw(sql).now_or_never(), Some(Ok(_)))
 }
 
+/// Queues a simple query on the connection; its reply comes through the stream.
+fn send(client: &Client, sql: &str) -> Result<SimpleQueryStream, QueryError> {
+    // Queued in the first poll (see `queue`); a driver that ever needed more would make
+    // this fail loudly rather than send out of order.
+    match client.simple_query_raw(sql).now_or_never() {
+        Some(Ok(stream)) => Ok(stream),
+        Some(Err(e)) => Err(QueryError::from_driver(e)),
+        None => Err(QueryError::Lost {
+            message: "the driver did not queue the request at once".into(),
+        }),
+    }
+}
+
+/// Reads a simple query's reply as it streams in: `row(i, value)` for each row of
+/// statement `i` (its first column), without collecting the messages. Returns the
+/// number of statements.
+async fn read(
+    stream: SimpleQueryStream,
+    mut row: impl FnMut(usize, Option<&str>),
+) -> Result<usize, QueryError> {
+    let mut stream = std::pin::pin!(stream);
+    let mut i = 0;
+    while let Some(m) = stream.next().await {
+        match m.map_err(QueryError::from_driver)? {
+            SimpleQueryMessage::Row(r) => row(i, r.get(0)),
+            // An empty query ends with EmptyQueryResponse, which counts as a statement too.
+            SimpleQueryMessage::CommandComplete(_) => i += 1,
+            _ => {}
+        }
+    }
+    Ok(i)
+}
+
 /// Runs a connection: its I/O, and while a lock is held on it, a health check every
 /// interval. Marks the link lost when the connection ends or a check goes unanswered
 /// for `timeout`; returning drops the socket, which ends the server session.
@@ -356,49 +389,56 @@ impl NativeConn {
                 message: "the connection closed".into(),
             });
         }
-        self.run(sql, false).await
-    }
-
-    /// [`NativeConn::query`] for a lock request: a `ROLLBACK` still waiting to be sent
-    /// on the connection goes out in the same message, ahead of `sql`, and its result
-    /// is left out of the results.
-    ///
-    /// Only for requests that behave alike after a `ROLLBACK` in their own message: the
-    /// lock requests, which either begin a transaction or are plain `SELECT`s.
-    pub(crate) async fn lock_query(&self, sql: &str) -> Result<Results, QueryError> {
-        let merged = {
-            let mut waiting = self.outbox.lock();
-            std::mem::take(&mut *waiting)
-        };
-        if merged {
-            self.run(&format!("ROLLBACK; {sql}"), true).await
-        } else {
-            self.run(sql, false).await
-        }
-    }
-
-    async fn run(&self, sql: &str, skip_first: bool) -> Result<Results, QueryError> {
-        let messages = self
-            .client
-            .simple_query(sql)
-            .await
-            .map_err(QueryError::from_driver)?;
-        let mut out: Results = vec![Vec::new()];
-        for m in messages {
-            match m {
-                SimpleQueryMessage::Row(row) => {
-                    if let Some(last) = out.last_mut() {
-                        last.push(row.get(0).map(str::to_string));
-                    }
-                }
-                SimpleQueryMessage::CommandComplete(_) => out.push(Vec::new()),
-                _ => {}
+        let mut out: Results = Vec::new();
+        let statements = read(send(&self.client, sql)?, |i, value| {
+            if out.len() <= i {
+                out.resize_with(i + 1, Vec::new);
             }
-        }
-        out.pop();
-        if skip_first && !out.is_empty() {
-            out.remove(0);
-        }
+            out[i].push(value.map(str::to_string));
+        })
+        .await?;
+        out.resize_with(statements, Vec::new);
+        Ok(out)
+    }
+
+    /// Sends a lock request and returns, for each statement index in `want`, the first
+    /// column of that statement's first row (`None` for no row, a NULL, or no index).
+    ///
+    /// A `ROLLBACK` still waiting to be sent on the connection (see [`Outbox`]) goes
+    /// out in the same message, ahead of the request, and is not counted in `want`'s
+    /// indices. Only for lock requests, which behave alike after a `ROLLBACK` in their
+    /// own message: they begin a transaction of their own or are plain `SELECT`s.
+    ///
+    /// Not cancel safe by itself: callers arm an abandon before awaiting it.
+    pub(crate) async fn lock_query<const N: usize>(
+        &self,
+        sql: &LockSql,
+        want: [Option<usize>; N],
+    ) -> Result<[Option<String>; N], QueryError> {
+        let (stream, carried) = {
+            let mut waiting = self.outbox.lock();
+            let carried = std::mem::take(&mut *waiting);
+            let text = match carried {
+                true => sql.carrying_rollback(),
+                false => sql.alone(),
+            };
+            // Queued before the mutex is released, like the task's own flush.
+            (send(&self.client, text)?, usize::from(carried))
+        };
+        let mut out: [Option<String>; N] = std::array::from_fn(|_| None);
+        let mut seen = [false; N];
+        read(stream, |i, value| {
+            let Some(i) = i.checked_sub(carried) else {
+                return;
+            };
+            for ((w, seen), out) in want.iter().zip(&mut seen).zip(&mut out) {
+                if *w == Some(i) && !*seen {
+                    *seen = true;
+                    *out = value.map(str::to_string);
+                }
+            }
+        })
+        .await?;
         Ok(out)
     }
 
