@@ -109,8 +109,6 @@ pub(crate) struct Link {
     holding: AtomicBool,
     /// `Some` once the connection is known to be gone.
     lost: watch::Sender<Option<LossReason>>,
-    /// Tells the connection's task to drop the socket now.
-    close_now: tokio::sync::Notify,
 }
 
 impl Link {
@@ -118,19 +116,7 @@ impl Link {
         Arc::new(Link {
             holding: AtomicBool::new(false),
             lost: watch::Sender::new(None),
-            close_now: tokio::sync::Notify::new(),
         })
-    }
-
-    /// Asks the connection's task to drop the socket at once, without waiting for
-    /// replies still outstanding (a blocked lock request's, say).
-    pub(crate) fn close_now(&self) {
-        self.close_now.notify_one();
-    }
-
-    /// Resolves when [`Link::close_now`] has been called.
-    pub(crate) async fn closing(&self) {
-        self.close_now.notified().await;
     }
 
     pub(crate) fn holding(&self) -> bool {

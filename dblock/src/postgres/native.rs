@@ -11,6 +11,9 @@
 //! server answers both with one reply (see `Outbox`). sqlx can only send when the
 //! connection is next awaited.
 
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::task::Poll;
 use std::time::Duration;
@@ -18,7 +21,6 @@ use std::time::Duration;
 use futures_util::task::AtomicWaker;
 use futures_util::{FutureExt, StreamExt};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-use tokio::time::Instant;
 use tokio_postgres::{Client, NoTls, SimpleQueryMessage, SimpleQueryStream};
 
 use super::conn::{Link, LockSql, QueryError, Results};
@@ -199,7 +201,10 @@ struct Outbox {
     /// (alone, or ahead of its own request) while holding the mutex, so nothing issued
     /// later on the connection can overtake it.
     rollback: Mutex<bool>,
-    /// The connection's task, woken when there is something to send.
+    /// Set to have the connection's task drop the socket at once, without waiting for
+    /// replies still outstanding (a blocked lock request's, say).
+    closing: AtomicBool,
+    /// The connection's task, woken when there is something to send or to close.
     task: AtomicWaker,
 }
 
@@ -216,6 +221,24 @@ impl Outbox {
         }
         *waiting = false;
         queue(client, "ROLLBACK")
+    }
+
+    /// [`Outbox::flush`] from the connection's task, which holds the client weakly.
+    /// Returns false if a `ROLLBACK` waits and cannot be queued (the client is gone: the
+    /// session ends with the connection, which releases everything it held).
+    fn flush_with(&self, client: impl FnOnce() -> Option<Arc<Client>>) -> bool {
+        let mut waiting = self.lock();
+        if !*waiting {
+            return true;
+        }
+        *waiting = false;
+        client().is_some_and(|c| queue(&c, "ROLLBACK"))
+    }
+
+    /// Has the connection's task drop the socket at once.
+    fn close_now(&self) {
+        self.closing.store(true, Ordering::Release);
+        self.task.wake();
     }
 }
 
@@ -264,6 +287,11 @@ async fn read(
 /// Runs a connection: its I/O, and while a lock is held on it, a health check every
 /// interval. Marks the link lost when the connection ends or a check goes unanswered
 /// for `timeout`; returning drops the socket, which ends the server session.
+///
+/// One hand-written poll rather than a `select!` loop: it runs twice per lock cycle (to
+/// write the request, to read the reply), so it does no more than it must each time —
+/// no future is built or registered anew, and the timers are polled only while they
+/// can matter.
 async fn drive(
     connection: tokio_postgres::Connection<
         tokio_postgres::Socket,
@@ -275,91 +303,72 @@ async fn drive(
     interval: Duration,
     timeout: Duration,
 ) {
-    type Ping = std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), QueryError>> + Send>>;
+    type Ping = Pin<Box<dyn Future<Output = Result<(), QueryError>> + Send>>;
     let mut connection = std::pin::pin!(connection);
-    let mut ping: Option<(Ping, Instant)> = None;
+    // A check in flight, and when it fails if still unanswered.
+    let mut ping: Option<(Ping, Pin<Box<tokio::time::Sleep>>)> = None;
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        // A check in flight is declared failed the moment its deadline passes, not at
-        // the next tick.
-        let ping_deadline = ping.as_ref().map(|(_, since)| *since + timeout);
-        let ping_done = async {
-            match &mut ping {
-                Some((p, _)) => p.await,
-                None => std::future::pending().await,
-            }
-        };
-        let ping_overdue = async {
-            match ping_deadline {
-                Some(d) => tokio::time::sleep_until(d).await,
-                None => std::future::pending().await,
-            }
-        };
+    let lost = std::future::poll_fn(|cx| {
+        outbox.task.register(cx.waker());
+        if outbox.closing.load(Ordering::Acquire) {
+            return Poll::Ready(LossReason::ConnectionClosed {
+                message: "closed by dblock".into(),
+            });
+        }
         // A ROLLBACK handed over since the last poll goes out before anything else.
-        let handed_over = std::future::poll_fn(|cx| {
-            outbox.task.register(cx.waker());
+        if !outbox.flush_with(|| client.upgrade()) {
+            return Poll::Ready(LossReason::ConnectionClosed {
+                message: "the connection closed".into(),
+            });
+        }
+        if let Poll::Ready(end) = connection.as_mut().poll(cx) {
+            let message = match end {
+                Ok(()) => "closed by dblock".to_string(),
+                Err(e) => match QueryError::from_driver(e) {
+                    QueryError::Db { message, .. } | QueryError::Lost { message } => message,
+                },
+            };
+            return Poll::Ready(LossReason::ConnectionClosed { message });
+        }
+        loop {
+            if let Some((p, overdue)) = &mut ping {
+                match p.as_mut().poll(cx) {
+                    Poll::Ready(res) => {
+                        ping = None;
+                        if let Err(QueryError::Lost { message }) = res {
+                            link.mark_lost(LossReason::ConnectionClosed { message });
+                        }
+                    }
+                    // Failed the moment its deadline passes, not at the next tick.
+                    Poll::Pending => {
+                        if overdue.as_mut().poll(cx).is_ready() {
+                            return Poll::Ready(LossReason::Unresponsive { after: timeout });
+                        }
+                    }
+                }
+            }
+            if tick.poll_tick(cx).is_pending() {
+                return Poll::Pending;
+            }
+            // A tick: check the connection if a lock is held on it and no check is out.
+            if !link.holding() || ping.is_some() {
+                continue;
+            }
             if let Some(c) = client.upgrade() {
-                if !outbox.flush(&c) {
-                    return Poll::Ready(());
-                }
-            }
-            Poll::Pending
-        });
-        tokio::select! {
-            biased;
-            () = handed_over => {
-                link.mark_lost(LossReason::ConnectionClosed { message: "the connection closed".into() });
-                return;
-            }
-            () = link.closing() => {
-                link.mark_lost(LossReason::ConnectionClosed { message: "closed by dblock".into() });
-                return;
-            }
-            end = &mut connection => {
-                let message = match end {
-                    Ok(()) => "closed by dblock".to_string(),
-                    Err(e) => match QueryError::from_driver(e) {
-                        QueryError::Db { message, .. } | QueryError::Lost { message } => message,
-                    },
-                };
-                link.mark_lost(LossReason::ConnectionClosed { message });
-                return;
-            }
-            () = ping_overdue => {
-                link.mark_lost(LossReason::Unresponsive { after: timeout });
-                return;
-            }
-            res = ping_done => {
-                ping = None;
-                if let Err(QueryError::Lost { message }) = res {
-                    link.mark_lost(LossReason::ConnectionClosed { message });
-                }
-            }
-            _ = tick.tick() => {
-                if !link.holding() {
-                    continue;
-                }
-                match &ping {
-                    Some((_, since)) => {
-                        let after = since.elapsed();
-                        if after >= timeout {
-                            link.mark_lost(LossReason::Unresponsive { after });
-                            return;
-                        }
-                    }
-                    None => {
-                        if let Some(c) = client.upgrade() {
-                            let p: Ping = Box::pin(async move {
-                                c.simple_query("").await.map(|_| ()).map_err(QueryError::from_driver)
-                            });
-                            ping = Some((p, Instant::now()));
-                        }
-                    }
-                }
+                let p: Ping = Box::pin(async move {
+                    c.simple_query("")
+                        .await
+                        .map(|_| ())
+                        .map_err(QueryError::from_driver)
+                });
+                let overdue = Box::pin(tokio::time::sleep(timeout));
+                ping = Some((p, overdue));
             }
         }
-    }
+    })
+    .await;
+    link.mark_lost(lost);
 }
 
 /// One of dblock's connections, checked out of the pool.
@@ -508,7 +517,7 @@ impl NativeConn {
         self.link.mark_lost(LossReason::ConnectionClosed {
             message: "closed by dblock after a request on it was cut off".into(),
         });
-        self.link.close_now();
+        self.outbox.close_now();
         let token = self.client.cancel_token();
         drop(self);
         if let Ok(h) = tokio::runtime::Handle::try_current() {
