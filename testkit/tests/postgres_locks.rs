@@ -175,11 +175,11 @@ async fn dropping_a_guard_releases_without_further_use_of_its_handle() {
     }
 }
 
-/// A transaction-scoped guard dropped just before the next request on its connection
-/// (one pooled connection, nothing awaited in between) has its ROLLBACK carried in
-/// that request's message: the old lock is released before the new request runs, and
-/// every kind of request reads its own results, not the ROLLBACK's. (One thread, so the
-/// connection's task cannot send the ROLLBACK on its own in between.)
+/// A guard dropped just before the next request on its connection (one pooled
+/// connection, nothing awaited in between) has its release carried in that request's
+/// message: the old lock is released before the new request runs, and every kind of
+/// request reads its own results, not the release's. (One thread, so the connection's
+/// task cannot send the release on its own in between.)
 #[tokio::test(flavor = "current_thread")]
 async fn a_release_carried_by_the_next_request_still_goes_first() {
     let s = PgSchema::new("carried").await;
@@ -191,58 +191,89 @@ async fn a_release_carried_by_the_next_request_still_goes_first() {
         .unwrap();
     let other = s.locks().await;
     let held_elsewhere = other.lock("busy").await.unwrap();
-    let only_one_lock = || async {
+    let granted = || async {
         let rows = s.advisory_of_sessions().await;
         rows.iter().filter(|r| r.2).count()
     };
-    for round in 0..20 {
-        // Each request below follows a dropped transaction-scoped guard at once.
-        let g = locks.lock("a").await.unwrap();
-        drop(g);
-        let b = locks.try_lock("b").await.unwrap().expect("b is free");
-        assert!(
-            other.try_lock("a").await.unwrap().is_some(),
-            "{round}: a was released"
-        );
-        assert!(
-            other.try_lock("b").await.unwrap().is_none(),
-            "{round}: b is held"
-        );
-        // `busy` (held elsewhere, plus b) counted once each: a is gone.
-        assert_eq!(only_one_lock().await, 2, "{round}");
-        drop(b);
-        // A try for a lock held elsewhere reads its own `f`, not the ROLLBACK's result.
-        assert!(locks.try_lock("busy").await.unwrap().is_none(), "{round}");
-        // A try that failed leaves a ROLLBACK to be carried, too.
-        let b = locks.try_lock("b").await.unwrap().expect("b is free again");
-        drop(b);
-        let waited = locks
-            .try_lock_for("b", Duration::from_secs(5))
-            .await
-            .unwrap();
-        drop(waited.expect("b is free"));
-        // A session-scoped request after a carried ROLLBACK leaves no transaction open.
-        let sess = locks
-            .request("c")
-            .scope(Scope::Session)
-            .lock()
-            .await
-            .unwrap();
-        let holder = s.advisory(sess.key()).await;
-        assert_eq!(holder.len(), 1, "{round}: {holder:?}");
-        let state = s
-            .sessions()
-            .await
-            .into_iter()
-            .find(|(pid, _)| *pid == holder[0].0);
-        assert_eq!(state.map(|s| s.1).as_deref(), Some("idle"), "{round}");
-        sess.release().await.unwrap();
-        let g = locks.lock("a").await.unwrap();
-        drop(g);
-        let f = locks.request("f").fenced().lock().await.unwrap();
-        assert!(f.fencing_token().is_some_and(|t| t > round), "{round}");
-        drop(f);
+    // The guards whose releases are carried: each kind of release.
+    let take_a = |kind: usize| {
+        let r = locks.request("a");
+        match kind {
+            0 => r,
+            1 => r.scope(Scope::Session),
+            2 => r.scope(Scope::Session).shared(),
+            _ => r.scope(Scope::Session).lease(Duration::from_secs(2)),
+        }
+        .lock()
+    };
+    for round in 0..4 {
+        for kind in 0..4 {
+            let at = format!("round {round}, release kind {kind}");
+            drop(take_a(kind).await.unwrap());
+            let b = locks.try_lock("b").await.unwrap().expect("b is free");
+            assert!(
+                other.try_lock("a").await.unwrap().is_some(),
+                "{at}: a was released"
+            );
+            assert!(
+                other.try_lock("b").await.unwrap().is_none(),
+                "{at}: b is held"
+            );
+            // `busy` (held elsewhere) and b: a is gone.
+            assert_eq!(granted().await, 2, "{at}");
+            drop(b);
+            // A try for a lock held elsewhere reads its own `f`, not the release's result.
+            drop(take_a(kind).await.unwrap());
+            assert!(locks.try_lock("busy").await.unwrap().is_none(), "{at}");
+            // A try that failed leaves a ROLLBACK to be carried, too.
+            drop(take_a(kind).await.unwrap());
+            let b = locks.try_lock("b").await.unwrap().expect("b is free again");
+            drop(b);
+            drop(take_a(kind).await.unwrap());
+            let waited = locks
+                .try_lock_for("b", Duration::from_secs(5))
+                .await
+                .unwrap();
+            drop(waited.expect("b is free"));
+            // A session-scoped request after a carried release leaves no transaction
+            // open.
+            drop(take_a(kind).await.unwrap());
+            let sess = locks
+                .request("c")
+                .scope(Scope::Session)
+                .try_lock()
+                .await
+                .unwrap()
+                .expect("c is free");
+            let holder = s.advisory(sess.key()).await;
+            assert_eq!(holder.len(), 1, "{at}: {holder:?}");
+            let state = s
+                .sessions()
+                .await
+                .into_iter()
+                .find(|(pid, _)| *pid == holder[0].0);
+            assert_eq!(state.map(|s| s.1).as_deref(), Some("idle"), "{at}");
+            assert_eq!(granted().await, 2, "{at}: busy and c");
+            sess.release().await.unwrap();
+            drop(take_a(kind).await.unwrap());
+            let f = locks.request("f").fenced().lock().await.unwrap();
+            assert!(f.fencing_token().is_some(), "{at}");
+            assert_eq!(granted().await, 2, "{at}: busy and f");
+            drop(f);
+        }
     }
+    // The leased lock's carried release reset idle_session_timeout: its connection
+    // outlives the lease, idle.
+    let s = &s;
+    let pid_of = |g: dblock::LockGuard| async move { s.advisory(g.key()).await[0].0 };
+    drop(take_a(3).await.unwrap());
+    let before = pid_of(locks.lock("p").await.unwrap()).await;
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let after = pid_of(locks.lock("p").await.unwrap()).await;
+    assert_eq!(
+        before, after,
+        "the connection was ended by a leftover lease"
+    );
     drop(held_elsewhere);
     let clean = s
         .eventually(10, || async {

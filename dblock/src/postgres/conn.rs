@@ -2,6 +2,7 @@
 //! borrowed from the caller's sqlx pool. The acquisition logic is written once over
 //! the few operations both offer.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -13,6 +14,47 @@ use crate::{Error, LossReason};
 
 /// Rows of each statement of a simple query, first column only, as text.
 pub(crate) type Results = Vec<Vec<Option<String>>>;
+
+/// A held lock's release, as handed to [`Conn::release_soon`].
+pub(crate) enum Release {
+    /// `ROLLBACK`, which ends a transaction-scoped lock's transaction.
+    Rollback,
+    /// A session-scoped lock's unlock: `statements` statements that can run in a
+    /// transaction of their own.
+    Unlock {
+        sql: Cow<'static, str>,
+        statements: usize,
+    },
+}
+
+impl Release {
+    /// The release sent on its own.
+    pub(crate) fn sql(&self) -> &str {
+        match self {
+            Release::Rollback => "ROLLBACK",
+            Release::Unlock { sql, .. } => sql,
+        }
+    }
+
+    /// The message of lock request `req` carrying this release at its head, and how
+    /// many statements the release adds before the request's.
+    pub(crate) fn carried_by<'a>(&self, req: &'a LockSql) -> (Cow<'a, str>, usize) {
+        match self {
+            Release::Rollback => (Cow::Borrowed(req.carrying_rollback()), 1),
+            // In a transaction of its own, as when sent alone: committed whatever the
+            // request then does, and the request starts with no snapshot taken (a BEGIN
+            // ISOLATION LEVEL after a SELECT in one implicit block could fail).
+            Release::Unlock { sql, statements } => {
+                let req = req.alone();
+                let mut text = String::with_capacity(sql.len() + req.len() + 17);
+                for part in ["BEGIN; ", sql, "; COMMIT; ", req] {
+                    text.push_str(part);
+                }
+                (Cow::Owned(text), statements + 2)
+            }
+        }
+    }
+}
 
 /// The SQL of a lock request, written behind room for a `ROLLBACK` so that the request
 /// can carry one waiting to be sent on its connection without copying itself.
@@ -187,8 +229,8 @@ impl Conn {
 
     /// Sends a lock request and returns, for each statement index in `want`, the first
     /// column of that statement's first row (`None` for no row, a NULL, or no index).
-    /// On dblock's own connections the request may carry a `ROLLBACK` still waiting to
-    /// be sent (see [`Conn::rollback_soon`]) in the same message.
+    /// On dblock's own connections the request may carry a release still waiting to be
+    /// sent (see [`Conn::release_soon`]) in the same message.
     ///
     /// Not cancel safe by itself: callers hold the connection in an [`Armed`] while
     /// awaiting it.
@@ -206,15 +248,15 @@ impl Conn {
         }
     }
 
-    /// Sends `ROLLBACK` without waiting for its reply, ordered before anything sent
-    /// after it. On dblock's own connections it is handed to the connection's task, which
-    /// sends it the next time it runs, unless the next lock request on the connection
-    /// comes first and carries it in its own message. Returns false if the connection is
-    /// gone.
-    pub(crate) fn rollback_soon(&self) -> bool {
+    /// Sends a held lock's release without waiting for its reply, ordered before
+    /// anything sent after it. On dblock's own connections it is handed to the
+    /// connection's task, which sends it the next time it runs, unless the next lock
+    /// request on the connection comes first and carries it in its own message. Returns
+    /// false if the connection is gone.
+    pub(crate) fn release_soon(&self, release: Release) -> bool {
         match self {
-            Conn::Native(c) => c.rollback_soon(),
-            Conn::Sqlx(c) => c.fire("ROLLBACK"),
+            Conn::Native(c) => c.release_soon(release),
+            Conn::Sqlx(c) => c.fire(release.sql()),
         }
     }
 

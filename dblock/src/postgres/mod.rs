@@ -42,7 +42,7 @@ use tokio::time::Instant;
 use crate::locks::{Builder, Grant, Mode, Req, Scope, Wait};
 use crate::{Error, Key, LossReason};
 
-pub(crate) use conn::{Armed, Conn, LockSql, QueryError, Results};
+pub(crate) use conn::{Armed, Conn, LockSql, QueryError, Release, Results};
 use native::Pool;
 use sqlx_conn::SqlxSource;
 
@@ -561,7 +561,7 @@ impl Plan {
             ),
             // Ends the transaction, failed or not (a warning if there is none).
             Scope::Transaction => {
-                conn.rollback_soon();
+                conn.release_soon(Release::Rollback);
                 return;
             }
             // A session lock may have been granted before a later statement failed:
@@ -596,6 +596,14 @@ fn i64_text(k: i64, buf: &mut [u8; 20]) -> &str {
     std::str::from_utf8(&buf[at..]).unwrap_or_default()
 }
 
+/// How many statements [`release_sql`] writes.
+fn release_statements(scope: Scope, lease: bool) -> usize {
+    match scope {
+        Scope::Session if lease => 2,
+        _ => 1,
+    }
+}
+
 /// The statement that releases a held lock.
 fn release_sql(scope: Scope, mode: Mode, key: Key, lease: bool) -> Cow<'static, str> {
     if scope == Scope::Session && lease {
@@ -605,16 +613,18 @@ fn release_sql(scope: Scope, mode: Mode, key: Key, lease: bool) -> Cow<'static, 
             release_sql(scope, mode, key, false)
         ));
     }
-    match (scope, mode) {
-        (Scope::Transaction, _) => Cow::Borrowed("ROLLBACK"),
-        (Scope::Session, Mode::Exclusive) => {
-            Cow::Owned(format!("SELECT pg_advisory_unlock({})", key.as_i64()))
-        }
-        (Scope::Session, Mode::Shared) => Cow::Owned(format!(
-            "SELECT pg_advisory_unlock_shared({})",
-            key.as_i64()
-        )),
+    let f = match (scope, mode) {
+        (Scope::Transaction, _) => return Cow::Borrowed("ROLLBACK"),
+        (Scope::Session, Mode::Exclusive) => "SELECT pg_advisory_unlock(",
+        (Scope::Session, Mode::Shared) => "SELECT pg_advisory_unlock_shared(",
+    };
+    let mut kbuf = [0u8; 20];
+    let k = i64_text(key.as_i64(), &mut kbuf);
+    let mut sql = String::with_capacity(f.len() + k.len() + 1);
+    for part in [f, k, ")"] {
+        sql.push_str(part);
     }
+    Cow::Owned(sql)
 }
 
 /// The PostgreSQL half of a guard.
@@ -675,6 +685,8 @@ pub(crate) struct Pinned {
     link: Arc<conn::Link>,
     /// The release statement (no allocation for a transaction-scoped lock's).
     release: Cow<'static, str>,
+    /// How many statements `release` is.
+    release_statements: usize,
     scope: Scope,
     /// How long a release may go unanswered before the connection is given up.
     release_timeout: Duration,
@@ -686,6 +698,7 @@ impl Pinned {
             link: conn.link().clone(),
             conn: Some(conn),
             release: release_sql(req.scope, req.mode, req.key, req.lease.is_some()),
+            release_statements: release_statements(req.scope, req.lease.is_some()),
             scope: req.scope,
             release_timeout,
         }
@@ -778,11 +791,14 @@ impl Drop for Pinned {
     fn drop(&mut self) {
         if let Some(conn) = self.conn.take() {
             conn.link().set_holding(false);
-            let sent = match self.scope {
-                Scope::Transaction => conn.rollback_soon(),
-                Scope::Session => conn.fire(&self.release),
+            let release = match self.scope {
+                Scope::Transaction => Release::Rollback,
+                Scope::Session => Release::Unlock {
+                    sql: std::mem::take(&mut self.release),
+                    statements: self.release_statements,
+                },
             };
-            if sent {
+            if conn.release_soon(release) {
                 conn.recycle();
             } else {
                 conn.abandon();
@@ -949,6 +965,34 @@ mod tests {
         assert_eq!(p.wanted(), [Some(1), None]);
         assert_eq!(p.outcome(&[Some("t".into()), None]), Some(None));
         assert_eq!(p.outcome(&[Some("f".into()), None]), None);
+    }
+
+    #[test]
+    fn a_session_release_is_carried_in_a_transaction_of_its_own() {
+        for (mode, lease) in [
+            (Mode::Exclusive, false),
+            (Mode::Shared, false),
+            (Mode::Exclusive, true),
+        ] {
+            let sql = release_sql(Scope::Session, mode, Key::from_i64(7), lease);
+            let statements = release_statements(Scope::Session, lease);
+            assert_eq!(sql.split("; ").count(), statements, "{sql}");
+            let r = Release::Unlock { sql, statements };
+            let p = Plan::new_t(
+                &req(Scope::Transaction, Mode::Exclusive, Wait::Try, false),
+                None,
+            );
+            let (text, skip) = r.carried_by(&p.sql);
+            assert!(
+                text.starts_with("BEGIN; SELECT pg_advisory_unlock"),
+                "{text}"
+            );
+            let stmts: Vec<&str> = text.split("; ").collect();
+            assert_eq!(stmts[skip - 1], "COMMIT");
+            assert_eq!(stmts[skip..].join("; "), p.sql.alone());
+        }
+        assert_eq!(release_statements(Scope::Transaction, true), 1);
+        assert_eq!(Release::Rollback.sql(), "ROLLBACK");
     }
 
     #[test]

@@ -4,12 +4,11 @@
 //! a request is handed to the connection's task the moment it is issued, and that task
 //! is dblock's own (`drive`), so a guard's `Drop` can *send* its release
 //! synchronously, without waiting for the reply and without spawning: it hands the
-//! release to the connection's task, which writes it the next time it runs. A
-//! transaction-scoped guard's `ROLLBACK` goes one better: if the next lock request on
-//! that connection is issued before the task has run (a loop that takes and drops
-//! locks), the request carries the `ROLLBACK` at the head of its own message, so the
-//! server answers both with one reply (see `Outbox`). sqlx can only send when the
-//! connection is next awaited.
+//! release to the connection's task, which writes it the next time it runs. And if
+//! the next lock request on that connection is issued before the task has run (a loop
+//! that takes and drops locks), the request carries the release at the head of its own
+//! message, so the server answers both with one reply (see `Outbox`). sqlx can only
+//! send when the connection is next awaited.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -23,7 +22,7 @@ use futures_util::{FutureExt, StreamExt};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_postgres::{Client, NoTls, SimpleQueryMessage, SimpleQueryStream};
 
-use super::conn::{Link, LockSql, QueryError, Results};
+use super::conn::{Link, LockSql, QueryError, Release, Results};
 use crate::{Error, LossReason};
 
 /// The pool's settings and idle connections.
@@ -185,7 +184,7 @@ impl Pool {
     }
 }
 
-/// A `ROLLBACK` handed from a guard's drop to the connection's task, so that it can go
+/// A release handed from a guard's drop to the connection's task, so that it can go
 /// out in one message with the next lock request on the connection.
 ///
 /// Sent on its own, a release costs a message of its own and, on the client, a wake-up
@@ -193,14 +192,16 @@ impl Pool {
 /// here instead, it is queued by the connection's task the next time that task runs —
 /// exactly when a request queued on the driver would have been written — unless a lock
 /// request on the connection comes first (a loop that takes and drops locks), which
-/// then carries it: `ROLLBACK; BEGIN …; SELECT pg_advisory_xact_lock(…)`, one message,
-/// one reply. Either way it leaves no later than it would have.
+/// then carries it at the head of its own message: `ROLLBACK; BEGIN …; SELECT
+/// pg_advisory_xact_lock(…)`, or `BEGIN; SELECT pg_advisory_unlock(…); COMMIT; …` for
+/// a session-scoped lock's. One message, one reply; either way the release leaves no
+/// later than it would have.
 #[derive(Default)]
 struct Outbox {
-    /// Whether a `ROLLBACK` waits to be sent. Whoever clears it queues the `ROLLBACK`
-    /// (alone, or ahead of its own request) while holding the mutex, so nothing issued
-    /// later on the connection can overtake it.
-    rollback: Mutex<bool>,
+    /// The release waiting to be sent. Whoever takes it queues it (alone, or ahead of
+    /// its own request) while holding the mutex, so nothing issued later on the
+    /// connection can overtake it.
+    waiting: Mutex<Option<Release>>,
     /// Set to have the connection's task drop the socket at once, without waiting for
     /// replies still outstanding (a blocked lock request's, say).
     closing: AtomicBool,
@@ -209,30 +210,28 @@ struct Outbox {
 }
 
 impl Outbox {
-    fn lock(&self) -> std::sync::MutexGuard<'_, bool> {
-        self.rollback.lock().unwrap_or_else(|p| p.into_inner())
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Release>> {
+        self.waiting.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Queues a waiting `ROLLBACK` on its own. Returns false if it could not be.
+    /// Queues a waiting release on its own. Returns false if it could not be.
     fn flush(&self, client: &Client) -> bool {
         let mut waiting = self.lock();
-        if !*waiting {
-            return true;
+        match waiting.take() {
+            None => true,
+            Some(r) => queue(client, r.sql()),
         }
-        *waiting = false;
-        queue(client, "ROLLBACK")
     }
 
     /// [`Outbox::flush`] from the connection's task, which holds the client weakly.
-    /// Returns false if a `ROLLBACK` waits and cannot be queued (the client is gone: the
+    /// Returns false if a release waits and cannot be queued (the client is gone: the
     /// session ends with the connection, which releases everything it held).
     fn flush_with(&self, client: impl FnOnce() -> Option<Arc<Client>>) -> bool {
         let mut waiting = self.lock();
-        if !*waiting {
-            return true;
+        match waiting.take() {
+            None => true,
+            Some(r) => client().is_some_and(|c| queue(&c, r.sql())),
         }
-        *waiting = false;
-        client().is_some_and(|c| queue(&c, "ROLLBACK"))
     }
 
     /// Has the connection's task drop the socket at once.
@@ -413,10 +412,11 @@ impl NativeConn {
     /// Sends a lock request and returns, for each statement index in `want`, the first
     /// column of that statement's first row (`None` for no row, a NULL, or no index).
     ///
-    /// A `ROLLBACK` still waiting to be sent on the connection (see [`Outbox`]) goes
-    /// out in the same message, ahead of the request, and is not counted in `want`'s
-    /// indices. Only for lock requests, which behave alike after a `ROLLBACK` in their
-    /// own message: they begin a transaction of their own or are plain `SELECT`s.
+    /// A release still waiting to be sent on the connection (see [`Outbox`]) goes out
+    /// in the same message, ahead of the request, and its statements are not counted
+    /// in `want`'s indices. Only for lock requests, which behave alike after a
+    /// transaction ended in their own message: they begin a transaction of their own
+    /// or are plain `SELECT`s.
     ///
     /// Not cancel safe by itself: callers arm an abandon before awaiting it.
     pub(crate) async fn lock_query<const N: usize>(
@@ -426,13 +426,14 @@ impl NativeConn {
     ) -> Result<[Option<String>; N], QueryError> {
         let (stream, carried) = {
             let mut waiting = self.outbox.lock();
-            let carried = std::mem::take(&mut *waiting);
-            let text = match carried {
-                true => sql.carrying_rollback(),
-                false => sql.alone(),
-            };
             // Queued before the mutex is released, like the task's own flush.
-            (send(&self.client, text)?, usize::from(carried))
+            match waiting.take() {
+                None => (send(&self.client, sql.alone())?, 0),
+                Some(release) => {
+                    let (text, carried) = release.carried_by(sql);
+                    (send(&self.client, &text)?, carried)
+                }
+            }
         };
         let mut out: [Option<String>; N] = std::array::from_fn(|_| None);
         let mut seen = [false; N];
@@ -451,14 +452,23 @@ impl NativeConn {
         Ok(out)
     }
 
-    /// Hands a `ROLLBACK` to the connection's task: it goes out the next time that task
-    /// runs, or with the next lock request if that comes first (see [`Outbox`]). Returns
-    /// false if the connection is gone.
-    pub(crate) fn rollback_soon(&self) -> bool {
+    /// Hands a held lock's release to the connection's task: it goes out the next time
+    /// that task runs, or with the next lock request if that comes first (see
+    /// [`Outbox`]). Returns false if the connection is gone.
+    pub(crate) fn release_soon(&self, release: Release) -> bool {
         if self.client.is_closed() {
             return false;
         }
-        *self.outbox.lock() = true;
+        {
+            let mut waiting = self.outbox.lock();
+            // One holder at a time, so never two; were there, the first goes first.
+            if let Some(earlier) = waiting.take() {
+                if !queue(&self.client, earlier.sql()) {
+                    return false;
+                }
+            }
+            *waiting = Some(release);
+        }
         self.outbox.task.wake();
         true
     }
