@@ -284,6 +284,84 @@ async fn a_release_carried_by_the_next_request_still_goes_first() {
     assert!(clean, "left behind: {:?}", s.advisory_of_sessions().await);
 }
 
+/// A held transaction-scoped lock holds no snapshot (READ COMMITTED whatever the
+/// server's default isolation), also when its transaction was begun by a carried
+/// `ROLLBACK AND CHAIN` of the previous lock's, and after a failed request whose
+/// `ROLLBACK` is carried as a plain one.
+#[tokio::test(flavor = "current_thread")]
+async fn a_held_lock_holds_no_snapshot_even_when_its_transaction_is_chained() {
+    let s = PgSchema::new("snapshot").await;
+    // The schema's own URL, with the isolation default added to its options.
+    let url = dblock_testkit::with_params(
+        &dblock_testkit::pg_url(),
+        &[
+            (
+                "options",
+                &format!(
+                    "-c search_path={} -c default_transaction_isolation=serializable",
+                    s.name
+                ),
+            ),
+            ("application_name", &s.app),
+        ],
+    );
+    let locks = Locks::builder()
+        .url(&url)
+        .max_connections(1)
+        .build()
+        .await
+        .unwrap();
+    let other = s.locks().await;
+    let busy = other.lock("busy").await.unwrap();
+    let snapshot_of = |key: Key| {
+        let s = &s;
+        async move {
+            let pid = s.advisory(key).await[0].0;
+            let row = s
+                .admin()
+                .query_one(
+                    "SELECT backend_xmin IS NOT NULL, state FROM pg_stat_activity WHERE pid = $1",
+                    &[&pid],
+                )
+                .await
+                .unwrap();
+            (row.get::<_, bool>(0), row.get::<_, String>(1))
+        }
+    };
+    for round in 0..3 {
+        let g = locks.lock("a").await.unwrap();
+        assert_eq!(
+            snapshot_of(g.key()).await,
+            (false, "idle in transaction".into()),
+            "{round}"
+        );
+        // Chained: the dropped guard's ROLLBACK AND CHAIN begins this one's transaction.
+        drop(g);
+        let g2 = locks.lock("b").await.unwrap();
+        assert_eq!(
+            snapshot_of(g2.key()).await,
+            (false, "idle in transaction".into()),
+            "{round}: chained"
+        );
+        assert!(other.try_lock("a").await.unwrap().is_some(), "{round}");
+        // A try that timed out on the server (an error) leaves a plain ROLLBACK.
+        drop(g2);
+        let r = locks
+            .try_lock_for("busy", Duration::from_millis(20))
+            .await
+            .unwrap();
+        assert!(r.is_none(), "{round}");
+        let g3 = locks.lock("c").await.unwrap();
+        assert_eq!(
+            snapshot_of(g3.key()).await,
+            (false, "idle in transaction".into()),
+            "{round}: after a failed request"
+        );
+        drop(g3);
+    }
+    drop(busy);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_transaction_scoped_holder_is_idle_in_transaction_and_a_session_one_is_idle() {
     let s = PgSchema::new("states").await;

@@ -17,8 +17,17 @@ pub(crate) type Results = Vec<Vec<Option<String>>>;
 
 /// A held lock's release, as handed to [`Conn::release_soon`].
 pub(crate) enum Release {
-    /// `ROLLBACK`, which ends a transaction-scoped lock's transaction.
-    Rollback,
+    /// `ROLLBACK`, which ends a transaction-scoped lock's transaction (or whatever
+    /// transaction a failed request left).
+    Rollback {
+        /// Whether the transaction is known to be one dblock began `ISOLATION LEVEL READ
+        /// COMMITTED` and still open (if failed, in an aborted state), as a held lock's
+        /// is: then a request that begins the same kind of transaction may carry the
+        /// release as `ROLLBACK AND CHAIN` (see [`LockSql::begin`]). Not after a request
+        /// that failed, which may have left no transaction open, where `AND CHAIN` is
+        /// an error.
+        chain: bool,
+    },
     /// A session-scoped lock's unlock: `statements` statements that can run in a
     /// transaction of their own.
     Unlock {
@@ -31,7 +40,7 @@ impl Release {
     /// The release sent on its own.
     pub(crate) fn sql(&self) -> &str {
         match self {
-            Release::Rollback => "ROLLBACK",
+            Release::Rollback { .. } => "ROLLBACK",
             Release::Unlock { sql, .. } => sql,
         }
     }
@@ -40,7 +49,12 @@ impl Release {
     /// many statements the release adds before the request's.
     pub(crate) fn carried_by<'a>(&self, req: &'a LockSql) -> (Cow<'a, str>, usize) {
         match self {
-            Release::Rollback => (Cow::Borrowed(req.carrying_rollback()), 1),
+            Release::Rollback { chain: true } => match req.chained() {
+                // `ROLLBACK AND CHAIN` stands in for the request's own BEGIN.
+                Some(text) => (Cow::Owned(text), 0),
+                None => (Cow::Borrowed(req.carrying_rollback()), 1),
+            },
+            Release::Rollback { chain: false } => (Cow::Borrowed(req.carrying_rollback()), 1),
             // In a transaction of its own, as when sent alone: committed whatever the
             // request then does, and the request starts with no snapshot taken (a BEGIN
             // ISOLATION LEVEL after a SELECT in one implicit block could fail).
@@ -63,10 +77,15 @@ pub(crate) struct LockSql {
     text: String,
     /// Statements so far.
     statements: usize,
+    /// Where the statements after a leading [`LockSql::begin`] start in `text`, if the
+    /// request opened with one that may be chained.
+    after_begin: Option<usize>,
 }
 
 impl LockSql {
     const CARRIED: &'static str = "ROLLBACK; ";
+    const BEGIN: &'static str = "BEGIN ISOLATION LEVEL READ COMMITTED";
+    const CHAIN: &'static str = "ROLLBACK AND CHAIN";
 
     pub(crate) fn new() -> LockSql {
         let mut text = String::with_capacity(128);
@@ -74,6 +93,7 @@ impl LockSql {
         LockSql {
             text,
             statements: 0,
+            after_begin: None,
         }
     }
 
@@ -89,6 +109,20 @@ impl LockSql {
         self.statements - 1
     }
 
+    /// Appends `BEGIN ISOLATION LEVEL READ COMMITTED`. As the first statement, and with
+    /// `chain` (PostgreSQL 12 or later), a waiting `ROLLBACK` of a transaction of the
+    /// same kind may stand in for it as `ROLLBACK AND CHAIN`, which ends that
+    /// transaction and at once begins one with the same characteristics: READ
+    /// COMMITTED, as this BEGIN would.
+    pub(crate) fn begin(&mut self, chain: bool) -> usize {
+        let first = self.statements == 0;
+        let i = self.push(&[LockSql::BEGIN]);
+        if first && chain {
+            self.after_begin = Some(self.text.len());
+        }
+        i
+    }
+
     /// The request alone.
     pub(crate) fn alone(&self) -> &str {
         self.text.get(LockSql::CARRIED.len()..).unwrap_or_default()
@@ -97,6 +131,16 @@ impl LockSql {
     /// `ROLLBACK; ` and the request, one statement more than [`LockSql::alone`].
     pub(crate) fn carrying_rollback(&self) -> &str {
         &self.text
+    }
+
+    /// The request with `ROLLBACK AND CHAIN` for its leading BEGIN, as many statements
+    /// as [`LockSql::alone`]; `None` if it has no such BEGIN.
+    pub(crate) fn chained(&self) -> Option<String> {
+        let rest = self.text.get(self.after_begin?..)?;
+        let mut text = String::with_capacity(LockSql::CHAIN.len() + rest.len());
+        text.push_str(LockSql::CHAIN);
+        text.push_str(rest);
+        Some(text)
     }
 }
 

@@ -202,7 +202,12 @@ impl PgBackend {
         }
         let deadline = req.wait.deadline();
         let conn = self.source.get().await?;
-        let plan = Plan::new(req, fence_table.as_deref(), self.check_disconnect);
+        let plan = Plan::new(
+            req,
+            fence_table.as_deref(),
+            self.check_disconnect,
+            self.version >= 120_000,
+        );
         let armed = Armed::new(conn);
         let result = match deadline {
             // The server ends the wait (lock_timeout); the client-side bound is a
@@ -237,13 +242,13 @@ impl PgBackend {
                     }))
                 }
                 None => {
-                    plan.clean_up(&conn);
+                    plan.clean_up(&conn, false);
                     conn.recycle();
                     Ok(None)
                 }
             },
             Err(QueryError::Db { code, message }) => {
-                plan.clean_up(&conn);
+                plan.clean_up(&conn, true);
                 conn.recycle();
                 if code == LOCK_NOT_AVAILABLE {
                     return match req.wait {
@@ -378,7 +383,8 @@ struct Plan {
 }
 
 impl Plan {
-    fn new(req: &Req<'_>, fence_table: Option<&str>, check_disconnect: bool) -> Plan {
+    /// `chain`: whether the server has `ROLLBACK AND CHAIN` (PostgreSQL 12).
+    fn new(req: &Req<'_>, fence_table: Option<&str>, check_disconnect: bool, chain: bool) -> Plan {
         debug_assert!(!req.fenced || fence_table.is_some());
         let mut kbuf = [0u8; 20];
         let k = i64_text(req.key.as_i64(), &mut kbuf);
@@ -413,7 +419,7 @@ impl Plan {
         let check_ms = 250;
         match (req.scope, fenced) {
             (Scope::Transaction, false) => {
-                sql.push(&["BEGIN ISOLATION LEVEL READ COMMITTED"]);
+                sql.begin(chain);
                 if check_disconnect {
                     sql.push(&[&format!("SET LOCAL {CHECK} = {check_ms}")]);
                 }
@@ -462,7 +468,7 @@ impl Plan {
                 // returned: a session lock taken first bridges the commit, so no other
                 // holder can come between the increment and the grant.
                 let table = fence_table.unwrap_or_default();
-                sql.push(&["BEGIN ISOLATION LEVEL READ COMMITTED"]);
+                sql.begin(chain);
                 // The token must be durable before it is handed out, whatever the
                 // server's synchronous_commit: a crash must never reissue a token.
                 sql.push(&["SET LOCAL synchronous_commit = on"]);
@@ -506,7 +512,7 @@ impl Plan {
                     }
                 }
                 if scope == Scope::Transaction {
-                    sql.push(&["BEGIN ISOLATION LEVEL READ COMMITTED"]);
+                    sql.begin(false);
                     if let Some(ms) = lease_ms {
                         sql.push(&[&format!(
                             "SET LOCAL idle_in_transaction_session_timeout = {ms}"
@@ -550,7 +556,10 @@ impl Plan {
     }
 
     /// After a request that did not end with the lock held: leave the connection clean.
-    fn clean_up(&self, conn: &Conn) {
+    /// `failed`: the request ended in an error, so the state it left is unknown (no
+    /// transaction may be open); otherwise it ran to its end, with a transaction-scoped
+    /// request's transaction open.
+    fn clean_up(&self, conn: &Conn, failed: bool) {
         let sql = match self.scope {
             // A fenced request takes a session lock first (to bridge its token's commit):
             // it survives the ROLLBACK, so unlock it too (a no-op with a warning if the
@@ -561,7 +570,7 @@ impl Plan {
             ),
             // Ends the transaction, failed or not (a warning if there is none).
             Scope::Transaction => {
-                conn.release_soon(Release::Rollback);
+                conn.release_soon(Release::Rollback { chain: !failed });
                 return;
             }
             // A session lock may have been granted before a later statement failed:
@@ -792,7 +801,8 @@ impl Drop for Pinned {
         if let Some(conn) = self.conn.take() {
             conn.link().set_holding(false);
             let release = match self.scope {
-                Scope::Transaction => Release::Rollback,
+                // The lock's transaction is open: a request may chain it.
+                Scope::Transaction => Release::Rollback { chain: true },
                 Scope::Session => Release::Unlock {
                     sql: std::mem::take(&mut self.release),
                     statements: self.release_statements,
@@ -838,7 +848,7 @@ mod tests {
 
     impl Plan {
         fn new_t(req: &Req<'_>, fence_table: Option<&str>) -> Plan {
-            Plan::new(req, fence_table, false)
+            Plan::new(req, fence_table, false, true)
         }
     }
 
@@ -992,7 +1002,56 @@ mod tests {
             assert_eq!(stmts[skip..].join("; "), p.sql.alone());
         }
         assert_eq!(release_statements(Scope::Transaction, true), 1);
-        assert_eq!(Release::Rollback.sql(), "ROLLBACK");
+        assert_eq!(Release::Rollback { chain: true }.sql(), "ROLLBACK");
+    }
+
+    #[test]
+    fn a_carried_rollback_chains_only_a_transaction_known_to_be_open() {
+        let p = Plan::new_t(
+            &req(Scope::Transaction, Mode::Exclusive, Wait::Try, false),
+            None,
+        );
+        let (text, skip) = Release::Rollback { chain: true }.carried_by(&p.sql);
+        assert_eq!(
+            text,
+            "ROLLBACK AND CHAIN; SELECT pg_try_advisory_xact_lock(42)"
+        );
+        assert_eq!(
+            skip, 0,
+            "AND CHAIN stands in for the BEGIN: same statements"
+        );
+        let (text, skip) = Release::Rollback { chain: false }.carried_by(&p.sql);
+        assert_eq!(text, format!("ROLLBACK; {}", p.sql.alone()));
+        assert_eq!(skip, 1);
+        // A server without AND CHAIN, or a request that does not begin a transaction.
+        let old = Plan::new(
+            &req(Scope::Transaction, Mode::Exclusive, Wait::Try, false),
+            None,
+            false,
+            false,
+        );
+        assert_eq!(Release::Rollback { chain: true }.carried_by(&old.sql).1, 1);
+        let session = Plan::new_t(
+            &req(Scope::Session, Mode::Exclusive, Wait::Try, false),
+            None,
+        );
+        let (text, skip) = Release::Rollback { chain: true }.carried_by(&session.sql);
+        assert_eq!(text, "ROLLBACK; SELECT pg_try_advisory_lock(42)");
+        assert_eq!(skip, 1);
+        // A fenced request chains its first BEGIN only.
+        let fenced = Plan::new_t(
+            &req(Scope::Transaction, Mode::Exclusive, Wait::Forever, true),
+            Some("\"public\".dblock_fencing"),
+        );
+        let (text, _) = Release::Rollback { chain: true }.carried_by(&fenced.sql);
+        assert!(
+            text.starts_with("ROLLBACK AND CHAIN; SET LOCAL synchronous_commit = on; "),
+            "{text}"
+        );
+        assert_eq!(
+            text.matches("BEGIN ISOLATION LEVEL READ COMMITTED").count(),
+            1
+        );
     }
 
     #[test]
