@@ -255,6 +255,21 @@ async fn a_release_carried_by_the_next_request_still_goes_first() {
             assert_eq!(state.map(|s| s.1).as_deref(), Some("idle"), "{at}");
             assert_eq!(granted().await, 2, "{at}: busy and c");
             sess.release().await.unwrap();
+            // A session-scoped request that fails on the server (its lock_timeout) does
+            // not undo the release it carried.
+            drop(take_a(kind).await.unwrap());
+            let r = locks
+                .request("busy")
+                .scope(Scope::Session)
+                .try_lock_for(Duration::from_millis(20))
+                .await
+                .unwrap();
+            assert!(r.is_none(), "{at}");
+            assert!(
+                other.try_lock("a").await.unwrap().is_some(),
+                "{at}: a was released by the failed request's message"
+            );
+            assert_eq!(granted().await, 1, "{at}: busy alone");
             drop(take_a(kind).await.unwrap());
             let f = locks.request("f").fenced().lock().await.unwrap();
             assert!(f.fencing_token().is_some(), "{at}");

@@ -55,9 +55,22 @@ impl Release {
                 None => (Cow::Borrowed(req.carrying_rollback()), 1),
             },
             Release::Rollback { chain: false } => (Cow::Borrowed(req.carrying_rollback()), 1),
-            // In a transaction of its own, as when sent alone: committed whatever the
-            // request then does, and the request starts with no snapshot taken (a BEGIN
-            // ISOLATION LEVEL after a SELECT in one implicit block could fail).
+            // A lone pg_advisory_unlock ahead of a request that begins no transaction:
+            // both in one implicit transaction. The unlock takes effect at once and is
+            // not undone if the transaction then fails (advisory session locks are not
+            // transactional), just as when sent alone.
+            Release::Unlock { sql, statements } if *statements == 1 && !req.begins() => {
+                let req = req.alone();
+                let mut text = String::with_capacity(sql.len() + req.len() + 2);
+                for part in [sql, "; ", req] {
+                    text.push_str(part);
+                }
+                (Cow::Owned(text), 1)
+            }
+            // Otherwise in a transaction of its own, as when sent alone: committed
+            // whatever the request then does (a lease's reset is a transactional SET),
+            // and the request starts with no snapshot taken (a BEGIN ISOLATION LEVEL
+            // after a SELECT in one implicit block could fail).
             Release::Unlock { sql, statements } => {
                 let req = req.alone();
                 let mut text = String::with_capacity(sql.len() + req.len() + 17);
@@ -80,6 +93,8 @@ pub(crate) struct LockSql {
     /// Where the statements after a leading [`LockSql::begin`] start in `text`, if the
     /// request opened with one that may be chained.
     after_begin: Option<usize>,
+    /// Whether the request opens with [`LockSql::begin`].
+    begins: bool,
 }
 
 impl LockSql {
@@ -94,6 +109,7 @@ impl LockSql {
             text,
             statements: 0,
             after_begin: None,
+            begins: false,
         }
     }
 
@@ -117,10 +133,18 @@ impl LockSql {
     pub(crate) fn begin(&mut self, chain: bool) -> usize {
         let first = self.statements == 0;
         let i = self.push(&[LockSql::BEGIN]);
-        if first && chain {
-            self.after_begin = Some(self.text.len());
+        if first {
+            self.begins = true;
+            if chain {
+                self.after_begin = Some(self.text.len());
+            }
         }
         i
+    }
+
+    /// Whether the request opens with a BEGIN (a transaction-scoped one).
+    pub(crate) fn begins(&self) -> bool {
+        self.begins
     }
 
     /// The request alone.

@@ -978,7 +978,7 @@ mod tests {
     }
 
     #[test]
-    fn a_session_release_is_carried_in_a_transaction_of_its_own() {
+    fn a_session_release_is_carried_in_a_transaction_of_its_own_where_it_must_be() {
         for (mode, lease) in [
             (Mode::Exclusive, false),
             (Mode::Shared, false),
@@ -1000,6 +1000,21 @@ mod tests {
             let stmts: Vec<&str> = text.split("; ").collect();
             assert_eq!(stmts[skip - 1], "COMMIT");
             assert_eq!(stmts[skip..].join("; "), p.sql.alone());
+            // Before a request that begins no transaction, a lone unlock joins its
+            // implicit one; a lease's (a SET besides) keeps a transaction of its own.
+            let p = Plan::new_t(
+                &req(Scope::Session, Mode::Exclusive, Wait::Try, false),
+                None,
+            );
+            let (text, skip) = r.carried_by(&p.sql);
+            let stmts: Vec<&str> = text.split("; ").collect();
+            assert_eq!(stmts[skip..].join("; "), p.sql.alone());
+            if lease {
+                assert!(text.starts_with("BEGIN; "), "{text}");
+            } else {
+                assert_eq!(skip, 1);
+                assert!(text.starts_with("SELECT pg_advisory_unlock"), "{text}");
+            }
         }
         assert_eq!(release_statements(Scope::Transaction, true), 1);
         assert_eq!(Release::Rollback { chain: true }.sql(), "ROLLBACK");
