@@ -192,10 +192,11 @@ impl Pool {
 /// here instead, it is queued by the connection's task the next time that task runs —
 /// exactly when a request queued on the driver would have been written — unless a lock
 /// request on the connection comes first (a loop that takes and drops locks), which
-/// then carries it at the head of its own message: `ROLLBACK; BEGIN …; SELECT
-/// pg_advisory_xact_lock(…)`, or `BEGIN; SELECT pg_advisory_unlock(…); COMMIT; …` for
-/// a session-scoped lock's. One message, one reply; either way the release leaves no
-/// later than it would have.
+/// then carries it at the head of its own message (see `Release::carried_by`): for a
+/// transaction-scoped lock's, `ROLLBACK AND CHAIN; SELECT pg_advisory_xact_lock(…)`
+/// (or `ROLLBACK; …`); for a session-scoped lock's, `SELECT pg_advisory_unlock(…); …`
+/// (or, where it needs a transaction of its own, `BEGIN; …; COMMIT; …`). One message,
+/// one reply; either way the release leaves no later than it would have.
 #[derive(Default)]
 struct Outbox {
     /// The release waiting to be sent. Whoever takes it queues it (alone, or ahead of
