@@ -52,8 +52,9 @@ pub(crate) enum Held {
 /// *sends* the release (`ROLLBACK` or `pg_advisory_unlock`) immediately, without
 /// waiting for the reply, so another process can take the lock within a round trip;
 /// the connection then returns to dblock's pool, and the next request on it waits for
-/// that reply first. A connection whose state is in doubt is closed instead, which
-/// also releases everything it held.
+/// that reply first (a lock request that takes the connection before the release has
+/// been written carries it at the head of its own message). A connection whose state
+/// is in doubt is closed instead, which also releases everything it held.
 #[must_use = "if unused the lock is released immediately"]
 #[clippy::has_significant_drop]
 pub struct LockGuard {

@@ -175,6 +175,208 @@ async fn dropping_a_guard_releases_without_further_use_of_its_handle() {
     }
 }
 
+/// A guard dropped just before the next request on its connection (one pooled
+/// connection, nothing awaited in between) has its release carried in that request's
+/// message: the old lock is released before the new request runs, and every kind of
+/// request reads its own results, not the release's. (One thread, so the connection's
+/// task cannot send the release on its own in between.)
+#[tokio::test(flavor = "current_thread")]
+async fn a_release_carried_by_the_next_request_still_goes_first() {
+    let s = PgSchema::new("carried").await;
+    let locks = Locks::builder()
+        .url(&s.url)
+        .max_connections(1)
+        .build()
+        .await
+        .unwrap();
+    let other = s.locks().await;
+    let held_elsewhere = other.lock("busy").await.unwrap();
+    let granted = || async {
+        let rows = s.advisory_of_sessions().await;
+        rows.iter().filter(|r| r.2).count()
+    };
+    // The guards whose releases are carried: each kind of release.
+    let take_a = |kind: usize| {
+        let r = locks.request("a");
+        match kind {
+            0 => r,
+            1 => r.scope(Scope::Session),
+            2 => r.scope(Scope::Session).shared(),
+            _ => r.scope(Scope::Session).lease(Duration::from_secs(2)),
+        }
+        .lock()
+    };
+    for round in 0..4 {
+        for kind in 0..4 {
+            let at = format!("round {round}, release kind {kind}");
+            drop(take_a(kind).await.unwrap());
+            let b = locks.try_lock("b").await.unwrap().expect("b is free");
+            assert!(
+                other.try_lock("a").await.unwrap().is_some(),
+                "{at}: a was released"
+            );
+            assert!(
+                other.try_lock("b").await.unwrap().is_none(),
+                "{at}: b is held"
+            );
+            // `busy` (held elsewhere) and b: a is gone.
+            assert_eq!(granted().await, 2, "{at}");
+            drop(b);
+            // A try for a lock held elsewhere reads its own `f`, not the release's result.
+            drop(take_a(kind).await.unwrap());
+            assert!(locks.try_lock("busy").await.unwrap().is_none(), "{at}");
+            // A try that failed leaves a ROLLBACK to be carried, too.
+            drop(take_a(kind).await.unwrap());
+            let b = locks.try_lock("b").await.unwrap().expect("b is free again");
+            drop(b);
+            drop(take_a(kind).await.unwrap());
+            let waited = locks
+                .try_lock_for("b", Duration::from_secs(5))
+                .await
+                .unwrap();
+            drop(waited.expect("b is free"));
+            // A session-scoped request after a carried release leaves no transaction
+            // open.
+            drop(take_a(kind).await.unwrap());
+            let sess = locks
+                .request("c")
+                .scope(Scope::Session)
+                .try_lock()
+                .await
+                .unwrap()
+                .expect("c is free");
+            let holder = s.advisory(sess.key()).await;
+            assert_eq!(holder.len(), 1, "{at}: {holder:?}");
+            let state = s
+                .sessions()
+                .await
+                .into_iter()
+                .find(|(pid, _)| *pid == holder[0].0);
+            assert_eq!(state.map(|s| s.1).as_deref(), Some("idle"), "{at}");
+            assert_eq!(granted().await, 2, "{at}: busy and c");
+            sess.release().await.unwrap();
+            // A session-scoped request that fails on the server (its lock_timeout) does
+            // not undo the release it carried.
+            drop(take_a(kind).await.unwrap());
+            let r = locks
+                .request("busy")
+                .scope(Scope::Session)
+                .try_lock_for(Duration::from_millis(20))
+                .await
+                .unwrap();
+            assert!(r.is_none(), "{at}");
+            assert!(
+                other.try_lock("a").await.unwrap().is_some(),
+                "{at}: a was released by the failed request's message"
+            );
+            assert_eq!(granted().await, 1, "{at}: busy alone");
+            drop(take_a(kind).await.unwrap());
+            let f = locks.request("f").fenced().lock().await.unwrap();
+            assert!(f.fencing_token().is_some(), "{at}");
+            assert_eq!(granted().await, 2, "{at}: busy and f");
+            drop(f);
+        }
+    }
+    // The leased lock's carried release reset idle_session_timeout: its connection
+    // outlives the lease, idle.
+    let s = &s;
+    let pid_of = |g: dblock::LockGuard| async move { s.advisory(g.key()).await[0].0 };
+    drop(take_a(3).await.unwrap());
+    let before = pid_of(locks.lock("p").await.unwrap()).await;
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let after = pid_of(locks.lock("p").await.unwrap()).await;
+    assert_eq!(
+        before, after,
+        "the connection was ended by a leftover lease"
+    );
+    drop(held_elsewhere);
+    let clean = s
+        .eventually(10, || async {
+            s.advisory_of_sessions().await.is_empty()
+                && s.sessions().await.iter().all(|(_, st)| st == "idle")
+        })
+        .await;
+    assert!(clean, "left behind: {:?}", s.advisory_of_sessions().await);
+}
+
+/// A held transaction-scoped lock holds no snapshot (READ COMMITTED whatever the
+/// server's default isolation), also when its transaction was begun by a carried
+/// `ROLLBACK AND CHAIN` of the previous lock's, and after a failed request whose
+/// `ROLLBACK` is carried as a plain one.
+#[tokio::test(flavor = "current_thread")]
+async fn a_held_lock_holds_no_snapshot_even_when_its_transaction_is_chained() {
+    let s = PgSchema::new("snapshot").await;
+    // The schema's own URL, with the isolation default added to its options.
+    let url = dblock_testkit::with_params(
+        &dblock_testkit::pg_url(),
+        &[
+            (
+                "options",
+                &format!(
+                    "-c search_path={} -c default_transaction_isolation=serializable",
+                    s.name
+                ),
+            ),
+            ("application_name", &s.app),
+        ],
+    );
+    let locks = Locks::builder()
+        .url(&url)
+        .max_connections(1)
+        .build()
+        .await
+        .unwrap();
+    let other = s.locks().await;
+    let busy = other.lock("busy").await.unwrap();
+    let snapshot_of = |key: Key| {
+        let s = &s;
+        async move {
+            let pid = s.advisory(key).await[0].0;
+            let row = s
+                .admin()
+                .query_one(
+                    "SELECT backend_xmin IS NOT NULL, state FROM pg_stat_activity WHERE pid = $1",
+                    &[&pid],
+                )
+                .await
+                .unwrap();
+            (row.get::<_, bool>(0), row.get::<_, String>(1))
+        }
+    };
+    for round in 0..3 {
+        let g = locks.lock("a").await.unwrap();
+        assert_eq!(
+            snapshot_of(g.key()).await,
+            (false, "idle in transaction".into()),
+            "{round}"
+        );
+        // Chained: the dropped guard's ROLLBACK AND CHAIN begins this one's transaction.
+        drop(g);
+        let g2 = locks.lock("b").await.unwrap();
+        assert_eq!(
+            snapshot_of(g2.key()).await,
+            (false, "idle in transaction".into()),
+            "{round}: chained"
+        );
+        assert!(other.try_lock("a").await.unwrap().is_some(), "{round}");
+        // A try that timed out on the server (an error) leaves a plain ROLLBACK.
+        drop(g2);
+        let r = locks
+            .try_lock_for("busy", Duration::from_millis(20))
+            .await
+            .unwrap();
+        assert!(r.is_none(), "{round}");
+        let g3 = locks.lock("c").await.unwrap();
+        assert_eq!(
+            snapshot_of(g3.key()).await,
+            (false, "idle in transaction".into()),
+            "{round}: after a failed request"
+        );
+        drop(g3);
+    }
+    drop(busy);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_transaction_scoped_holder_is_idle_in_transaction_and_a_session_one_is_idle() {
     let s = PgSchema::new("states").await;

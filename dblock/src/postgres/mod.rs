@@ -33,6 +33,7 @@ mod native;
 mod sqlx_conn;
 pub mod xact;
 
+use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -41,7 +42,7 @@ use tokio::time::Instant;
 use crate::locks::{Builder, Grant, Mode, Req, Scope, Wait};
 use crate::{Error, Key, LossReason};
 
-pub(crate) use conn::{Armed, Conn, QueryError, Results};
+pub(crate) use conn::{Armed, Conn, LockSql, QueryError, Release, Results};
 use native::Pool;
 use sqlx_conn::SqlxSource;
 
@@ -201,13 +202,19 @@ impl PgBackend {
         }
         let deadline = req.wait.deadline();
         let conn = self.source.get().await?;
-        let plan = Plan::new(req, fence_table.as_deref(), self.check_disconnect);
+        let plan = Plan::new(
+            req,
+            fence_table.as_deref(),
+            self.check_disconnect,
+            self.version >= 120_000,
+        );
         let armed = Armed::new(conn);
         let result = match deadline {
             // The server ends the wait (lock_timeout); the client-side bound is a
             // backstop for a server that stops answering.
             Some(d) => {
-                match tokio::time::timeout_at(d + BACKSTOP, armed.conn().query(&plan.sql)).await {
+                let request = armed.conn().lock_query(&plan.sql, plan.wanted());
+                match tokio::time::timeout_at(d + BACKSTOP, request).await {
                     Ok(r) => r,
                     Err(_) => {
                         drop(armed); // abandons: cancels on the server, closes
@@ -218,11 +225,11 @@ impl PgBackend {
                     }
                 }
             }
-            None => armed.conn().query(&plan.sql).await,
+            None => armed.conn().lock_query(&plan.sql, plan.wanted()).await,
         };
         let conn = armed.disarm();
         match result {
-            Ok(rows) => match plan.outcome(&rows) {
+            Ok(firsts) => match plan.outcome(&firsts) {
                 Some(token) => {
                     conn.link().set_holding(true);
                     Ok(Some(Grant {
@@ -235,13 +242,13 @@ impl PgBackend {
                     }))
                 }
                 None => {
-                    plan.clean_up(&conn);
+                    plan.clean_up(&conn, false);
                     conn.recycle();
                     Ok(None)
                 }
             },
             Err(QueryError::Db { code, message }) => {
-                plan.clean_up(&conn);
+                plan.clean_up(&conn, true);
                 conn.recycle();
                 if code == LOCK_NOT_AVAILABLE {
                     return match req.wait {
@@ -362,22 +369,25 @@ const QUERY_CANCELED: &str = "57014";
 
 /// The SQL of one acquisition, and how to read its result.
 struct Plan {
-    sql: String,
+    sql: LockSql,
     scope: Scope,
     key: Key,
     mode: Mode,
     /// Whether the request set a lease (which the clean-up must undo).
     lease: bool,
-    /// Statements whose single boolean row must be `t` for the lock to be held.
-    must_be_true: Vec<usize>,
+    /// The statement whose single boolean row must be `t` for the lock to be held, if
+    /// any (a plan has at most one).
+    must_be_true: Option<usize>,
     /// Index of the statement returning the fencing token, if any.
     token_at: Option<usize>,
 }
 
 impl Plan {
-    fn new(req: &Req<'_>, fence_table: Option<&str>, check_disconnect: bool) -> Plan {
+    /// `chain`: whether the server has `ROLLBACK AND CHAIN` (PostgreSQL 12).
+    fn new(req: &Req<'_>, fence_table: Option<&str>, check_disconnect: bool, chain: bool) -> Plan {
         debug_assert!(!req.fenced || fence_table.is_some());
-        let k = req.key.as_i64();
+        let mut kbuf = [0u8; 20];
+        let k = i64_text(req.key.as_i64(), &mut kbuf);
         let shared = if req.mode == Mode::Shared {
             "_shared"
         } else {
@@ -399,17 +409,8 @@ impl Plan {
         };
         let try_ =
             req.wait == Wait::Try || (matches!(req.wait, Wait::Until(_)) && timeout_ms.is_none());
-        let mut sql = String::with_capacity(160);
-        let mut n = 0usize; // statements so far
-        let mut push = |sql: &mut String, s: &str| {
-            if !sql.is_empty() {
-                sql.push_str("; ");
-            }
-            sql.push_str(s);
-            n += 1;
-            n - 1
-        };
-        let mut must_be_true = Vec::new();
+        let mut sql = LockSql::new();
+        let mut must_be_true = None;
         let mut token_at = None;
         let fenced = req.fenced && fence_table.is_some();
         let lease_ms = req.lease.map(|l| l.as_millis().max(1));
@@ -418,56 +419,48 @@ impl Plan {
         let check_ms = 250;
         match (req.scope, fenced) {
             (Scope::Transaction, false) => {
-                push(&mut sql, "BEGIN ISOLATION LEVEL READ COMMITTED");
+                sql.begin(chain);
                 if check_disconnect {
-                    push(&mut sql, &format!("SET LOCAL {CHECK} = {check_ms}"));
+                    sql.push(&[&format!("SET LOCAL {CHECK} = {check_ms}")]);
                 }
                 if let Some(ms) = lease_ms {
-                    push(
-                        &mut sql,
-                        &format!("SET LOCAL idle_in_transaction_session_timeout = {ms}"),
-                    );
+                    sql.push(&[&format!(
+                        "SET LOCAL idle_in_transaction_session_timeout = {ms}"
+                    )]);
                 }
                 if let Some(ms) = timeout_ms {
-                    push(&mut sql, &format!("SET LOCAL lock_timeout = {ms}"));
+                    sql.push(&[&format!("SET LOCAL lock_timeout = {ms}")]);
                 }
                 let f = if try_ {
-                    "pg_try_advisory_xact_lock"
+                    "SELECT pg_try_advisory_xact_lock"
                 } else {
-                    "pg_advisory_xact_lock"
+                    "SELECT pg_advisory_xact_lock"
                 };
-                let i = push(&mut sql, &format!("SELECT {f}{shared}({k})"));
+                let i = sql.push(&[f, shared, "(", k, ")"]);
                 if try_ {
-                    must_be_true.push(i);
+                    must_be_true = Some(i);
                 }
             }
             (Scope::Session, false) => {
                 if let Some(ms) = lease_ms {
-                    push(
-                        &mut sql,
-                        &format!("SELECT set_config('idle_session_timeout', '{ms}', false)"),
-                    );
+                    sql.push(&[&format!(
+                        "SELECT set_config('idle_session_timeout', '{ms}', false)"
+                    )]);
                 }
                 if check_disconnect {
-                    push(
-                        &mut sql,
-                        &format!("SELECT set_config('{CHECK}', '{check_ms}', true)"),
-                    );
+                    sql.push(&[&format!("SELECT set_config('{CHECK}', '{check_ms}', true)")]);
                 }
                 if let Some(ms) = timeout_ms {
-                    push(
-                        &mut sql,
-                        &format!("SELECT set_config('lock_timeout', '{ms}', true)"),
-                    );
+                    sql.push(&[&format!("SELECT set_config('lock_timeout', '{ms}', true)")]);
                 }
                 let f = if try_ {
-                    "pg_try_advisory_lock"
+                    "SELECT pg_try_advisory_lock"
                 } else {
-                    "pg_advisory_lock"
+                    "SELECT pg_advisory_lock"
                 };
-                let i = push(&mut sql, &format!("SELECT {f}{shared}({k})"));
+                let i = sql.push(&[f, shared, "(", k, ")"]);
                 if try_ {
-                    must_be_true.push(i);
+                    must_be_true = Some(i);
                 }
             }
             (scope, true) => {
@@ -475,23 +468,22 @@ impl Plan {
                 // returned: a session lock taken first bridges the commit, so no other
                 // holder can come between the increment and the grant.
                 let table = fence_table.unwrap_or_default();
-                push(&mut sql, "BEGIN ISOLATION LEVEL READ COMMITTED");
+                sql.begin(chain);
                 // The token must be durable before it is handed out, whatever the
                 // server's synchronous_commit: a crash must never reissue a token.
-                push(&mut sql, "SET LOCAL synchronous_commit = on");
+                sql.push(&["SET LOCAL synchronous_commit = on"]);
                 if try_ {
                     // A try must not wait long on the fencing row, which a previous
                     // holder's fenced write holds until it commits.
-                    push(
-                        &mut sql,
-                        &format!("SET LOCAL lock_timeout = {FENCED_TRY_ROW_WAIT_MS}"),
-                    );
+                    sql.push(&[&format!(
+                        "SET LOCAL lock_timeout = {FENCED_TRY_ROW_WAIT_MS}"
+                    )]);
                 }
                 if check_disconnect {
-                    push(&mut sql, &format!("SET LOCAL {CHECK} = {check_ms}"));
+                    sql.push(&[&format!("SET LOCAL {CHECK} = {check_ms}")]);
                 }
                 if let Some(ms) = timeout_ms {
-                    push(&mut sql, &format!("SET LOCAL lock_timeout = {ms}"));
+                    sql.push(&[&format!("SET LOCAL lock_timeout = {ms}")]);
                 }
                 let upsert = format!(
                     "INSERT INTO {table} AS f (key, namespace, name, token, holder, granted_at) \
@@ -508,33 +500,28 @@ impl Plan {
                     },
                 );
                 if !try_ {
-                    push(&mut sql, &format!("SELECT pg_advisory_lock({k})"));
+                    sql.push(&["SELECT pg_advisory_lock(", k, ")"]);
                 }
-                token_at = Some(push(&mut sql, &upsert));
-                push(&mut sql, "COMMIT");
+                token_at = Some(sql.push(&[&upsert]));
+                sql.push(&["COMMIT"]);
                 if scope == Scope::Session {
                     if let Some(ms) = lease_ms {
-                        push(
-                            &mut sql,
-                            &format!("SELECT set_config('idle_session_timeout', '{ms}', false)"),
-                        );
+                        sql.push(&[&format!(
+                            "SELECT set_config('idle_session_timeout', '{ms}', false)"
+                        )]);
                     }
                 }
                 if scope == Scope::Transaction {
-                    push(&mut sql, "BEGIN ISOLATION LEVEL READ COMMITTED");
+                    sql.begin(false);
                     if let Some(ms) = lease_ms {
-                        push(
-                            &mut sql,
-                            &format!("SET LOCAL idle_in_transaction_session_timeout = {ms}"),
-                        );
+                        sql.push(&[&format!(
+                            "SET LOCAL idle_in_transaction_session_timeout = {ms}"
+                        )]);
                     }
                     // Re-entrant, so immediate when the session lock above was granted;
                     // a try, so it never waits when it was not.
-                    must_be_true.push(push(
-                        &mut sql,
-                        &format!("SELECT pg_try_advisory_xact_lock({k})"),
-                    ));
-                    push(&mut sql, &format!("SELECT pg_advisory_unlock({k})"));
+                    must_be_true = Some(sql.push(&["SELECT pg_try_advisory_xact_lock(", k, ")"]));
+                    sql.push(&["SELECT pg_advisory_unlock(", k, ")"]);
                 }
             }
         }
@@ -549,27 +536,30 @@ impl Plan {
         }
     }
 
-    /// `None` if the lock was not obtained, `Some(token)` if it was.
-    fn outcome(&self, rows: &Results) -> Option<Option<i64>> {
-        if self
-            .must_be_true
-            .iter()
-            .any(|&i| first_value(rows, i).as_deref() != Some("t"))
-        {
+    /// The statements whose first values [`Plan::outcome`] reads.
+    fn wanted(&self) -> [Option<usize>; 2] {
+        [self.must_be_true, self.token_at]
+    }
+
+    /// From the first values of [`Plan::wanted`]: `None` if the lock was not obtained,
+    /// `Some(token)` if it was.
+    fn outcome(&self, firsts: &[Option<String>; 2]) -> Option<Option<i64>> {
+        let [must_be_true, token] = firsts;
+        if self.must_be_true.is_some() && must_be_true.as_deref() != Some("t") {
             return None;
         }
         match self.token_at {
             None => Some(None),
-            Some(i) => {
-                // A fenced try returns no token row when the lock was not free.
-                let token = first_value(rows, i)?;
-                Some(token.parse::<i64>().ok())
-            }
+            // A fenced try returns no token row when the lock was not free.
+            Some(_) => Some(token.as_deref()?.parse::<i64>().ok()),
         }
     }
 
     /// After a request that did not end with the lock held: leave the connection clean.
-    fn clean_up(&self, conn: &Conn) {
+    /// `failed`: the request ended in an error, so the state it left is unknown (no
+    /// transaction may be open); otherwise it ran to its end, with a transaction-scoped
+    /// request's transaction open.
+    fn clean_up(&self, conn: &Conn, failed: bool) {
         let sql = match self.scope {
             // A fenced request takes a session lock first (to bridge its token's commit):
             // it survives the ROLLBACK, so unlock it too (a no-op with a warning if the
@@ -579,7 +569,10 @@ impl Plan {
                 release_sql(Scope::Session, self.mode, self.key, false)
             ),
             // Ends the transaction, failed or not (a warning if there is none).
-            Scope::Transaction => "ROLLBACK".to_string(),
+            Scope::Transaction => {
+                conn.release_soon(Release::Rollback { chain: !failed });
+                return;
+            }
             // A session lock may have been granted before a later statement failed:
             // unlock it, and end the implicit transaction if one is open. Unlocking a
             // lock not held is a no-op with a warning.
@@ -592,22 +585,55 @@ impl Plan {
     }
 }
 
-/// The statement that releases a held lock.
-fn release_sql(scope: Scope, mode: Mode, key: Key, lease: bool) -> String {
-    if scope == Scope::Session && lease {
-        // The lease's idle_session_timeout must not outlive the lock on a pooled session.
-        return format!(
-            "{}; SET idle_session_timeout = DEFAULT",
-            release_sql(scope, mode, key, false)
-        );
-    }
-    match (scope, mode) {
-        (Scope::Transaction, _) => "ROLLBACK".to_string(),
-        (Scope::Session, Mode::Exclusive) => format!("SELECT pg_advisory_unlock({})", key.as_i64()),
-        (Scope::Session, Mode::Shared) => {
-            format!("SELECT pg_advisory_unlock_shared({})", key.as_i64())
+/// `k` in decimal, written into `buf`: a key's text without the formatting machinery.
+fn i64_text(k: i64, buf: &mut [u8; 20]) -> &str {
+    let mut n = k.unsigned_abs();
+    let mut at = buf.len();
+    loop {
+        at -= 1;
+        buf[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
         }
     }
+    if k < 0 {
+        at -= 1;
+        buf[at] = b'-';
+    }
+    // Only ASCII digits and '-' were written.
+    std::str::from_utf8(&buf[at..]).unwrap_or_default()
+}
+
+/// How many statements [`release_sql`] writes.
+fn release_statements(scope: Scope, lease: bool) -> usize {
+    match scope {
+        Scope::Session if lease => 2,
+        _ => 1,
+    }
+}
+
+/// The statement that releases a held lock.
+fn release_sql(scope: Scope, mode: Mode, key: Key, lease: bool) -> Cow<'static, str> {
+    if scope == Scope::Session && lease {
+        // The lease's idle_session_timeout must not outlive the lock on a pooled session.
+        return Cow::Owned(format!(
+            "{}; SET idle_session_timeout = DEFAULT",
+            release_sql(scope, mode, key, false)
+        ));
+    }
+    let f = match (scope, mode) {
+        (Scope::Transaction, _) => return Cow::Borrowed("ROLLBACK"),
+        (Scope::Session, Mode::Exclusive) => "SELECT pg_advisory_unlock(",
+        (Scope::Session, Mode::Shared) => "SELECT pg_advisory_unlock_shared(",
+    };
+    let mut kbuf = [0u8; 20];
+    let k = i64_text(key.as_i64(), &mut kbuf);
+    let mut sql = String::with_capacity(f.len() + k.len() + 1);
+    for part in [f, k, ")"] {
+        sql.push_str(part);
+    }
+    Cow::Owned(sql)
 }
 
 /// The PostgreSQL half of a guard.
@@ -666,7 +692,10 @@ pub(crate) struct Pinned {
     /// as `link` says.
     conn: Option<Conn>,
     link: Arc<conn::Link>,
-    release: String,
+    /// The release statement (no allocation for a transaction-scoped lock's).
+    release: Cow<'static, str>,
+    /// How many statements `release` is.
+    release_statements: usize,
     scope: Scope,
     /// How long a release may go unanswered before the connection is given up.
     release_timeout: Duration,
@@ -678,6 +707,7 @@ impl Pinned {
             link: conn.link().clone(),
             conn: Some(conn),
             release: release_sql(req.scope, req.mode, req.key, req.lease.is_some()),
+            release_statements: release_statements(req.scope, req.lease.is_some()),
             scope: req.scope,
             release_timeout,
         }
@@ -770,7 +800,15 @@ impl Drop for Pinned {
     fn drop(&mut self) {
         if let Some(conn) = self.conn.take() {
             conn.link().set_holding(false);
-            if conn.fire(&self.release) {
+            let release = match self.scope {
+                // The lock's transaction is open: a request may chain it.
+                Scope::Transaction => Release::Rollback { chain: true },
+                Scope::Session => Release::Unlock {
+                    sql: std::mem::take(&mut self.release),
+                    statements: self.release_statements,
+                },
+            };
+            if conn.release_soon(release) {
                 conn.recycle();
             } else {
                 conn.abandon();
@@ -810,7 +848,7 @@ mod tests {
 
     impl Plan {
         fn new_t(req: &Req<'_>, fence_table: Option<&str>) -> Plan {
-            Plan::new(req, fence_table, false)
+            Plan::new(req, fence_table, false, true)
         }
     }
 
@@ -834,12 +872,12 @@ mod tests {
             None,
         );
         assert_eq!(
-            p.sql,
+            p.sql.alone(),
             "BEGIN ISOLATION LEVEL READ COMMITTED; SELECT pg_advisory_xact_lock(42)"
         );
         let p = Plan::new_t(&req(Scope::Session, Mode::Shared, Wait::Try, false), None);
-        assert_eq!(p.sql, "SELECT pg_try_advisory_lock_shared(42)");
-        assert_eq!(p.must_be_true, vec![0]);
+        assert_eq!(p.sql.alone(), "SELECT pg_try_advisory_lock_shared(42)");
+        assert_eq!(p.must_be_true, Some(0));
     }
 
     #[test]
@@ -854,15 +892,21 @@ mod tests {
             ),
             None,
         );
-        assert!(p.sql.contains("SET LOCAL lock_timeout = "), "{}", p.sql);
+        assert!(
+            p.sql.alone().contains("SET LOCAL lock_timeout = "),
+            "{}",
+            p.sql.alone()
+        );
         let p = Plan::new_t(
             &req(Scope::Session, Mode::Exclusive, Wait::Until(until), false),
             None,
         );
         assert!(
-            p.sql.starts_with("SELECT set_config('lock_timeout', "),
-            "{}",
             p.sql
+                .alone()
+                .starts_with("SELECT set_config('lock_timeout', "),
+            "{}",
+            p.sql.alone()
         );
         // A deadline already past is a try: lock_timeout = 0 would wait forever.
         let p = Plan::new_t(
@@ -874,7 +918,7 @@ mod tests {
             ),
             None,
         );
-        assert_eq!(p.sql, "SELECT pg_try_advisory_lock(42)");
+        assert_eq!(p.sql.alone(), "SELECT pg_try_advisory_lock(42)");
     }
 
     #[test]
@@ -883,7 +927,7 @@ mod tests {
             &req(Scope::Transaction, Mode::Exclusive, Wait::Forever, true),
             Some("\"public\".dblock_fencing"),
         );
-        let stmts: Vec<&str> = p.sql.split("; ").collect();
+        let stmts: Vec<&str> = p.sql.alone().split("; ").collect();
         // The token's commit is durable whatever the server's synchronous_commit.
         assert_eq!(stmts[1], "SET LOCAL synchronous_commit = on");
         assert_eq!(stmts[2], "SELECT pg_advisory_lock(42)");
@@ -897,13 +941,132 @@ mod tests {
         assert_eq!(stmts[6], "SELECT pg_try_advisory_xact_lock(42)");
         assert_eq!(stmts[7], "SELECT pg_advisory_unlock(42)");
         assert_eq!(p.token_at, Some(3));
-        assert_eq!(p.must_be_true, vec![6]);
+        assert_eq!(p.must_be_true, Some(6));
         // A fenced try bounds its wait on the fencing row.
         let p = Plan::new_t(
             &req(Scope::Transaction, Mode::Exclusive, Wait::Try, true),
             Some("\"public\".dblock_fencing"),
         );
-        assert!(p.sql.contains("SET LOCAL lock_timeout = 100"), "{}", p.sql);
+        assert!(
+            p.sql.alone().contains("SET LOCAL lock_timeout = 100"),
+            "{}",
+            p.sql.alone()
+        );
+    }
+
+    #[test]
+    fn keys_are_written_in_decimal() {
+        let mut buf = [0u8; 20];
+        for k in [0, 1, -1, 42, -5686219459067394536, i64::MAX, i64::MIN] {
+            assert_eq!(i64_text(k, &mut buf), k.to_string());
+        }
+    }
+
+    #[test]
+    fn a_lock_request_can_carry_a_rollback() {
+        let p = Plan::new_t(
+            &req(Scope::Transaction, Mode::Exclusive, Wait::Try, false),
+            None,
+        );
+        assert_eq!(
+            p.sql.carrying_rollback(),
+            "ROLLBACK; BEGIN ISOLATION LEVEL READ COMMITTED; SELECT pg_try_advisory_xact_lock(42)"
+        );
+        assert_eq!(p.wanted(), [Some(1), None]);
+        assert_eq!(p.outcome(&[Some("t".into()), None]), Some(None));
+        assert_eq!(p.outcome(&[Some("f".into()), None]), None);
+    }
+
+    #[test]
+    fn a_session_release_is_carried_in_a_transaction_of_its_own_where_it_must_be() {
+        for (mode, lease) in [
+            (Mode::Exclusive, false),
+            (Mode::Shared, false),
+            (Mode::Exclusive, true),
+        ] {
+            let sql = release_sql(Scope::Session, mode, Key::from_i64(7), lease);
+            let statements = release_statements(Scope::Session, lease);
+            assert_eq!(sql.split("; ").count(), statements, "{sql}");
+            let r = Release::Unlock { sql, statements };
+            let p = Plan::new_t(
+                &req(Scope::Transaction, Mode::Exclusive, Wait::Try, false),
+                None,
+            );
+            let (text, skip) = r.carried_by(&p.sql);
+            assert!(
+                text.starts_with("BEGIN; SELECT pg_advisory_unlock"),
+                "{text}"
+            );
+            let stmts: Vec<&str> = text.split("; ").collect();
+            assert_eq!(stmts[skip - 1], "COMMIT");
+            assert_eq!(stmts[skip..].join("; "), p.sql.alone());
+            // Before a request that begins no transaction, a lone unlock joins its
+            // implicit one; a lease's (a SET besides) keeps a transaction of its own.
+            let p = Plan::new_t(
+                &req(Scope::Session, Mode::Exclusive, Wait::Try, false),
+                None,
+            );
+            let (text, skip) = r.carried_by(&p.sql);
+            let stmts: Vec<&str> = text.split("; ").collect();
+            assert_eq!(stmts[skip..].join("; "), p.sql.alone());
+            if lease {
+                assert!(text.starts_with("BEGIN; "), "{text}");
+            } else {
+                assert_eq!(skip, 1);
+                assert!(text.starts_with("SELECT pg_advisory_unlock"), "{text}");
+            }
+        }
+        assert_eq!(release_statements(Scope::Transaction, true), 1);
+        assert_eq!(Release::Rollback { chain: true }.sql(), "ROLLBACK");
+    }
+
+    #[test]
+    fn a_carried_rollback_chains_only_a_transaction_known_to_be_open() {
+        let p = Plan::new_t(
+            &req(Scope::Transaction, Mode::Exclusive, Wait::Try, false),
+            None,
+        );
+        let (text, skip) = Release::Rollback { chain: true }.carried_by(&p.sql);
+        assert_eq!(
+            text,
+            "ROLLBACK AND CHAIN; SELECT pg_try_advisory_xact_lock(42)"
+        );
+        assert_eq!(
+            skip, 0,
+            "AND CHAIN stands in for the BEGIN: same statements"
+        );
+        let (text, skip) = Release::Rollback { chain: false }.carried_by(&p.sql);
+        assert_eq!(text, format!("ROLLBACK; {}", p.sql.alone()));
+        assert_eq!(skip, 1);
+        // A server without AND CHAIN, or a request that does not begin a transaction.
+        let old = Plan::new(
+            &req(Scope::Transaction, Mode::Exclusive, Wait::Try, false),
+            None,
+            false,
+            false,
+        );
+        assert_eq!(Release::Rollback { chain: true }.carried_by(&old.sql).1, 1);
+        let session = Plan::new_t(
+            &req(Scope::Session, Mode::Exclusive, Wait::Try, false),
+            None,
+        );
+        let (text, skip) = Release::Rollback { chain: true }.carried_by(&session.sql);
+        assert_eq!(text, "ROLLBACK; SELECT pg_try_advisory_lock(42)");
+        assert_eq!(skip, 1);
+        // A fenced request chains its first BEGIN only.
+        let fenced = Plan::new_t(
+            &req(Scope::Transaction, Mode::Exclusive, Wait::Forever, true),
+            Some("\"public\".dblock_fencing"),
+        );
+        let (text, _) = Release::Rollback { chain: true }.carried_by(&fenced.sql);
+        assert!(
+            text.starts_with("ROLLBACK AND CHAIN; SET LOCAL synchronous_commit = on; "),
+            "{text}"
+        );
+        assert_eq!(
+            text.matches("BEGIN ISOLATION LEVEL READ COMMITTED").count(),
+            1
+        );
     }
 
     #[test]

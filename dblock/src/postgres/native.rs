@@ -1,20 +1,28 @@
 //! dblock's own PostgreSQL connections (tokio-postgres) and their small pool.
 //!
 //! Why not sqlx here: a lock cycle must cost one round trip. tokio-postgres pipelines:
-//! a request is handed to the connection's task the moment it is issued, so a guard's
-//! `Drop` can *send* its `ROLLBACK` synchronously, without waiting for the reply and
-//! without spawning, and the next lock request on that connection goes out right
-//! behind it. sqlx can only send when the connection is next awaited.
+//! a request is handed to the connection's task the moment it is issued, and that task
+//! is dblock's own (`drive`), so a guard's `Drop` can *send* its release
+//! synchronously, without waiting for the reply and without spawning: it hands the
+//! release to the connection's task, which writes it the next time it runs. And if
+//! the next lock request on that connection is issued before the task has run (a loop
+//! that takes and drops locks), the request carries the release at the head of its own
+//! message, so the server answers both with one reply (see `Outbox`). sqlx can only
+//! send when the connection is next awaited.
 
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
+use std::task::Poll;
 use std::time::Duration;
 
-use futures_util::FutureExt;
+use futures_util::task::AtomicWaker;
+use futures_util::{FutureExt, StreamExt};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-use tokio::time::Instant;
-use tokio_postgres::{Client, NoTls, SimpleQueryMessage};
+use tokio_postgres::{Client, NoTls, SimpleQueryMessage, SimpleQueryStream};
 
-use super::conn::{Link, QueryError, Results};
+use super::conn::{Link, LockSql, QueryError, Release, Results};
 use crate::{Error, LossReason};
 
 /// The pool's settings and idle connections.
@@ -151,10 +159,12 @@ impl Pool {
             .unwrap_or(0);
         let client = Arc::new(client);
         let link = Link::new();
+        let outbox = Arc::new(Outbox::default());
         tokio::spawn(drive(
             connection,
             Arc::downgrade(&client),
             link.clone(),
+            outbox.clone(),
             self.shared.check_interval,
             self.shared.check_timeout,
         ));
@@ -167,15 +177,121 @@ impl Pool {
         Ok(NativeConn {
             client,
             link,
+            outbox,
             permit: None,
             pool: Arc::downgrade(&self.shared),
         })
     }
 }
 
+/// A release handed from a guard's drop to the connection's task, so that it can go
+/// out in one message with the next lock request on the connection.
+///
+/// Sent on its own, a release costs a message of its own and, on the client, a wake-up
+/// for its reply; the server answers every message with a separate write. Handed over
+/// here instead, it is queued by the connection's task the next time that task runs —
+/// exactly when a request queued on the driver would have been written — unless a lock
+/// request on the connection comes first (a loop that takes and drops locks), which
+/// then carries it at the head of its own message (see `Release::carried_by`): for a
+/// transaction-scoped lock's, `ROLLBACK AND CHAIN; SELECT pg_advisory_xact_lock(…)`
+/// (or `ROLLBACK; …`); for a session-scoped lock's, `SELECT pg_advisory_unlock(…); …`
+/// (or, where it needs a transaction of its own, `BEGIN; …; COMMIT; …`). One message,
+/// one reply; either way the release leaves no later than it would have.
+#[derive(Default)]
+struct Outbox {
+    /// The release waiting to be sent. Whoever takes it queues it (alone, or ahead of
+    /// its own request) while holding the mutex, so nothing issued later on the
+    /// connection can overtake it.
+    waiting: Mutex<Option<Release>>,
+    /// Set to have the connection's task drop the socket at once, without waiting for
+    /// replies still outstanding (a blocked lock request's, say).
+    closing: AtomicBool,
+    /// The connection's task, woken when there is something to send or to close.
+    task: AtomicWaker,
+}
+
+impl Outbox {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Release>> {
+        self.waiting.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Queues a waiting release on its own. Returns false if it could not be.
+    fn flush(&self, client: &Client) -> bool {
+        let mut waiting = self.lock();
+        match waiting.take() {
+            None => true,
+            Some(r) => queue(client, r.sql()),
+        }
+    }
+
+    /// [`Outbox::flush`] from the connection's task, which holds the client weakly.
+    /// Returns false if a release waits and cannot be queued (the client is gone: the
+    /// session ends with the connection, which releases everything it held).
+    fn flush_with(&self, client: impl FnOnce() -> Option<Arc<Client>>) -> bool {
+        let mut waiting = self.lock();
+        match waiting.take() {
+            None => true,
+            Some(r) => client().is_some_and(|c| queue(&c, r.sql())),
+        }
+    }
+
+    /// Has the connection's task drop the socket at once.
+    fn close_now(&self) {
+        self.closing.store(true, Ordering::Release);
+        self.task.wake();
+    }
+}
+
+/// Queues `sql` on the connection without waiting for its reply. Returns false if it
+/// was not queued: the connection is gone (or, should the driver ever need more than
+/// one poll to queue a request, which it does not, the caller must give it up).
+fn queue(client: &Client, sql: &str) -> bool {
+    // `simple_query_raw` encodes and queues the request on its first poll, before any
+    // await; the reply is dropped unread (the connection task discards it).
+    matches!(client.simple_query_raw(sql).now_or_never(), Some(Ok(_)))
+}
+
+/// Queues a simple query on the connection; its reply comes through the stream.
+fn send(client: &Client, sql: &str) -> Result<SimpleQueryStream, QueryError> {
+    // Queued in the first poll (see `queue`); a driver that ever needed more would make
+    // this fail loudly rather than send out of order.
+    match client.simple_query_raw(sql).now_or_never() {
+        Some(Ok(stream)) => Ok(stream),
+        Some(Err(e)) => Err(QueryError::from_driver(e)),
+        None => Err(QueryError::Lost {
+            message: "the driver did not queue the request at once".into(),
+        }),
+    }
+}
+
+/// Reads a simple query's reply as it streams in: `row(i, value)` for each row of
+/// statement `i` (its first column), without collecting the messages. Returns the
+/// number of statements.
+async fn read(
+    stream: SimpleQueryStream,
+    mut row: impl FnMut(usize, Option<&str>),
+) -> Result<usize, QueryError> {
+    let mut stream = std::pin::pin!(stream);
+    let mut i = 0;
+    while let Some(m) = stream.next().await {
+        match m.map_err(QueryError::from_driver)? {
+            SimpleQueryMessage::Row(r) => row(i, r.get(0)),
+            // An empty query ends with EmptyQueryResponse, which counts as a statement too.
+            SimpleQueryMessage::CommandComplete(_) => i += 1,
+            _ => {}
+        }
+    }
+    Ok(i)
+}
+
 /// Runs a connection: its I/O, and while a lock is held on it, a health check every
 /// interval. Marks the link lost when the connection ends or a check goes unanswered
 /// for `timeout`; returning drops the socket, which ends the server session.
+///
+/// One hand-written poll rather than a `select!` loop: it runs twice per lock cycle (to
+/// write the request, to read the reply), so it does no more than it must each time —
+/// no future is built or registered anew, and the timers are polled only while they
+/// can matter.
 async fn drive(
     connection: tokio_postgres::Connection<
         tokio_postgres::Socket,
@@ -183,86 +299,83 @@ async fn drive(
     >,
     client: Weak<Client>,
     link: Arc<Link>,
+    outbox: Arc<Outbox>,
     interval: Duration,
     timeout: Duration,
 ) {
-    type Ping = std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), QueryError>> + Send>>;
+    type Ping = Pin<Box<dyn Future<Output = Result<(), QueryError>> + Send>>;
     let mut connection = std::pin::pin!(connection);
-    let mut ping: Option<(Ping, Instant)> = None;
+    // A check in flight, and when it fails if still unanswered.
+    let mut ping: Option<(Ping, Pin<Box<tokio::time::Sleep>>)> = None;
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        // A check in flight is declared failed the moment its deadline passes, not at
-        // the next tick.
-        let ping_deadline = ping.as_ref().map(|(_, since)| *since + timeout);
-        let ping_done = async {
-            match &mut ping {
-                Some((p, _)) => p.await,
-                None => std::future::pending().await,
-            }
-        };
-        let ping_overdue = async {
-            match ping_deadline {
-                Some(d) => tokio::time::sleep_until(d).await,
-                None => std::future::pending().await,
-            }
-        };
-        tokio::select! {
-            biased;
-            () = link.closing() => {
-                link.mark_lost(LossReason::ConnectionClosed { message: "closed by dblock".into() });
-                return;
-            }
-            end = &mut connection => {
-                let message = match end {
-                    Ok(()) => "closed by dblock".to_string(),
-                    Err(e) => match QueryError::from_driver(e) {
-                        QueryError::Db { message, .. } | QueryError::Lost { message } => message,
-                    },
-                };
-                link.mark_lost(LossReason::ConnectionClosed { message });
-                return;
-            }
-            () = ping_overdue => {
-                link.mark_lost(LossReason::Unresponsive { after: timeout });
-                return;
-            }
-            res = ping_done => {
-                ping = None;
-                if let Err(QueryError::Lost { message }) = res {
-                    link.mark_lost(LossReason::ConnectionClosed { message });
-                }
-            }
-            _ = tick.tick() => {
-                if !link.holding() {
-                    continue;
-                }
-                match &ping {
-                    Some((_, since)) => {
-                        let after = since.elapsed();
-                        if after >= timeout {
-                            link.mark_lost(LossReason::Unresponsive { after });
-                            return;
+    let lost = std::future::poll_fn(|cx| {
+        outbox.task.register(cx.waker());
+        if outbox.closing.load(Ordering::Acquire) {
+            return Poll::Ready(LossReason::ConnectionClosed {
+                message: "closed by dblock".into(),
+            });
+        }
+        // A ROLLBACK handed over since the last poll goes out before anything else.
+        if !outbox.flush_with(|| client.upgrade()) {
+            return Poll::Ready(LossReason::ConnectionClosed {
+                message: "the connection closed".into(),
+            });
+        }
+        if let Poll::Ready(end) = connection.as_mut().poll(cx) {
+            let message = match end {
+                Ok(()) => "closed by dblock".to_string(),
+                Err(e) => match QueryError::from_driver(e) {
+                    QueryError::Db { message, .. } | QueryError::Lost { message } => message,
+                },
+            };
+            return Poll::Ready(LossReason::ConnectionClosed { message });
+        }
+        loop {
+            if let Some((p, overdue)) = &mut ping {
+                match p.as_mut().poll(cx) {
+                    Poll::Ready(res) => {
+                        ping = None;
+                        if let Err(QueryError::Lost { message }) = res {
+                            link.mark_lost(LossReason::ConnectionClosed { message });
                         }
                     }
-                    None => {
-                        if let Some(c) = client.upgrade() {
-                            let p: Ping = Box::pin(async move {
-                                c.simple_query("").await.map(|_| ()).map_err(QueryError::from_driver)
-                            });
-                            ping = Some((p, Instant::now()));
+                    // Failed the moment its deadline passes, not at the next tick.
+                    Poll::Pending => {
+                        if overdue.as_mut().poll(cx).is_ready() {
+                            return Poll::Ready(LossReason::Unresponsive { after: timeout });
                         }
                     }
                 }
+            }
+            if tick.poll_tick(cx).is_pending() {
+                return Poll::Pending;
+            }
+            // A tick: check the connection if a lock is held on it and no check is out.
+            if !link.holding() || ping.is_some() {
+                continue;
+            }
+            if let Some(c) = client.upgrade() {
+                let p: Ping = Box::pin(async move {
+                    c.simple_query("")
+                        .await
+                        .map(|_| ())
+                        .map_err(QueryError::from_driver)
+                });
+                let overdue = Box::pin(tokio::time::sleep(timeout));
+                ping = Some((p, overdue));
             }
         }
-    }
+    })
+    .await;
+    link.mark_lost(lost);
 }
 
 /// One of dblock's connections, checked out of the pool.
 pub(crate) struct NativeConn {
     client: Arc<Client>,
     link: Arc<Link>,
+    outbox: Arc<Outbox>,
     permit: Option<OwnedSemaphorePermit>,
     pool: Weak<PoolShared>,
 }
@@ -280,25 +393,85 @@ impl NativeConn {
     ///
     /// Not cancel safe by itself: callers arm an abandon before awaiting it.
     pub(crate) async fn query(&self, sql: &str) -> Result<Results, QueryError> {
-        let messages = self
-            .client
-            .simple_query(sql)
-            .await
-            .map_err(QueryError::from_driver)?;
-        let mut out: Results = vec![Vec::new()];
-        for m in messages {
-            match m {
-                SimpleQueryMessage::Row(row) => {
-                    if let Some(last) = out.last_mut() {
-                        last.push(row.get(0).map(str::to_string));
-                    }
-                }
-                SimpleQueryMessage::CommandComplete(_) => out.push(Vec::new()),
-                _ => {}
-            }
+        if !self.outbox.flush(&self.client) {
+            return Err(QueryError::Lost {
+                message: "the connection closed".into(),
+            });
         }
-        out.pop();
+        let mut out: Results = Vec::new();
+        let statements = read(send(&self.client, sql)?, |i, value| {
+            if out.len() <= i {
+                out.resize_with(i + 1, Vec::new);
+            }
+            out[i].push(value.map(str::to_string));
+        })
+        .await?;
+        out.resize_with(statements, Vec::new);
         Ok(out)
+    }
+
+    /// Sends a lock request and returns, for each statement index in `want`, the first
+    /// column of that statement's first row (`None` for no row, a NULL, or no index).
+    ///
+    /// A release still waiting to be sent on the connection (see [`Outbox`]) goes out
+    /// in the same message, ahead of the request, and its statements are not counted
+    /// in `want`'s indices. Only for lock requests, which behave alike after a
+    /// transaction ended in their own message: they begin a transaction of their own
+    /// or are plain `SELECT`s.
+    ///
+    /// Not cancel safe by itself: callers arm an abandon before awaiting it.
+    pub(crate) async fn lock_query<const N: usize>(
+        &self,
+        sql: &LockSql,
+        want: [Option<usize>; N],
+    ) -> Result<[Option<String>; N], QueryError> {
+        let (stream, carried) = {
+            let mut waiting = self.outbox.lock();
+            // Queued before the mutex is released, like the task's own flush.
+            match waiting.take() {
+                None => (send(&self.client, sql.alone())?, 0),
+                Some(release) => {
+                    let (text, carried) = release.carried_by(sql);
+                    (send(&self.client, &text)?, carried)
+                }
+            }
+        };
+        let mut out: [Option<String>; N] = std::array::from_fn(|_| None);
+        let mut seen = [false; N];
+        read(stream, |i, value| {
+            let Some(i) = i.checked_sub(carried) else {
+                return;
+            };
+            for ((w, seen), out) in want.iter().zip(&mut seen).zip(&mut out) {
+                if *w == Some(i) && !*seen {
+                    *seen = true;
+                    *out = value.map(str::to_string);
+                }
+            }
+        })
+        .await?;
+        Ok(out)
+    }
+
+    /// Hands a held lock's release to the connection's task: it goes out the next time
+    /// that task runs, or with the next lock request if that comes first (see
+    /// [`Outbox`]). Returns false if the connection is gone.
+    pub(crate) fn release_soon(&self, release: Release) -> bool {
+        if self.client.is_closed() {
+            return false;
+        }
+        {
+            let mut waiting = self.outbox.lock();
+            // One holder at a time, so never two; were there, the first goes first.
+            if let Some(earlier) = waiting.take() {
+                if !queue(&self.client, earlier.sql()) {
+                    return false;
+                }
+            }
+            *waiting = Some(release);
+        }
+        self.outbox.task.wake();
+        true
     }
 
     /// Sends `sql` now without waiting for its reply. Returns false if it could not be
@@ -307,6 +480,9 @@ impl NativeConn {
     /// The request is queued on the connection's task before this returns, so anything
     /// sent later on this connection runs after it.
     pub(crate) fn fire(&self, sql: &str) -> bool {
+        if !self.outbox.flush(&self.client) {
+            return false;
+        }
         // `simple_query_raw` encodes and queues the request on its first poll, before
         // any await; the reply is dropped unread (the connection task discards it).
         match self.client.simple_query_raw(sql).now_or_never() {
@@ -352,7 +528,7 @@ impl NativeConn {
         self.link.mark_lost(LossReason::ConnectionClosed {
             message: "closed by dblock after a request on it was cut off".into(),
         });
-        self.link.close_now();
+        self.outbox.close_now();
         let token = self.client.cancel_token();
         drop(self);
         if let Ok(h) = tokio::runtime::Handle::try_current() {
