@@ -9,7 +9,7 @@
 use std::process::{Output, Stdio};
 use std::time::{Duration, Instant};
 
-use dblock_testkit::{PgSchema, SqliteDb, exit_code as code, one_line_error};
+use dblock_testkit::{PgSchema, SqliteDb, exit_code as code, one_line_error, signal};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::Command;
 
@@ -324,14 +324,6 @@ async fn start(
         .unwrap();
     tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
     (child, first)
-}
-
-fn signal(pid: u32, sig: &str) {
-    let ok = std::process::Command::new("kill")
-        .args([sig, &pid.to_string()])
-        .status()
-        .unwrap();
-    assert!(ok.success());
 }
 
 #[tokio::test]

@@ -309,3 +309,14 @@ pub fn one_line_error(out: &std::process::Output) -> String {
 pub fn exit_code(out: &std::process::Output) -> i32 {
     out.status.code().unwrap_or(-1)
 }
+
+/// Sends `sig` (e.g. `"-STOP"`) to process `pid` with kill(1), failing the test if it
+/// cannot.
+pub fn signal(pid: impl std::fmt::Display, sig: &str) {
+    let ok = std::process::Command::new("kill")
+        .args([sig, &pid.to_string()])
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    assert!(ok, "kill {sig} {pid}");
+}

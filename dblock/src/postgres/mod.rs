@@ -286,10 +286,11 @@ impl PgBackend {
     ) -> Result<Option<crate::leader::LeaderInfo>, Error> {
         let table = self.fence_table().await?.clone();
         let armed = Armed::new(self.source.get().await?);
+        // One statement, its three values as three rows in order (unnest keeps the
+        // array's order); the connection reads the first column of each row.
         let sql = format!(
-            "SELECT holder FROM {table} WHERE key = {k}; \
-             SELECT token::text FROM {table} WHERE key = {k}; \
-             SELECT granted_at::text FROM {table} WHERE key = {k}",
+            "SELECT unnest(ARRAY[holder, token::text, granted_at::text]) FROM {table} \
+             WHERE key = {k}",
             k = key.as_i64()
         );
         let rows = armed
@@ -298,11 +299,10 @@ impl PgBackend {
             .await
             .map_err(QueryError::into_error)?;
         armed.disarm().recycle();
-        let (Some(holder), Some(token), Some(elected_at)) = (
-            first_value(&rows, 0),
-            first_value(&rows, 1),
-            first_value(&rows, 2),
-        ) else {
+        let mut values = rows.into_iter().next().unwrap_or_default().into_iter();
+        let (Some(Some(holder)), Some(Some(token)), Some(Some(elected_at))) =
+            (values.next(), values.next(), values.next())
+        else {
             return Ok(None);
         };
         Ok(Some(crate::leader::LeaderInfo {
