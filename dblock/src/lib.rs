@@ -90,3 +90,18 @@ pub use sqlx;
 #[cfg(doctest)]
 #[doc = include_str!("../../README.md")]
 struct ReadmeDoctests;
+
+/// The examples of the reference pages in `docs/`, compiled as doctests too.
+#[cfg(doctest)]
+mod docs_doctests {
+    #[doc = include_str!("../../docs/locks-and-loss.md")]
+    struct LocksAndLoss;
+    #[doc = include_str!("../../docs/migrations.md")]
+    struct Migrations;
+    #[doc = include_str!("../../docs/how-it-works.md")]
+    struct HowItWorks;
+    #[doc = include_str!("../../docs/choosing.md")]
+    struct Choosing;
+    #[doc = include_str!("../../docs/errors.md")]
+    struct Errors;
+}
