@@ -4,8 +4,8 @@
 //!
 //! | workload      | what a worker does                                   | floor |
 //! |---------------|------------------------------------------------------|-------|
-//! | `uncontended` | take and release a lock of its own (1 and 8 workers) | PostgreSQL: `SELECT pg_advisory_xact_lock(k)` in autocommit, one round trip per cycle; SQLite: `F_OFD_SETLK` lock + unlock |
-//! | `hot`         | take and release one lock shared by 8 workers        | PostgreSQL: `BEGIN`; `SELECT pg_advisory_xact_lock(k)`; `COMMIT` on one key, 8 clients, each statement awaited (what `pgbench -f` runs); SQLite: lock + unlock of one byte from 8 descriptors |
+//! | `uncontended` | take and release a lock of its own (1 and 8 workers) | PostgreSQL: `SELECT pg_advisory_xact_lock(k)` in autocommit, one round trip per cycle; SQLite: `F_OFD_SETLK` lock + unlock; MySQL: `SELECT GET_LOCK(n, S)`; `SELECT RELEASE_LOCK(n)`, each awaited |
+//! | `hot`         | take and release one lock shared by 8 workers        | PostgreSQL: `BEGIN`; `SELECT pg_advisory_xact_lock(k)`; `COMMIT` on one key, 8 clients, each statement awaited (what `pgbench -f` runs); SQLite: lock + unlock of one byte from 8 descriptors; MySQL: `GET_LOCK` + `RELEASE_LOCK` of one name, 8 clients |
 //!
 //! Each workload and its floor run in alternating slices of half a second, so that a
 //! machine whose speed drifts (a shared host, a CPU changing frequency) slows both
@@ -29,7 +29,7 @@ use crate::{Error, Locks};
 /// One measured line of the report.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Measurement {
-    /// `"postgres"` or `"sqlite"`.
+    /// `"postgres"`, `"sqlite"` or `"mysql"`.
     pub backend: &'static str,
     /// `"uncontended"` or `"hot"`.
     pub workload: &'static str,
@@ -248,6 +248,9 @@ enum Floor {
     Postgres(Box<tokio_postgres::Config>),
     #[cfg(feature = "sqlite")]
     Sqlite(std::path::PathBuf),
+    /// The lock pool's connect options, and the database lock names include.
+    #[cfg(feature = "mysql")]
+    MySql(Box<sqlx::mysql::MySqlConnectOptions>, std::sync::Arc<str>),
 }
 
 type BoxCycle =
@@ -265,6 +268,16 @@ impl Floor {
             },
             #[cfg(feature = "sqlite")]
             crate::locks::Backend::Sqlite(b) => Ok(Floor::Sqlite(b.lock_path())),
+            #[cfg(feature = "mysql")]
+            crate::locks::Backend::MySql(b) => match b.own {
+                true => Ok(Floor::MySql(
+                    Box::new((*b.pool.connect_options()).clone()),
+                    b.database.clone(),
+                )),
+                false => Err(Error::Unsupported(
+                    "the benchmark needs a mysql:// URL, not an sqlx pool".into(),
+                )),
+            },
         }
     }
 
@@ -280,6 +293,10 @@ impl Floor {
             Floor::Postgres(c) => RawSet::Postgres(c.clone(), tokio::sync::Mutex::new(Vec::new())),
             #[cfg(feature = "sqlite")]
             Floor::Sqlite(p) => RawSet::Sqlite(p.clone(), std::sync::Mutex::new(Vec::new())),
+            #[cfg(feature = "mysql")]
+            Floor::MySql(o, db) => {
+                RawSet::MySql(o.clone(), db.clone(), tokio::sync::Mutex::new(Vec::new()))
+            }
         });
         Ok(move |w: usize, i: u64| {
             let raw = raw.clone();
@@ -304,7 +321,17 @@ enum RawSet {
         std::path::PathBuf,
         std::sync::Mutex<Vec<Option<std::sync::Arc<std::fs::File>>>>,
     ),
+    #[cfg(feature = "mysql")]
+    MySql(
+        Box<sqlx::mysql::MySqlConnectOptions>,
+        std::sync::Arc<str>,
+        tokio::sync::Mutex<Vec<Option<MySqlRaw>>>,
+    ),
 }
+
+/// A floor worker's own MySQL connection.
+#[cfg(feature = "mysql")]
+type MySqlRaw = std::sync::Arc<tokio::sync::Mutex<sqlx::MySqlConnection>>;
 
 impl RawSet {
     async fn cycle(&self, w: usize, key: crate::Key, hot: bool) -> Result<Duration, Error> {
@@ -381,6 +408,50 @@ impl RawSet {
                 let d = t.elapsed();
                 crate::sqlite::raw_unlock(&file, key.file_offset())
                     .map_err(|e| Error::io("the benchmark's floor", e))?;
+                Ok(d)
+            }
+            #[cfg(feature = "mysql")]
+            RawSet::MySql(options, database, conns) => {
+                use sqlx::ConnectOptions;
+                let conn = {
+                    let mut cs = conns.lock().await;
+                    if cs.len() <= w {
+                        cs.resize(w + 1, None);
+                    }
+                    match &cs[w] {
+                        Some(c) => c.clone(),
+                        None => {
+                            let c = options.connect().await.map_err(|e| Error::Connect {
+                                target: "the benchmark's floor".into(),
+                                message: e.to_string(),
+                            })?;
+                            let c = std::sync::Arc::new(tokio::sync::Mutex::new(c));
+                            cs[w] = Some(c.clone());
+                            c
+                        }
+                    }
+                };
+                let mut conn = conn.lock().await;
+                let name = crate::mysql::lock_name(database, key);
+                let _ = hot;
+                let t = Instant::now();
+                let got: Option<i64> =
+                    sqlx::query_scalar("SELECT CAST(GET_LOCK(?, 31536000) AS SIGNED)")
+                        .bind(&name)
+                        .fetch_one(&mut *conn)
+                        .await
+                        .map_err(crate::mysql::map_sqlx)?;
+                let d = t.elapsed();
+                if got != Some(1) {
+                    return Err(Error::Unsupported(format!(
+                        "the floor's GET_LOCK answered {got:?}"
+                    )));
+                }
+                sqlx::query("SELECT RELEASE_LOCK(?)")
+                    .bind(&name)
+                    .execute(&mut *conn)
+                    .await
+                    .map_err(crate::mysql::map_sqlx)?;
                 Ok(d)
             }
         }

@@ -43,6 +43,8 @@ pub(crate) enum Held {
     Postgres(crate::postgres::PgHeld),
     #[cfg(feature = "sqlite")]
     Sqlite(crate::sqlite::SqliteHeld),
+    #[cfg(feature = "mysql")]
+    MySql(crate::mysql::MyHeld),
 }
 
 /// A held lock. Dropping it releases the lock at once; [`release`](LockGuard::release)
@@ -127,6 +129,8 @@ impl LockGuard {
             Some(Held::Postgres(h)) => h.loss().is_none(),
             #[cfg(feature = "sqlite")]
             Some(Held::Sqlite(_)) => true,
+            #[cfg(feature = "mysql")]
+            Some(Held::MySql(h)) => h.loss().is_none(),
             None => false,
         }
     }
@@ -159,16 +163,18 @@ impl LockGuard {
     ///
     /// Dropping the future has no effect on the lock.
     pub fn lost(&self) -> impl Future<Output = LossReason> + Send + 'static {
-        let watch = match &self.held {
-            #[cfg(feature = "postgres")]
-            Some(Held::Postgres(h)) => Some(h.watch_loss()),
-            _ => None,
-        };
+        let watch: Option<std::pin::Pin<Box<dyn Future<Output = LossReason> + Send>>> =
+            match &self.held {
+                #[cfg(feature = "postgres")]
+                Some(Held::Postgres(h)) => Some(Box::pin(h.watch_loss())),
+                #[cfg(feature = "mysql")]
+                Some(Held::MySql(h)) => Some(Box::pin(h.watch_loss())),
+                _ => None,
+            };
         async move {
             match watch {
-                #[cfg(feature = "postgres")]
                 Some(w) => w.await,
-                _ => std::future::pending().await,
+                None => std::future::pending().await,
             }
         }
     }
@@ -189,6 +195,8 @@ impl LockGuard {
             Some(Held::Postgres(h)) => h.check().await,
             #[cfg(feature = "sqlite")]
             Some(Held::Sqlite(_)) => Ok(()),
+            #[cfg(feature = "mysql")]
+            Some(Held::MySql(h)) => h.check().await,
             None => Err(Error::Unsupported("the guard was already released".into())),
         }
     }
@@ -213,6 +221,8 @@ impl LockGuard {
                 h.release();
                 Ok(())
             }
+            #[cfg(feature = "mysql")]
+            Some(Held::MySql(h)) => h.release().await,
             None => Ok(()),
         }
     }

@@ -202,6 +202,8 @@ impl Election {
             crate::locks::Backend::Sqlite(b) => {
                 crate::fencing::sqlite_latest_grant(&b.shared, key).await
             }
+            #[cfg(feature = "mysql")]
+            crate::locks::Backend::MySql(b) => b.latest_grant(key).await,
         }
     }
 }

@@ -83,6 +83,8 @@ pub(crate) enum Backend {
     Postgres(crate::postgres::PgBackend),
     #[cfg(feature = "sqlite")]
     Sqlite(crate::sqlite::SqliteBackend),
+    #[cfg(feature = "mysql")]
+    MySql(crate::mysql::MyBackend),
 }
 
 pub(crate) struct Inner {
@@ -186,18 +188,47 @@ impl Locks {
         Builder::default().sqlx_pool(pool).build().await
     }
 
+    /// A handle on the caller's sqlx MySQL / MariaDB pool: dblock borrows a connection
+    /// from it for each held or waiting lock (so size the pool for that) and returns it,
+    /// holding nothing, on release. The pool's connections must have a database
+    /// selected. See [`mysql`](crate::mysql) for lock names and behaviour.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// let pool = dblock::sqlx::MySqlPool::connect("mysql://app@db/app").await?;
+    /// let locks = dblock::Locks::from_sqlx_mysql_pool(pool).await?;
+    /// let _guard = locks.lock("autoland:7").await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// Connection and server errors of the first connection; [`Error::Unsupported`]
+    /// when its connections have no database selected.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancelling it returns the borrowed connection; nothing is left behind.
+    #[cfg(feature = "mysql")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
+    pub async fn from_sqlx_mysql_pool(pool: sqlx::MySqlPool) -> Result<Locks, Error> {
+        Builder::default().sqlx_mysql_pool(pool).build().await
+    }
+
     /// The namespace every name of this handle is keyed in.
     pub fn namespace(&self) -> &str {
         &self.inner.namespace
     }
 
-    /// `"postgres"` or `"sqlite"`.
+    /// `"postgres"`, `"sqlite"` or `"mysql"`.
     pub fn backend_name(&self) -> &'static str {
         match &self.inner.backend {
             #[cfg(feature = "postgres")]
             Backend::Postgres(_) => "postgres",
             #[cfg(feature = "sqlite")]
             Backend::Sqlite(_) => "sqlite",
+            #[cfg(feature = "mysql")]
+            Backend::MySql(_) => "mysql",
         }
     }
 
@@ -410,6 +441,8 @@ impl<'a> Request<'a> {
             Backend::Postgres(b) => b.acquire(&req).await?,
             #[cfg(feature = "sqlite")]
             Backend::Sqlite(b) => b.acquire(&req).await?,
+            #[cfg(feature = "mysql")]
+            Backend::MySql(b) => b.acquire(&req).await?,
         };
         Ok(grant.map(|g| LockGuard::new(self.name, req.key, self.mode, g)))
     }
@@ -421,6 +454,8 @@ pub struct Builder {
     url: Option<String>,
     #[cfg(feature = "postgres")]
     sqlx_pool: Option<sqlx::PgPool>,
+    #[cfg(feature = "mysql")]
+    sqlx_mysql_pool: Option<sqlx::MySqlPool>,
     namespace: Option<String>,
     scope: Scope,
     pub(crate) max_connections: usize,
@@ -437,6 +472,8 @@ impl Default for Builder {
             url: None,
             #[cfg(feature = "postgres")]
             sqlx_pool: None,
+            #[cfg(feature = "mysql")]
+            sqlx_mysql_pool: None,
             namespace: None,
             scope: Scope::Transaction,
             max_connections: 64,
@@ -463,6 +500,15 @@ impl Builder {
     #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
     pub fn sqlx_pool(mut self, pool: sqlx::PgPool) -> Self {
         self.sqlx_pool = Some(pool);
+        self
+    }
+
+    /// Borrow connections from this sqlx MySQL / MariaDB pool instead of opening
+    /// dblock's own (see [`Locks::from_sqlx_mysql_pool`]); the URL is then ignored.
+    #[cfg(feature = "mysql")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
+    pub fn sqlx_mysql_pool(mut self, pool: sqlx::MySqlPool) -> Self {
+        self.sqlx_mysql_pool = Some(pool);
         self
     }
 
@@ -569,6 +615,11 @@ impl Builder {
             let (b, ns) = crate::postgres::PgBackend::from_sqlx(pool, &self).await?;
             return self.finish(Backend::Postgres(b), ns);
         }
+        #[cfg(feature = "mysql")]
+        if let Some(pool) = self.sqlx_mysql_pool.clone() {
+            let b = crate::mysql::MyBackend::from_sqlx(pool, &self).await?;
+            return self.finish(Backend::MySql(b), crate::DEFAULT_NAMESPACE.to_string());
+        }
         let target = match self.url.clone().or_else(crate::target::url_from_env) {
             Some(url) => Target::parse(&url)?,
             #[cfg(feature = "sqlite")]
@@ -590,6 +641,11 @@ impl Builder {
             #[cfg(feature = "sqlite")]
             Target::Sqlite { path } => (
                 Backend::Sqlite(crate::sqlite::SqliteBackend::open(path, &self)?),
+                crate::DEFAULT_NAMESPACE.to_string(),
+            ),
+            #[cfg(feature = "mysql")]
+            Target::MySql { options, shown } => (
+                Backend::MySql(crate::mysql::MyBackend::open(*options, shown, &self).await?),
                 crate::DEFAULT_NAMESPACE.to_string(),
             ),
         };

@@ -22,6 +22,12 @@ pub(crate) enum Target {
     /// `sqlite:PATH`, `sqlite://PATH`, or the default file.
     #[cfg(feature = "sqlite")]
     Sqlite { path: PathBuf },
+    /// `mysql://` or `mariadb://`.
+    #[cfg(feature = "mysql")]
+    MySql {
+        options: Box<sqlx::mysql::MySqlConnectOptions>,
+        shown: String,
+    },
 }
 
 impl Target {
@@ -35,15 +41,18 @@ impl Target {
             Some(i) => &url[..i],
             None => {
                 return Err(invalid(
-                    "expected postgres://…, postgresql://… or sqlite:PATH".into(),
+                    "expected postgres://…, postgresql://…, mysql://…, mariadb://… or sqlite:PATH"
+                        .into(),
                 ));
             }
         };
         match scheme.to_ascii_lowercase().as_str() {
             "postgres" | "postgresql" => parse_postgres(url).map_err(invalid),
             "sqlite" => parse_sqlite(url).map_err(invalid),
+            "mysql" | "mariadb" => parse_mysql(url).map_err(invalid),
             other => Err(invalid(format!(
-                "unknown scheme {other:?}: expected postgres://…, postgresql://… or sqlite:PATH"
+                "unknown scheme {other:?}: expected postgres://…, postgresql://…, mysql://…, \
+                 mariadb://… or sqlite:PATH"
             ))),
         }
     }
@@ -148,6 +157,19 @@ fn parse_sqlite(_: &str) -> Result<Target, String> {
     Err("this build of dblock has no SQLite support (cargo feature \"sqlite\")".into())
 }
 
+#[cfg(feature = "mysql")]
+fn parse_mysql(url: &str) -> Result<Target, String> {
+    Ok(Target::MySql {
+        options: Box::new(crate::mysql::parse_url(url)?),
+        shown: redact_url(url),
+    })
+}
+
+#[cfg(not(feature = "mysql"))]
+fn parse_mysql(_: &str) -> Result<Target, String> {
+    Err("this build of dblock has no MySQL support (cargo feature \"mysql\")".into())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -181,7 +203,7 @@ mod tests {
     #[test]
     fn bad_urls_are_typed_errors() {
         for u in [
-            "mysql://root@localhost/test",
+            "mysql://root@localhost",
             "http://x",
             "nonsense",
             "",

@@ -3,13 +3,17 @@
 //! OS processes.
 //!
 //! The servers come from the environment: `DATABASE_URL` (default
-//! `postgres://postgres@127.0.0.1:5432/test`). A server that cannot be reached fails the
+//! `postgres://postgres@127.0.0.1:5432/test`) and `MYSQL_URL` (default
+//! `mysql://root@127.0.0.1:3306/test`, a MySQL or MariaDB server). A server that cannot be reached fails the
 //! test with a message saying so; it is never skipped.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
 
 pub mod cluster;
 pub mod migrations;
+pub mod mysql;
 pub mod semantics;
+
+pub use mysql::{MyDb, mysql_url};
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -39,7 +43,7 @@ pub async fn admin_connect(url: &str) -> Client {
     client
 }
 
-fn unique(tag: &str) -> String {
+pub(crate) fn unique(tag: &str) -> String {
     static N: AtomicU32 = AtomicU32::new(0);
     let tag: String = tag
         .chars()

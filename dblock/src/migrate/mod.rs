@@ -245,6 +245,8 @@ impl Locks {
             Backend::Postgres(b) => pg::run_script(b, ddl).await,
             #[cfg(feature = "sqlite")]
             Backend::Sqlite(b) => sqlite::run_script(b, ddl).await,
+            #[cfg(feature = "mysql")]
+            Backend::MySql(_) => Err(mysql_migrations_unsupported()),
         }
     }
 }
@@ -366,6 +368,8 @@ impl<'a> Runner<'a> {
             Backend::Postgres(b) => pg::run(b, set, self.ignore_missing, on_applied).await,
             #[cfg(feature = "sqlite")]
             Backend::Sqlite(b) => sqlite::run(b, set, self.ignore_missing, on_applied).await,
+            #[cfg(feature = "mysql")]
+            Backend::MySql(_) => Err(mysql_migrations_unsupported()),
         }
     }
 
@@ -414,7 +418,14 @@ async fn records(locks: &Locks) -> Result<Option<Vec<Record>>, Error> {
         Backend::Postgres(b) => pg::records(b).await,
         #[cfg(feature = "sqlite")]
         Backend::Sqlite(b) => sqlite::records(b).await,
+        #[cfg(feature = "mysql")]
+        Backend::MySql(_) => Err(mysql_migrations_unsupported()),
     }
+}
+
+#[cfg(feature = "mysql")]
+fn mysql_migrations_unsupported() -> Error {
+    Error::Unsupported("migrations on MySQL / MariaDB are not implemented yet".into())
 }
 
 /// What a run did.
