@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! dblock run [--db URL] [--namespace NS] [--wait DURATION | --no-wait] [--shared] NAME -- COMMAND [ARGS...]
-//! dblock key [--namespace NS] NAME
+//! dblock key [--namespace NS] [--db mysql://…/DATABASE] NAME
 //! dblock migrate [--db URL] [--ignore-missing] DIR [--dry-run]
 //! dblock migrate status [--db URL] [--ignore-missing] DIR
 //! ```
@@ -80,7 +80,8 @@ struct Cli {
 enum Command {
     /// Run COMMAND while holding the lock NAME; exit with COMMAND's status.
     Run(RunArgs),
-    /// Print the key of NAME, and where PostgreSQL shows it in pg_locks.
+    /// Print the key of NAME, and where PostgreSQL shows it in pg_locks (with a
+    /// mysql:// URL: the GET_LOCK name MySQL/MariaDB show it under).
     Key(KeyArgs),
     /// Measure lock cycles against the floor of the same work done directly.
     Bench(BenchArgs),
@@ -106,7 +107,7 @@ struct BenchArgs {
 
 #[derive(Args, Debug)]
 struct RunArgs {
-    /// Database URL: postgres://…, postgresql://…, sqlite:PATH. Default:
+    /// Database URL: postgres://…, postgresql://…, mysql://…, mariadb://…, sqlite:PATH. Default:
     /// $DBLOCK_DATABASE_URL, then $DATABASE_URL, then
     /// $XDG_STATE_HOME/dblock/locks.db (~/.local/state/dblock/locks.db).
     #[arg(long, value_name = "URL")]
@@ -153,6 +154,12 @@ struct KeyArgs {
     #[arg(long, value_name = "NS", default_value = dblock::DEFAULT_NAMESPACE)]
     namespace: String,
 
+    /// A mysql:// or mariadb:// URL: print the named lock (GET_LOCK name) NAME is on
+    /// that URL's database instead of where pg_locks shows the key. Nothing is
+    /// connected to.
+    #[arg(long, value_name = "URL")]
+    db: Option<String>,
+
     /// The lock name.
     #[arg(value_name = "NAME")]
     name: String,
@@ -197,8 +204,23 @@ fn main() -> ExitCode {
 }
 
 fn key(args: &KeyArgs) -> u8 {
-    match dblock::Key::new(&args.namespace, &args.name) {
-        Ok(key) => {
+    let database = match args.db.as_deref().map(dblock::mysql::database_of_url) {
+        None => None,
+        Some(Ok(db)) => Some(db),
+        Some(Err(e)) => {
+            errln!("dblock: {}", crate::one_line(&e));
+            return exit_code(&e);
+        }
+    };
+    match (dblock::Key::new(&args.namespace, &args.name), database) {
+        (Ok(key), Some(database)) => {
+            let name = dblock::mysql::lock_name(&database, key);
+            outln!("key       {key}");
+            outln!("mysql     {name}   (database {database})");
+            outln!("query     SELECT IS_USED_LOCK('{name}');");
+            0
+        }
+        (Ok(key), None) => {
             let (classid, objid) = key.pg_locks_ids();
             outln!("key       {key}");
             outln!("pg_locks  classid={classid} objid={objid} objsubid=1");
@@ -208,7 +230,7 @@ fn key(args: &KeyArgs) -> u8 {
             );
             0
         }
-        Err(e) => {
+        (Err(e), _) => {
             errln!("dblock: {}", crate::one_line(&e));
             exit_code(&e)
         }

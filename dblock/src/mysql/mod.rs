@@ -106,6 +106,30 @@ pub fn lock_name(database: &str, key: Key) -> String {
     out
 }
 
+/// The database a `mysql://` or `mariadb://` URL names (what [`lock_name`] takes), read
+/// from the URL alone, without connecting.
+///
+/// ```
+/// assert_eq!(dblock::mysql::database_of_url("mariadb://app:pw@db:3306/shop?ssl-mode=required")?, "shop");
+/// # Ok::<(), dblock::Error>(())
+/// ```
+///
+/// # Errors
+///
+/// [`Error::InvalidUrl`] for a URL that is not a MySQL one or names no database.
+pub fn database_of_url(url: &str) -> Result<String, Error> {
+    let invalid = |reason: String| Error::InvalidUrl {
+        url: crate::error::redact_url(url),
+        reason,
+    };
+    let scheme = url.split(':').next().unwrap_or_default().to_ascii_lowercase();
+    if scheme != "mysql" && scheme != "mariadb" {
+        return Err(invalid("expected mysql://… or mariadb://…".into()));
+    }
+    let options = parse_url(url).map_err(invalid)?;
+    Ok(options.get_database().unwrap_or_default().to_string())
+}
+
 /// The backend of a handle on a MySQL or MariaDB database.
 pub(crate) struct MyBackend {
     /// Where lock connections come from: dblock's own pool, or the caller's.
