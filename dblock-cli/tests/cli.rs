@@ -564,10 +564,11 @@ async fn run_key_and_bench_work_with_a_mysql_url() {
         .lines()
         .find_map(|l| l.strip_prefix("query     "))
         .unwrap();
-    let holder: Option<i64> = dblock::sqlx::query_scalar(dblock::sqlx::AssertSqlSafe(query.to_string()))
-        .fetch_one(db.admin())
-        .await
-        .unwrap();
+    let holder: Option<i64> =
+        dblock::sqlx::query_scalar(dblock::sqlx::AssertSqlSafe(query.to_string()))
+            .fetch_one(db.admin())
+            .await
+            .unwrap();
     assert!(holder.is_some(), "{query} shows the run's session");
     let out = run(
         state.path(),

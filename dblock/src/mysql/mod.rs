@@ -122,7 +122,11 @@ pub fn database_of_url(url: &str) -> Result<String, Error> {
         url: crate::error::redact_url(url),
         reason,
     };
-    let scheme = url.split(':').next().unwrap_or_default().to_ascii_lowercase();
+    let scheme = url
+        .split(':')
+        .next()
+        .unwrap_or_default()
+        .to_ascii_lowercase();
     if scheme != "mysql" && scheme != "mariadb" {
         return Err(invalid("expected mysql://… or mariadb://…".into()));
     }
