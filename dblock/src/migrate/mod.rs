@@ -106,6 +106,13 @@
 //! `BEGIN IMMEDIATE` transaction with its row (SQLite's DDL is transactional). The
 //! header works the same way (`VACUUM` needs it, for one).
 //!
+//! # MySQL and MariaDB
+//!
+//! The lock is the named lock of `MIGRATION_LOCK_KEY` on the database; MySQL commits
+//! DDL implicitly, so each migration is recorded as started before it runs and as done
+//! after, and a run refuses to continue past one left started by a crash: see
+//! [`mysql`](crate::mysql#migrations) and `docs/mysql.md`.
+//!
 //! # Status and dry runs
 //!
 //! [`Runner::status`] and [`Runner::dry_run`] only read: they take no lock, never create
@@ -246,7 +253,7 @@ impl Locks {
             #[cfg(feature = "sqlite")]
             Backend::Sqlite(b) => sqlite::run_script(b, ddl).await,
             #[cfg(feature = "mysql")]
-            Backend::MySql(_) => Err(mysql_migrations_unsupported()),
+            Backend::MySql(b) => crate::mysql::migrate::run_script(b, ddl).await,
         }
     }
 }
@@ -369,7 +376,9 @@ impl<'a> Runner<'a> {
             #[cfg(feature = "sqlite")]
             Backend::Sqlite(b) => sqlite::run(b, set, self.ignore_missing, on_applied).await,
             #[cfg(feature = "mysql")]
-            Backend::MySql(_) => Err(mysql_migrations_unsupported()),
+            Backend::MySql(b) => {
+                crate::mysql::migrate::run(b, set, self.ignore_missing, on_applied).await
+            }
         }
     }
 
@@ -419,13 +428,8 @@ async fn records(locks: &Locks) -> Result<Option<Vec<Record>>, Error> {
         #[cfg(feature = "sqlite")]
         Backend::Sqlite(b) => sqlite::records(b).await,
         #[cfg(feature = "mysql")]
-        Backend::MySql(_) => Err(mysql_migrations_unsupported()),
+        Backend::MySql(b) => crate::mysql::migrate::records(b).await,
     }
-}
-
-#[cfg(feature = "mysql")]
-fn mysql_migrations_unsupported() -> Error {
-    Error::Unsupported("migrations on MySQL / MariaDB are not implemented yet".into())
 }
 
 /// What a run did.

@@ -63,12 +63,25 @@
 //! - **Proxies** that switch server connections between statements (some pools, Vitess)
 //!   break `RELEASE_LOCK` and the checks: connect dblock to the server itself.
 //!
+//! # Migrations
+//!
+//! [`Migrations`](crate::migrate::Migrations) and `dblock migrate` take the named lock of
+//! [`MIGRATION_LOCK_KEY`](crate::migrate::MIGRATION_LOCK_KEY) on the database. MySQL
+//! commits DDL implicitly, so a migration and its bookkeeping row cannot share a
+//! transaction: each is recorded in `dblock_migrations` as `started` (committed) before
+//! its SQL runs and as `done` after. A run that finds a `started` row refuses to go on
+//! ([`Error::InvalidMigration`] naming the file) until an operator has checked the
+//! schema and either marked it done or deleted the row (`docs/mysql.md`): never run
+//! twice silently. Each file is sent as one script; the
+//! [`NO_TRANSACTION_HEADER`](crate::migrate::NO_TRANSACTION_HEADER) changes nothing here.
+//!
 //! Fencing tokens live in the InnoDB table `dblock_fencing` of the database (see
 //! [`fencing`](crate::fencing)), incremented on the lock's own connection in autocommit,
 //! so committed before the grant returns.
 
 pub(crate) mod fence;
 mod lock;
+pub(crate) mod migrate;
 
 use std::sync::Arc;
 use std::time::Duration;
