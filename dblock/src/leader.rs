@@ -93,7 +93,7 @@ impl Election {
     }
 
     /// How long the server keeps a silent leader's term before freeing it for a
-    /// candidate (PostgreSQL; see the [module docs](self)). Ten seconds unless set; at
+    /// candidate (PostgreSQL, and MySQL in whole seconds; see the [module docs](self)). Ten seconds unless set; at
     /// least twice the handle's `check_interval`.
     pub fn lease(mut self, lease: Duration) -> Self {
         self.lease = lease;
@@ -116,7 +116,7 @@ impl Election {
     /// Cancelling it withdraws the candidacy; it never leaves this process leading.
     pub async fn campaign(&self) -> Result<Term, Error> {
         let mut req = self.locks.request(&self.name).fenced();
-        if self.locks.backend_name() == "postgres" {
+        if self.locks.backend_name() != "sqlite" {
             req = req.lease(self.lease);
         }
         let guard = req.lock().await?;

@@ -108,4 +108,7 @@ mod docs_doctests {
     struct Choosing;
     #[doc = include_str!("../../docs/errors.md")]
     struct Errors;
+    #[cfg(feature = "mysql")]
+    #[doc = include_str!("../../docs/mysql.md")]
+    struct MySql;
 }

@@ -355,8 +355,9 @@ impl<'a> Request<'a> {
     /// its process paused): the server ends the holder's session, and so frees the lock,
     /// once the session has been idle for `lease`. A live holder never is: its
     /// connection is checked every [`check_interval`](Builder::check_interval), which
-    /// keeps the session busy. PostgreSQL only (the embedded backend's locks end with
-    /// their process); `lease` must be at least twice the check interval.
+    /// keeps the session busy. PostgreSQL and MySQL (the embedded backend's locks end
+    /// with their process); `lease` must be at least twice the check interval, and on
+    /// MySQL at least a second (its `wait_timeout` counts whole seconds).
     ///
     /// Implemented with the server's own idle timeouts for the lock's session
     /// (`idle_in_transaction_session_timeout` for a transaction-scoped lock,

@@ -209,3 +209,59 @@ async fn leader_election_hands_over_when_the_leaders_session_dies() {
     assert_eq!(e2.leader().await.unwrap().unwrap().token, t2.token());
     t2.resign().await.unwrap();
 }
+
+/// A lease frees the lock of a holder that falls silent (a SIGSTOPped process): the
+/// server closes its idle session after `wait_timeout` = the lease; a live holder keeps
+/// it however long it holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_frees_a_paused_holders_lock() {
+    use tokio::io::AsyncBufReadExt;
+    let db = MyDb::new("lease").await;
+    let other = db.locks().await;
+    let mut holder = tokio::process::Command::new(env!("CARGO_BIN_EXE_dblock-worker"))
+        .args([
+            "hold",
+            &db.url,
+            "l",
+            "--lease-ms",
+            "1000",
+            "--check-ms",
+            "100",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = tokio::io::BufReader::new(holder.stdout.take().unwrap()).lines();
+    let held = tokio::time::timeout(T, lines.next_line())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(held.unwrap().starts_with("held"));
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert!(
+        other.try_lock("l").await.unwrap().is_none(),
+        "a live holder keeps its lease"
+    );
+    let pid = holder.id().unwrap();
+    dblock_testkit::signal(pid, "-STOP");
+    let paused = std::time::Instant::now();
+    let g = other.try_lock_for("l", T).await.unwrap();
+    let took = paused.elapsed();
+    dblock_testkit::signal(pid, "-CONT");
+    eprintln!("a paused holder's lock freed after {took:?} (lease 1 s)");
+    assert!(g.is_some(), "freed within the lease");
+    assert!(took >= Duration::from_millis(500), "{took:?}");
+    drop(g);
+    let _ = holder.start_kill();
+    let _ = holder.wait().await;
+    // The lease is refused when it cannot be honoured.
+    assert!(matches!(
+        other
+            .request("x")
+            .lease(Duration::from_millis(500))
+            .try_lock()
+            .await,
+        Err(Error::Unsupported(_))
+    ));
+}

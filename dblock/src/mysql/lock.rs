@@ -106,6 +106,7 @@ pub(crate) async fn acquire(b: &MyBackend, req: &Req<'_>) -> Result<Option<Grant
             name: req.name.to_string(),
         }),
         control,
+        lease: req.lease,
         check_interval: b.check_interval,
         check_timeout: b.check_timeout,
     };
@@ -125,6 +126,8 @@ struct Job {
     wait: Wait,
     fence: Option<super::fence::FenceRow>,
     control: sqlx::MySqlPool,
+    /// The session's `wait_timeout` while held, when the request set a lease.
+    lease: Option<Duration>,
     check_interval: Duration,
     check_timeout: Duration,
 }
@@ -208,6 +211,27 @@ impl Job {
         if reply.is_closed() {
             self.release_or_close().await;
             return Err(Error::Unsupported("cancelled".into()));
+        }
+        if let Some(lease) = self.lease {
+            // The server closes a session idle this long, and so frees the lock of a
+            // holder that fell silent; a live holder's checks keep it busy.
+            let secs = lease.as_secs_f64().ceil().max(1.0) as u64;
+            let set = match self.conn.as_mut() {
+                Some(conn) => sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+                    "SET SESSION wait_timeout = {secs}"
+                )))
+                .execute(&mut **conn)
+                .await
+                .map(|_| ())
+                .map_err(map_sqlx),
+                None => Err(Error::ConnectionLost {
+                    message: "the connection was closed".into(),
+                }),
+            };
+            if let Err(e) = set {
+                self.release_or_close().await;
+                return Err(e);
+            }
         }
         let token = match self.fence.take() {
             None => None,
@@ -406,6 +430,16 @@ impl Job {
             .await;
         match r {
             Ok(Some(1)) => {
+                if self.lease.is_some() {
+                    let reset = sqlx::raw_sql("SET SESSION wait_timeout = @@GLOBAL.wait_timeout")
+                        .execute(&mut **conn)
+                        .await;
+                    if reset.is_err() {
+                        // Released; only the connection is in doubt.
+                        self.close().await;
+                        return Ok(());
+                    }
+                }
                 // Back to the pool, holding nothing.
                 self.conn = None;
                 Ok(())

@@ -60,6 +60,12 @@
 //!   (`IS_USED_LOCK(name) = CONNECTION_ID()`) each interval, and reports the loss through
 //!   [`LockGuard::lost`](crate::LockGuard::lost) and
 //!   [`is_held`](crate::LockGuard::is_held).
+//! - **A silent holder** (its host cut off, its process paused) keeps its session until
+//!   the server drops it. [`Request::lease`](crate::Request::lease) bounds that: the
+//!   lock's session gets `wait_timeout` = the lease (whole seconds, at least one), so
+//!   the server closes it, freeing the lock, once it has been idle that long; a live
+//!   holder's checks keep it busy. The pool gets the connection back with the server's
+//!   default restored.
 //! - **Proxies** that switch server connections between statements (some pools, Vitess)
 //!   break `RELEASE_LOCK` and the checks: connect dblock to the server itself.
 //!
@@ -252,6 +258,15 @@ impl MyBackend {
                  refuses shared() there rather than grant it exclusively"
                     .into(),
             ));
+        }
+        if let Some(lease) = req.lease {
+            if lease < 2 * self.check_interval || lease < Duration::from_secs(1) {
+                return Err(Error::Unsupported(format!(
+                    "a lease ({lease:?}) must be at least twice the check interval ({:?}) \
+                     and, on MySQL (wait_timeout counts seconds), at least one second",
+                    self.check_interval
+                )));
+            }
         }
         if req.fenced {
             self.ensure_fence_table().await?;
