@@ -113,6 +113,10 @@
 //! once even while a run holds the lock. They show the committed state: a migration
 //! being applied at that moment shows as pending.
 
+mod adopt;
+mod files;
+mod layout;
+mod lint;
 mod set;
 mod split;
 
@@ -128,7 +132,10 @@ use std::time::Duration;
 use crate::locks::Backend;
 use crate::{Error, Locks};
 
-pub use set::{Migration, Migrations, NO_TRANSACTION_HEADER};
+pub use files::MAX_FILE_BYTES;
+pub use layout::Layout;
+pub use lint::Hazard;
+pub use set::{Migration, Migrations, NO_TRANSACTION_HEADER, SQLX_NO_TRANSACTION};
 
 /// The advisory-lock key every migration and every start-up DDL script takes first:
 /// the ASCII bytes of `DBLOCKM` and a version byte, so that it is recognisable in
