@@ -203,7 +203,10 @@ mod tests {
     #[test]
     fn file_names_follow_dblocks_rule() {
         assert_eq!(parse_file_name("0001_create_users.sql"), Ok((1, false)));
-        assert_eq!(parse_file_name("20240101_add-x_2.sql"), Ok((20240101, false)));
+        assert_eq!(
+            parse_file_name("20240101_add-x_2.sql"),
+            Ok((20240101, false))
+        );
         assert_eq!(parse_file_name("7_a.up.sql"), Ok((7, false)));
         assert_eq!(parse_file_name("7_a.down.sql"), Ok((7, true)));
         assert_eq!(parse_file_name("V12__a_b.sql"), Ok((12, false)));

@@ -136,7 +136,14 @@ fn is_timestamp(version: i64) -> bool {
     let n = |r: std::ops::Range<usize>| s.get(r).and_then(|x| x.parse::<u32>().ok());
     matches!(
         (n(0..4), n(4..6), n(6..8), n(8..10), n(10..12), n(12..14)),
-        (Some(1970..=9999), Some(1..=12), Some(1..=31), Some(0..=23), Some(0..=59), Some(0..=60))
+        (
+            Some(1970..=9999),
+            Some(1..=12),
+            Some(1..=31),
+            Some(0..=23),
+            Some(0..=59),
+            Some(0..=60)
+        )
     )
 }
 
@@ -275,7 +282,10 @@ mod tests {
     fn the_next_file_follows_the_directorys_own_naming() {
         let now = UNIX_EPOCH + Duration::from_secs(1_709_251_199);
         let next = |layout, last| next_files(Style { layout, last }, "Add users  email!", now);
-        assert_eq!(next(Layout::Plain, None).unwrap(), ["0001_Add_users__email.sql"]);
+        assert_eq!(
+            next(Layout::Plain, None).unwrap(),
+            ["0001_Add_users__email.sql"]
+        );
         assert_eq!(
             next(Layout::Plain, Some((41, 4))).unwrap(),
             ["0042_Add_users__email.sql"]
@@ -292,8 +302,21 @@ mod tests {
             next(Layout::Flyway, Some((20990101000000, 14))).unwrap(),
             ["V20990101000001__Add_users__email.sql"]
         );
-        assert_eq!(next(Layout::Flyway, Some((7, 1))).unwrap(), ["V8__Add_users__email.sql"]);
-        assert!(next_files(Style { layout: Layout::Plain, last: None }, " !! ", now).is_err());
+        assert_eq!(
+            next(Layout::Flyway, Some((7, 1))).unwrap(),
+            ["V8__Add_users__email.sql"]
+        );
+        assert!(
+            next_files(
+                Style {
+                    layout: Layout::Plain,
+                    last: None
+                },
+                " !! ",
+                now
+            )
+            .is_err()
+        );
         assert!(next(Layout::Plain, Some((i64::MAX, 19))).is_err());
     }
 }

@@ -106,6 +106,31 @@
 //! `BEGIN IMMEDIATE` transaction with its row (SQLite's DDL is transactional). The
 //! header works the same way (`VACUUM` needs it, for one).
 //!
+//! # Other tools' directories
+//!
+//! A directory written for sqlx-cli works unchanged: `VERSION_NAME.sql` with any
+//! positive version (timestamps too), sqlx's `-- no-transaction` first line as well as
+//! dblock's header, and reversible pairs `VERSION_NAME.up.sql` / `.down.sql` (the
+//! `.up.sql` is applied; the `.down.sql` is kept for a revert). Flyway's and refinery's
+//! `VVERSION__NAME.sql` and golang-migrate's `.up.sql` / `.down.sql` are read too (see
+//! [the rule](Migrations#the-file-name-rule)).
+//!
+//! Before anything runs, [`Migration::transaction_hazards`] names the statements that
+//! cannot run inside a transaction (`CREATE INDEX CONCURRENTLY`, `VACUUM`,
+//! `ALTER TYPE … ADD VALUE` before PostgreSQL 12…) in files without a no-transaction
+//! header; `dblock migrate --dry-run` prints them.
+//!
+//! # Adopting another tool's history
+//!
+//! A database another tool migrated is never migrated again: see
+//! [`adopt`](self::adopt) for the tables read. In short, a run adopts the versions
+//! sqlx's `_sqlx_migrations` records (verifying sqlx's SHA-384 checksum of each file,
+//! and recording them in `dblock_migrations` without running them) and refuses with
+//! [`Error::ForeignHistory`], changing nothing and naming every file that differs,
+//! when it cannot; histories without checksums (golang-migrate, Flyway, refinery,
+//! goose) are refused with the command that adopts them,
+//! [`Runner::baseline`] (`dblock migrate baseline DIR --to VERSION`).
+//!
 //! # Status and dry runs
 //!
 //! [`Runner::status`] and [`Runner::dry_run`] only read: they take no lock, never create
@@ -113,7 +138,7 @@
 //! once even while a run holds the lock. They show the committed state: a migration
 //! being applied at that moment shows as pending.
 
-mod adopt;
+pub(crate) mod adopt;
 mod files;
 mod layout;
 mod lint;
@@ -390,7 +415,9 @@ impl<'a> Runner<'a> {
         // Not `self` across the await: the callback is Send but not Sync.
         let (set, locks, ignore_missing) = (self.set, self.locks, self.ignore_missing);
         let set = set.checked()?;
-        let records = records(locks).await?.unwrap_or_default();
+        let mut records = records(locks).await?.unwrap_or_default();
+        let history = history(locks).await?;
+        adopt_or_refuse(set, &mut records, &history)?;
         plan(set, &records, ignore_missing)
     }
 
@@ -409,8 +436,82 @@ impl<'a> Runner<'a> {
     pub async fn status(self) -> Result<Status, Error> {
         let (set, locks, ignore_missing) = (self.set, self.locks, self.ignore_missing);
         let set = set.checked()?;
-        let records = records(locks).await?.unwrap_or_default();
-        Ok(status_of(set, records, ignore_missing))
+        let mut records = records(locks).await?.unwrap_or_default();
+        let history = history(locks).await?;
+        let r = adopt::reconcile(set, &records, &history);
+        let foreign = adopt::refusal(&records, &history, &r).map(|e| e.to_string());
+        let by_sqlx: HashSet<i64> = (r.adopt.iter().chain(&r.differing).chain(&r.unknown))
+            .map(|r| r.version)
+            .collect();
+        records.extend(r.adopt.into_iter().chain(r.differing).chain(r.unknown));
+        let mut status = status_of(set, records, ignore_missing);
+        for e in &mut status.entries {
+            if by_sqlx.contains(&e.version) {
+                e.recorded_by = Some("sqlx");
+            }
+        }
+        status.foreign = foreign;
+        Ok(status)
+    }
+
+    /// Records migrations as applied **without running them**, under the migration lock:
+    /// adopts a database another tool migrated.
+    ///
+    /// With `to`, every migration of the set up to version `to` that dblock has not
+    /// recorded (for a history dblock cannot verify: golang-migrate, Flyway, refinery,
+    /// goose, or none). Without, the versions sqlx's `_sqlx_migrations` records as
+    /// applied, with the files as they are now, including files that differ from what
+    /// sqlx applied (which a run refuses to adopt). Returns the migrations recorded.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Unsupported`] without `to` when there is no `_sqlx_migrations`, and on
+    /// SQLite; as [`Runner::run`] for a bad set and connection errors.
+    ///
+    /// # Cancel safety
+    ///
+    /// The rows are written in one statement: all or none. Cancelled, the connection is
+    /// closed, which releases the lock.
+    pub async fn baseline(self, to: Option<i64>) -> Result<Vec<&'a Migration>, Error> {
+        let (set, locks) = (self.set, self.locks);
+        let list = set.checked()?;
+        let versions = match &locks.inner.backend {
+            #[cfg(feature = "postgres")]
+            Backend::Postgres(b) => adopt::pg::baseline(b, list, to).await?,
+            #[cfg(feature = "sqlite")]
+            Backend::Sqlite(_) => {
+                return Err(Error::Unsupported(
+                    "migrate baseline is implemented on PostgreSQL only".into(),
+                ));
+            }
+        };
+        Ok(versions.into_iter().filter_map(|v| set.get(v)).collect())
+    }
+}
+
+/// Sets another tool's `history` beside dblock's `records`: refuses if it cannot be
+/// adopted as it stands; otherwise adds to `records` what the other tool applied, and
+/// returns the rows to record (see [the module](adopt)).
+pub(crate) fn adopt_or_refuse(
+    set: &[Migration],
+    records: &mut Vec<Record>,
+    history: &adopt::History,
+) -> Result<Vec<Record>, Error> {
+    let r = adopt::reconcile(set, records, history);
+    if let Some(e) = adopt::refusal(records, history, &r) {
+        return Err(e);
+    }
+    records.extend(r.adopt.iter().cloned().chain(r.unknown));
+    Ok(r.adopt)
+}
+
+/// Other tools' histories, read without the lock.
+async fn history(locks: &Locks) -> Result<adopt::History, Error> {
+    match &locks.inner.backend {
+        #[cfg(feature = "postgres")]
+        Backend::Postgres(b) => adopt::pg::history_unlocked(b).await,
+        #[cfg(feature = "sqlite")]
+        Backend::Sqlite(_) => Ok(adopt::History::default()),
     }
 }
 
@@ -430,8 +531,13 @@ async fn records(locks: &Locks) -> Result<Option<Vec<Record>>, Error> {
 pub struct Report {
     /// The migrations this run applied, in order.
     pub applied: Vec<Applied>,
-    /// How many migrations of the set were applied before this run.
+    /// How many migrations of the set were applied before this run (adopted ones
+    /// included).
     pub already_applied: usize,
+    /// How many migrations another tool had applied this run adopted: recorded as
+    /// applied without running them, after verifying their checksums (see
+    /// [the module](crate::migrate#adopting-another-tools-history)).
+    pub adopted: usize,
 }
 
 /// One migration a run applied.
@@ -457,6 +563,9 @@ pub struct Status {
     /// One entry per version, in version order: the set's migrations and the
     /// database's unknown ones.
     pub entries: Vec<StatusEntry>,
+    /// Why a run would refuse because of another tool's history (a file differs from
+    /// what sqlx applied, or a history dblock cannot verify), as the error would say it.
+    pub foreign: Option<String>,
     ignore_missing: bool,
 }
 
@@ -470,7 +579,9 @@ impl Status {
     /// versions the set lacks (unless the status was taken with
     /// [`Runner::ignore_missing`]).
     pub fn would_refuse(&self) -> bool {
-        self.count(State::Edited) > 0 || (!self.ignore_missing && self.count(State::Unknown) > 0)
+        self.foreign.is_some()
+            || self.count(State::Edited) > 0
+            || (!self.ignore_missing && self.count(State::Unknown) > 0)
     }
 }
 
@@ -491,6 +602,9 @@ pub struct StatusEntry {
     pub applied_at: Option<String>,
     /// How long it took, as recorded.
     pub duration: Option<Duration>,
+    /// For a version dblock has not recorded but another tool has: that tool
+    /// (`"sqlx"`). A run adopts it when its checksum matches.
+    pub recorded_by: Option<&'static str>,
 }
 
 /// Where one migration stands.
@@ -572,6 +686,7 @@ fn status_of(set: &[Migration], records: Vec<Record>, ignore_missing: bool) -> S
             file_name: Some(m.file_name().to_string()),
             applied_at: None,
             duration: None,
+            recorded_by: None,
         })
         .collect();
     for r in records {
@@ -597,12 +712,14 @@ fn status_of(set: &[Migration], records: Vec<Record>, ignore_missing: bool) -> S
                 file_name: None,
                 applied_at: Some(r.applied_at),
                 duration,
+                recorded_by: None,
             }),
         }
     }
     entries.sort_by_key(|e| e.version);
     Status {
         entries,
+        foreign: None,
         ignore_missing,
     }
 }

@@ -542,7 +542,7 @@ fn header(sql: &str) -> Result<bool, String> {
     Ok(no_transaction)
 }
 
-fn hex(bytes: &[u8]) -> String {
+pub(crate) fn hex(bytes: &[u8]) -> String {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
     let mut s = String::with_capacity(bytes.len() * 2);
     for b in bytes {
@@ -627,13 +627,20 @@ mod tests {
         let e = Migrations::from_sources([("1_a.sql", ""), ("2_b.down.sql", "")])
             .unwrap_err()
             .to_string();
-        assert!(e.starts_with("2_b.down.sql: a .down.sql without its migration"), "{e}");
+        assert!(
+            e.starts_with("2_b.down.sql: a .down.sql without its migration"),
+            "{e}"
+        );
         assert!(matches!(
             Migrations::from_sources([("1_a.up.sql", ""), ("1_a.sql", "")]),
             Err(Error::DuplicateMigration { version: 1, .. })
         ));
         assert!(matches!(
-            Migrations::from_sources([("1_a.up.sql", ""), ("1_a.down.sql", ""), ("1_b.down.sql", "")]),
+            Migrations::from_sources([
+                ("1_a.up.sql", ""),
+                ("1_a.down.sql", ""),
+                ("1_b.down.sql", "")
+            ]),
             Err(Error::DuplicateMigration { version: 1, .. })
         ));
         let f = Migrations::from_sources([("V2__b.sql", "SELECT 2"), ("V10__c.sql", "SELECT 3")])

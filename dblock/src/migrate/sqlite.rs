@@ -112,6 +112,7 @@ pub(crate) async fn run(
     let mut report = Report {
         applied: Vec::with_capacity(pending.len()),
         already_applied: set.len() - pending.len(),
+        adopted: 0,
     };
     for m in pending {
         let duration = if m.no_transaction() {
