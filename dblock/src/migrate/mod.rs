@@ -142,6 +142,7 @@ pub(crate) mod adopt;
 mod files;
 mod layout;
 mod lint;
+mod revert;
 mod set;
 mod split;
 
@@ -452,6 +453,74 @@ impl<'a> Runner<'a> {
         }
         status.foreign = foreign;
         Ok(status)
+    }
+
+    /// Reverts applied migrations with their `.down.sql`, newest first, under the
+    /// migration lock: the latest applied migration, or with `to` every applied one
+    /// above version `to`. Each `.down.sql` runs in one transaction with the deletion of
+    /// its bookkeeping row (and of sqlx's row in `_sqlx_migrations`, if that table
+    /// exists, so that the next run does not adopt it again); a `.down.sql` with a
+    /// no-transaction header runs statement by statement, as a migration would. Calls
+    /// [`on_applied`](Runner::on_applied)'s callback after each, and returns them in
+    /// order (`file_name` is the `.down.sql`'s).
+    ///
+    /// # Errors
+    ///
+    /// Before anything runs: [`Error::InvalidMigration`] naming a migration to revert
+    /// that has no `.down.sql`, [`Error::MigrationEdited`], [`Error::UnknownMigrations`]
+    /// for applied versions the set lacks (above `to`), [`Error::ForeignHistory`] as for
+    /// a run; [`Error::Unsupported`] on SQLite. While reverting:
+    /// [`Error::MigrationFailed`] naming the `.down.sql` (rolled back whole, or for a
+    /// no-transaction one, the statements before the failing one stay applied).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancelled, the connection is closed: the `.down.sql` being run is rolled back
+    /// (if it runs in a transaction), those before it stay reverted, and the lock is
+    /// released.
+    pub async fn revert(mut self, to: Option<i64>) -> Result<Vec<Applied>, Error> {
+        let set = self.set.checked()?;
+        let mut ignore = |_: &Applied| {};
+        let on_reverted: &mut (dyn FnMut(&Applied) + Send) = match &mut self.on_applied {
+            Some(f) => f.as_mut(),
+            None => &mut ignore,
+        };
+        match &self.locks.inner.backend {
+            #[cfg(feature = "postgres")]
+            Backend::Postgres(b) => revert::pg::revert(b, set, to, on_reverted).await,
+            #[cfg(feature = "sqlite")]
+            Backend::Sqlite(_) => {
+                let _ = (set, to, on_reverted);
+                Err(Error::Unsupported(
+                    "migrate revert is implemented on PostgreSQL only".into(),
+                ))
+            }
+        }
+    }
+
+    /// The server's `server_version_num` (`160004` for 16.4), for
+    /// [`Migration::transaction_hazards`]; `None` on SQLite.
+    ///
+    /// # Errors
+    ///
+    /// Connection errors.
+    ///
+    /// # Cancel safety
+    ///
+    /// A read; cancelling it has no effect on the database.
+    pub fn server_version_num(
+        &self,
+    ) -> impl std::future::Future<Output = Result<Option<u32>, Error>> + Send + 'a {
+        // Not `self` across the await: the callback is Send but not Sync.
+        let locks = self.locks;
+        async move {
+            match &locks.inner.backend {
+                #[cfg(feature = "postgres")]
+                Backend::Postgres(b) => lint::server_version_num(b).await.map(Some),
+                #[cfg(feature = "sqlite")]
+                Backend::Sqlite(_) => Ok(None),
+            }
+        }
     }
 
     /// Records migrations as applied **without running them**, under the migration lock:
@@ -901,6 +970,9 @@ mod tests {
         send(set.runner(locks).on_applied(|_| {}).run());
         send(set.runner(locks).dry_run());
         send(set.runner(locks).status());
+        send(set.runner(locks).server_version_num());
+        send(set.runner(locks).baseline(None));
+        send(set.runner(locks).on_applied(|_| {}).revert(None));
         send(locks.run_script(""));
         #[cfg(feature = "postgres")]
         {

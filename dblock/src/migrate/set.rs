@@ -506,7 +506,7 @@ fn invalid(file: &str, reason: String) -> Error {
 }
 
 /// The last component of a path (both separators accepted, for embedded paths).
-fn file_name_of(file: &str) -> &str {
+pub(crate) fn file_name_of(file: &str) -> &str {
     file.rsplit(['/', '\\']).next().unwrap_or(file)
 }
 
