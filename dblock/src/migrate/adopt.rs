@@ -229,14 +229,17 @@ pub(crate) fn baseline_records(
             .ok()
             .and_then(|i| set.get(i))
     };
-    Ok(r.adopt
+    let mut rows: Vec<Record> = r
+        .adopt
         .into_iter()
         .chain(r.differing.into_iter().filter_map(|mut d| {
             // Accepted as it is now: the file's own checksum.
             d.checksum = by_version(d.version)?.checksum().to_string();
             Some(d)
         }))
-        .collect())
+        .collect();
+    rows.sort_by_key(|r| r.version);
+    Ok(rows)
 }
 
 #[cfg(feature = "postgres")]
