@@ -131,10 +131,10 @@ pub(crate) fn hazards(sql: &str, server_version_num: Option<u32>) -> Vec<Hazard>
         .enumerate()
         .filter_map(|(i, stmt)| {
             let (what, until) = hazard(stmt)?;
-            if let (Some(until), Some(v)) = (until, server_version_num) {
-                if v >= until {
-                    return None;
-                }
+            if let (Some(until), Some(v)) = (until, server_version_num)
+                && v >= until
+            {
+                return None;
             }
             Some(Hazard {
                 statement: i + 1,
