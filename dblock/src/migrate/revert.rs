@@ -209,7 +209,7 @@ mod tests {
             "{e}"
         );
         let mut edited = three.clone();
-        edited[2].checksum = "x".into();
+        edited[1].checksum = "x".into(); // version 3, the latest
         assert!(matches!(
             targets(set, &edited, None),
             Err(Error::MigrationEdited { version: 3, .. })
