@@ -133,6 +133,27 @@ pub async fn sqlx_migrate(url: &str, dir: &Path, to: Option<i64>) -> Result<(), 
     res.map_err(|e| e.to_string())
 }
 
+/// [`sqlx_migrate`] on an SQLite database file (created if missing).
+pub async fn sqlx_migrate_sqlite(path: &Path, dir: &Path, to: Option<i64>) -> Result<(), String> {
+    let options = sqlx::sqlite::SqliteConnectOptions::new()
+        .filename(path)
+        .create_if_missing(true);
+    let pool = sqlx::sqlite::SqlitePoolOptions::new()
+        .max_connections(1)
+        .connect_with(options)
+        .await
+        .map_err(|e| e.to_string())?;
+    let migrator = sqlx::migrate::Migrator::new(dir)
+        .await
+        .map_err(|e| e.to_string())?;
+    let res = match to {
+        Some(v) => migrator.run_to(v, &pool).await,
+        None => migrator.run(&pool).await,
+    };
+    pool.close().await;
+    res.map_err(|e| e.to_string())
+}
+
 /// The first version of [`sqlx_shaped_set`].
 pub const FIRST: i64 = 20230105090000;
 

@@ -12,7 +12,8 @@ use std::time::Duration;
 use dblock::Error;
 use dblock::migrate::{Migrations, State};
 use dblock_testkit::adoption::{
-    FIRST, MIGRATIONS, OwnDatabase, READS_SQLX_HISTORY, sqlx_migrate, sqlx_shaped_set, version,
+    FIRST, MIGRATIONS, OwnDatabase, READS_SQLX_HISTORY, sqlx_migrate, sqlx_migrate_sqlite,
+    sqlx_shaped_set, version,
 };
 use dblock_testkit::migrations::MigrationDir;
 use tokio::sync::Barrier;
@@ -376,4 +377,101 @@ async fn revert_runs_down_files_newest_first_and_sqlx_forgets_them_too() {
     let report = set.run(&locks).await.unwrap();
     assert_eq!((report.applied.len(), report.adopted), (2, 0));
     db.drop().await;
+}
+
+/// `dblock::migrations!` embeds an sqlx-cli reversible directory (pairs, sqlx's
+/// no-transaction marker) as `from_dir` reads it, and it runs (here on SQLite, where
+/// sqlx's marker lets `VACUUM` run outside a transaction).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_embedded_sqlx_directory_equals_its_directory_and_runs() {
+    let embedded = dblock::migrations!("tests/fixtures/sqlx_reversible");
+    let read = Migrations::from_dir(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/sqlx_reversible"
+    ))
+    .unwrap();
+    let shape = |s: &Migrations| {
+        s.iter()
+            .map(|m| {
+                (
+                    m.version(),
+                    m.checksum().to_string(),
+                    m.no_transaction(),
+                    m.down_sql().map(str::to_string),
+                )
+            })
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(shape(&embedded), shape(&read));
+    assert_eq!(embedded.len(), 3);
+    assert!(embedded.get(20240102093000).unwrap().no_transaction());
+    assert_eq!(
+        embedded.get(20240103093000).unwrap().down_sql(),
+        Some("ALTER TABLE items DROP COLUMN price;\n")
+    );
+    let db = dblock_testkit::SqliteDb::new();
+    let locks = db.locks().await;
+    let report = timeout(BOUND, embedded.run(&locks)).await.unwrap().unwrap();
+    assert_eq!(report.applied.len(), 3);
+    assert!(report.applied[1].no_transaction);
+}
+
+/// On SQLite too: what sqlx's migrator applied to the database file is adopted, and an
+/// edited file is named with nothing changed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_sqlite_what_sqlx_applied_is_adopted_and_an_edited_file_named() {
+    let d = MigrationDir::new(&[
+        (
+            "20240101000000_a.sql",
+            "CREATE TABLE a (x INTEGER); CREATE TABLE log (f TEXT); INSERT INTO log VALUES ('a');",
+        ),
+        (
+            "20240102000000_b.up.sql",
+            "CREATE TABLE b (x INTEGER); INSERT INTO log VALUES ('b');",
+        ),
+        ("20240102000000_b.down.sql", "DROP TABLE b;"),
+        (
+            "20240103000000_c.sql",
+            "CREATE TABLE c (x INTEGER); INSERT INTO log VALUES ('c');",
+        ),
+    ]);
+    let db = dblock_testkit::SqliteDb::new();
+    sqlx_migrate_sqlite(&db.path, d.path(), Some(20240102000000))
+        .await
+        .unwrap();
+    let locks = db.locks().await;
+    let set = d.set();
+    let st = set.runner(&locks).status().await.unwrap();
+    assert_eq!((st.count(State::Applied), st.count(State::Pending)), (2, 1));
+    // An edit of an applied file: refused, naming it, changing nothing.
+    d.write("20240101000000_a.sql", "CREATE TABLE a (x INTEGER, y INTEGER); CREATE TABLE log (f TEXT); INSERT INTO log VALUES ('a');");
+    let edited = d.set();
+    let e = timeout(BOUND, edited.run(&locks))
+        .await
+        .unwrap()
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("20240101000000_a.sql differs from what sqlx applied"),
+        "{e}"
+    );
+    // Put back, the run adopts two and applies one.
+    d.write(
+        "20240101000000_a.sql",
+        "CREATE TABLE a (x INTEGER); CREATE TABLE log (f TEXT); INSERT INTO log VALUES ('a');",
+    );
+    let report = timeout(BOUND, set.run(&locks)).await.unwrap().unwrap();
+    assert_eq!((report.applied.len(), report.adopted), (1, 2));
+    let pool = sqlx::SqlitePool::connect(&db.url).await.unwrap();
+    let logged: i64 = sqlx::query_scalar("SELECT count(*) FROM log")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(logged, 3, "a, b by sqlx, c by dblock: nothing twice");
+    let recorded: i64 = sqlx::query_scalar("SELECT count(*) FROM dblock_migrations")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(recorded, 3);
+    pool.close().await;
 }

@@ -122,14 +122,26 @@
 //!
 //! # Adopting another tool's history
 //!
-//! A database another tool migrated is never migrated again: see
-//! [`adopt`](self::adopt) for the tables read. In short, a run adopts the versions
-//! sqlx's `_sqlx_migrations` records (verifying sqlx's SHA-384 checksum of each file,
-//! and recording them in `dblock_migrations` without running them) and refuses with
-//! [`Error::ForeignHistory`], changing nothing and naming every file that differs,
-//! when it cannot; histories without checksums (golang-migrate, Flyway, refinery,
-//! goose) are refused with the command that adopts them,
-//! [`Runner::baseline`] (`dblock migrate baseline DIR --to VERSION`).
+//! A database another tool migrated is never migrated again.
+//!
+//! - **sqlx** (`_sqlx_migrations`, found through the `search_path` as sqlx finds it on
+//!   PostgreSQL; in the database file on SQLite): every run, under the migration lock and
+//!   before anything is applied, adopts each version sqlx applied that
+//!   `dblock_migrations` lacks, after verifying sqlx's checksum (the SHA-384 of the
+//!   file's SQL, [`Migration::sqlx_checksum`]): it is recorded as applied, with sqlx's
+//!   `installed_on` and `execution_time`, and not run. If any file differs from what
+//!   sqlx applied, or sqlx recorded a version as failed, the run refuses with
+//!   [`Error::ForeignHistory`], changing nothing and naming every such file;
+//!   [`Runner::baseline`] (`dblock migrate baseline DIR`) adopts the files as they are.
+//!   [`Runner::status`] and [`Runner::dry_run`] show sqlx's migrations as applied.
+//! - On PostgreSQL, **golang-migrate** (`schema_migrations` with its `dirty` column),
+//!   **Flyway** (`flyway_schema_history`), **refinery** (`refinery_schema_history`) and
+//!   **goose** (`goose_db_version`) keep no checksums to verify: on a database where one
+//!   of them applied migrations and dblock records none, a run refuses with
+//!   [`Error::ForeignHistory`] naming the command that adopts,
+//!   `dblock migrate baseline DIR --to VERSION` ([`Runner::baseline`]).
+//!
+//! dblock does not write to those tables: switch every instance at once.
 //!
 //! # Status and dry runs
 //!
@@ -534,8 +546,8 @@ impl<'a> Runner<'a> {
     ///
     /// # Errors
     ///
-    /// [`Error::Unsupported`] without `to` when there is no `_sqlx_migrations`, and on
-    /// SQLite; as [`Runner::run`] for a bad set and connection errors.
+    /// [`Error::Unsupported`] without `to` when there is no `_sqlx_migrations`; as
+    /// [`Runner::run`] for a bad set and connection errors.
     ///
     /// # Cancel safety
     ///
@@ -548,11 +560,7 @@ impl<'a> Runner<'a> {
             #[cfg(feature = "postgres")]
             Backend::Postgres(b) => adopt::pg::baseline(b, list, to).await?,
             #[cfg(feature = "sqlite")]
-            Backend::Sqlite(_) => {
-                return Err(Error::Unsupported(
-                    "migrate baseline is implemented on PostgreSQL only".into(),
-                ));
-            }
+            Backend::Sqlite(b) => adopt::sqlite::baseline(b, list, to).await?,
         };
         Ok(versions.into_iter().filter_map(|v| set.get(v)).collect())
     }
@@ -580,7 +588,7 @@ async fn history(locks: &Locks) -> Result<adopt::History, Error> {
         #[cfg(feature = "postgres")]
         Backend::Postgres(b) => adopt::pg::history_unlocked(b).await,
         #[cfg(feature = "sqlite")]
-        Backend::Sqlite(_) => Ok(adopt::History::default()),
+        Backend::Sqlite(b) => adopt::sqlite::history_unlocked(b).await,
     }
 }
 
