@@ -231,7 +231,8 @@ async fn usage_errors_exit_64_with_one_line() {
     let p = state.path();
     for args in [
         vec!["run", "", "--", "true"], // empty name
-        vec!["run", "--db", "mysql://root@localhost/x", "n", "--", "true"], // unknown scheme
+        vec!["run", "--db", "http://localhost/x", "n", "--", "true"], // unknown scheme
+        vec!["run", "--db", "mysql://root@localhost", "n", "--", "true"], // no database
         vec!["run", "--db", "sqlite::memory:", "n", "--", "true"],
         vec!["run", "n", "true"],                                    // no --
         vec!["run", "--wait", "5", "n", "--", "true"],               // no unit

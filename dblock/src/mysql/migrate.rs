@@ -158,6 +158,7 @@ pub(crate) async fn run(
     let mut report = Report {
         applied: Vec::with_capacity(pending.len()),
         already_applied: set.len() - pending.len(),
+        adopted: 0,
     };
     for m in pending {
         // Never start a migration without the lock.
