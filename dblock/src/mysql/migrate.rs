@@ -1,7 +1,7 @@
 //! The migration runner on MySQL and MariaDB.
 //!
 //! The migration lock is the named lock of [`MIGRATION_LOCK_KEY`] on the database
-//! (`dblock:<db hash>:4442424c4f434b4d01`… see [`lock_name`](super::lock_name)), taken
+//! (`dblock:<db hash>:44424c4f434b4d01`, see [`lock_name`](super::lock_name)), taken
 //! like any dblock lock on a connection of its own and checked between migrations; the
 //! migrations themselves run on a second connection.
 //!
@@ -77,7 +77,9 @@ pub(crate) async fn run_script(b: &MyBackend, ddl: &str) -> Result<(), Error> {
     r.map(|_| ())
 }
 
-/// The rows of the bookkeeping table, if it exists; a `started` row is an error.
+/// The `done` rows of the bookkeeping table, if it exists, read without the lock (status,
+/// dry runs): a `started` row may be a migration being applied right now, so it shows
+/// as pending here; only a run, under the lock, can tell it was left by a crash.
 pub(crate) async fn records(b: &MyBackend) -> Result<Option<Vec<Record>>, Error> {
     let mut conn = connection(b).await?;
     let exists: i64 = sqlx::query_scalar(
@@ -90,13 +92,14 @@ pub(crate) async fn records(b: &MyBackend) -> Result<Option<Vec<Record>>, Error>
     if exists == 0 {
         return Ok(None);
     }
-    read_records(&mut conn, &[]).await.map(Some)
+    read_records(&mut conn, None).await.map(Some)
 }
 
-/// The `done` rows; refuses on a `started` one, naming its file if `set` has it.
+/// The `done` rows. Under the lock (`set` given), refuses on a `started` one, naming its
+/// file; without it, skips such rows.
 async fn read_records(
     conn: &mut PoolConnection<MySql>,
-    set: &[Migration],
+    set: Option<&[Migration]>,
 ) -> Result<Vec<Record>, Error> {
     let rows = sqlx::query(
         "SELECT version, name, checksum, state, applied_at, duration_ms \
@@ -112,6 +115,9 @@ async fn read_records(
         let state: String = r.try_get(3).map_err(map_sqlx)?;
         let applied_at: String = r.try_get(4).map_err(map_sqlx)?;
         if state != "done" {
+            let Some(set) = set else {
+                continue;
+            };
             let file = set
                 .iter()
                 .find(|m| m.version() == version)
@@ -153,7 +159,7 @@ pub(crate) async fn run(
         .execute(&mut *conn)
         .await
         .map_err(map_sqlx)?;
-    let records = read_records(&mut conn, set).await?;
+    let records = read_records(&mut conn, Some(set)).await?;
     let pending = plan(set, &records, ignore_missing)?;
     let mut report = Report {
         applied: Vec::with_capacity(pending.len()),

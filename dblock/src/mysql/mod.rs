@@ -259,14 +259,14 @@ impl MyBackend {
                     .into(),
             ));
         }
-        if let Some(lease) = req.lease {
-            if lease < 2 * self.check_interval || lease < Duration::from_secs(1) {
-                return Err(Error::Unsupported(format!(
-                    "a lease ({lease:?}) must be at least twice the check interval ({:?}) \
-                     and, on MySQL (wait_timeout counts seconds), at least one second",
-                    self.check_interval
-                )));
-            }
+        if let Some(lease) = req.lease
+            && (lease < 2 * self.check_interval || lease < Duration::from_secs(1))
+        {
+            return Err(Error::Unsupported(format!(
+                "a lease ({lease:?}) must be at least twice the check interval ({:?}) \
+                 and, on MySQL (wait_timeout counts seconds), at least one second",
+                self.check_interval
+            )));
         }
         if req.fenced {
             self.ensure_fence_table().await?;
