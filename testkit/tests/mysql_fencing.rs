@@ -146,13 +146,12 @@ async fn a_checked_transaction_orders_the_next_grant_after_it() {
         let locks = locks.clone();
         tokio::spawn(async move { locks.request("o").fenced().lock().await })
     };
-    // The next grant's increment waits on the checked row (observable in InnoDB's lock
-    // waits), not on the named lock, which is free.
+    // The next grant's increment waits on the checked row (its INSERT stays running on
+    // the server), not on the named lock, which is free.
     let waiting = dblock_testkit::eventually(10, &mut || async {
         let n: i64 = sqlx::query_scalar(
-            "SELECT COUNT(*) FROM information_schema.INNODB_TRX t \
-             JOIN information_schema.PROCESSLIST p ON p.ID = t.trx_mysql_thread_id \
-             WHERE t.trx_state = 'LOCK WAIT' AND p.DB = ?",
+            "SELECT COUNT(*) FROM information_schema.PROCESSLIST \
+             WHERE DB = ? AND INFO LIKE 'INSERT INTO dblock_fencing%'",
         )
         .bind(&db.name)
         .fetch_one(db.admin())
@@ -162,6 +161,7 @@ async fn a_checked_transaction_orders_the_next_grant_after_it() {
     })
     .await;
     assert!(waiting, "the next grant waits for the checked transaction");
+    tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!next.is_finished());
     tx.commit().await.unwrap();
     let g2 = tokio::time::timeout(T, next)

@@ -585,7 +585,7 @@ async fn an_unreachable_server_is_a_connect_error() {
     let r = Locks::connect("postgres://postgres@127.0.0.1:5432/no_such_database_here").await;
     assert!(matches!(r, Err(Error::Connect { .. })), "{r:?}");
     for bad in [
-        "mysql://root@localhost/x",
+        "mysql://root@localhost",
         "postgres://h:notaport/x",
         "sqlite::memory:",
     ] {
