@@ -5,88 +5,13 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::guard::{Held, LockGuard};
-use crate::key::{check_name, check_namespace};
-use crate::target::Target;
-use crate::{Error, Key};
-
-/// Whether a lock excludes everyone, or only exclusive holders.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub enum Mode {
-    /// One holder at a time (a writer).
-    #[default]
-    Exclusive,
-    /// Any number of shared holders at once, and no exclusive holder (readers).
-    Shared,
-}
-
-/// How long a PostgreSQL lock lives on its connection. The embedded backend has one
-/// kind of lock and ignores this.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub enum Scope {
-    /// A transaction-scoped advisory lock (`pg_advisory_xact_lock`): the guard keeps a
-    /// transaction open on its connection and ends it to release. Works behind PgBouncer
-    /// in transaction pooling mode. The default.
-    #[default]
-    Transaction,
-    /// A session-scoped advisory lock (`pg_advisory_lock`), released by
-    /// `pg_advisory_unlock`. No transaction stays open while it is held, but it is lost
-    /// or leaked behind a transaction-pooling PgBouncer.
-    Session,
-}
-
-/// How long a request waits for a lock someone else holds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Wait {
-    /// Until it is granted.
-    Forever,
-    /// Not at all.
-    Try,
-    /// Until this instant.
-    Until(Instant),
-}
-
-impl Wait {
-    /// The instant after which to give up, if any.
-    pub(crate) fn deadline(self) -> Option<Instant> {
-        match self {
-            Wait::Forever => None,
-            Wait::Try => Some(Instant::now()),
-            Wait::Until(t) => Some(t),
-        }
-    }
-}
-
-/// One request as the backends see it: the name checked and keyed.
-#[derive(Debug, Clone)]
-pub(crate) struct Req<'a> {
-    pub(crate) namespace: &'a str,
-    pub(crate) name: &'a str,
-    pub(crate) key: Key,
-    pub(crate) mode: Mode,
-    pub(crate) scope: Scope,
-    pub(crate) wait: Wait,
-    pub(crate) fenced: bool,
-    pub(crate) lease: Option<Duration>,
-}
-
-/// A grant as a backend returns it.
-pub(crate) struct Grant {
-    pub(crate) held: Held,
-    /// The fencing token, and the fencing table as SQL names it.
-    pub(crate) fence: Option<(i64, Arc<str>)>,
-}
-
-/// What a handle talks to.
-pub(crate) enum Backend {
-    #[cfg(feature = "postgres")]
-    Postgres(crate::postgres::PgBackend),
-    #[cfg(feature = "sqlite")]
-    Sqlite(crate::sqlite::SqliteBackend),
-}
+use crate::error::{Error, WaitingFor};
+use crate::guard::LockGuard;
+use crate::key::{Key, check_name, check_namespace};
+use crate::raw::{Mode, Options, RawLocks, Req, Scope, Wait};
 
 pub(crate) struct Inner {
-    pub(crate) backend: Backend,
+    pub(crate) backend: Box<dyn RawLocks>,
     pub(crate) namespace: String,
     pub(crate) scope: Scope,
 }
@@ -193,12 +118,7 @@ impl Locks {
 
     /// `"postgres"` or `"sqlite"`.
     pub fn backend_name(&self) -> &'static str {
-        match &self.inner.backend {
-            #[cfg(feature = "postgres")]
-            Backend::Postgres(_) => "postgres",
-            #[cfg(feature = "sqlite")]
-            Backend::Sqlite(_) => "sqlite",
-        }
+        self.inner.backend.name()
     }
 
     /// The key `name` maps to in this handle's namespace.
@@ -350,7 +270,7 @@ impl<'a> Request<'a> {
             Some(guard) => Ok(guard),
             // A server-side lock_timeout configured by an administrator ended the wait.
             None => Err(Error::Timeout {
-                waiting_for: crate::error::SERVER_LOCK_TIMEOUT,
+                waiting_for: WaitingFor::LockServerLockTimeout,
                 after: None,
             }),
         }
@@ -405,12 +325,7 @@ impl<'a> Request<'a> {
             fenced: self.fenced,
             lease: self.lease,
         };
-        let grant = match &inner.backend {
-            #[cfg(feature = "postgres")]
-            Backend::Postgres(b) => b.acquire(&req).await?,
-            #[cfg(feature = "sqlite")]
-            Backend::Sqlite(b) => b.acquire(&req).await?,
-        };
+        let grant = inner.backend.acquire(&req).await?;
         Ok(grant.map(|g| LockGuard::new(self.name, req.key, self.mode, g)))
     }
 }
@@ -423,12 +338,7 @@ pub struct Builder {
     sqlx_pool: Option<sqlx::PgPool>,
     namespace: Option<String>,
     scope: Scope,
-    pub(crate) max_connections: usize,
-    pub(crate) acquire_timeout: Duration,
-    pub(crate) check_interval: Duration,
-    pub(crate) check_timeout: Duration,
-    pub(crate) allow_network_filesystem: bool,
-    pub(crate) multiplex: usize,
+    opts: Options,
 }
 
 impl Default for Builder {
@@ -439,12 +349,7 @@ impl Default for Builder {
             sqlx_pool: None,
             namespace: None,
             scope: Scope::Transaction,
-            max_connections: 64,
-            acquire_timeout: Duration::from_secs(30),
-            check_interval: Duration::from_secs(1),
-            check_timeout: Duration::from_secs(5),
-            allow_network_filesystem: false,
-            multiplex: 0,
+            opts: Options::default(),
         }
     }
 }
@@ -486,7 +391,7 @@ impl Builder {
     /// waiting lock pins one; requests beyond wait for one to come free (see
     /// [`acquire_timeout`](Builder::acquire_timeout)).
     pub fn max_connections(mut self, n: usize) -> Self {
-        self.max_connections = n.max(1);
+        self.opts.max_connections = n.max(1);
         self
     }
 
@@ -496,7 +401,7 @@ impl Builder {
     /// lock itself is the request's (see [`Request::try_lock_for`]). A handle on an sqlx
     /// pool uses that pool's `acquire_timeout` instead.
     pub fn acquire_timeout(mut self, timeout: Duration) -> Self {
-        self.acquire_timeout = timeout;
+        self.opts.acquire_timeout = timeout;
         self
     }
 
@@ -505,14 +410,14 @@ impl Builder {
     /// dblock's own connections a connection the server closes is noticed at once
     /// regardless; on connections borrowed from an sqlx pool, at the next check.
     pub fn check_interval(mut self, interval: Duration) -> Self {
-        self.check_interval = interval.max(Duration::from_millis(10));
+        self.opts.check_interval = interval.max(Duration::from_millis(10));
         self
     }
 
     /// How long a check may go unanswered before the lock is declared lost and its
     /// connection closed; five seconds unless set.
     pub fn check_timeout(mut self, timeout: Duration) -> Self {
-        self.check_timeout = timeout.max(Duration::from_millis(10));
+        self.opts.check_timeout = timeout.max(Duration::from_millis(10));
         self
     }
 
@@ -539,7 +444,7 @@ impl Builder {
     /// # Ok(()) }
     /// ```
     pub fn multiplex(mut self, n: usize) -> Self {
-        self.multiplex = n.min(64);
+        self.opts.multiplex = n.min(64);
         self
     }
 
@@ -547,7 +452,7 @@ impl Builder {
     /// where byte-range locks may not exclude across hosts. Off unless set: such file
     /// systems are refused with [`Error::UnsupportedFilesystem`].
     pub fn allow_network_filesystem(mut self, allow: bool) -> Self {
-        self.allow_network_filesystem = allow;
+        self.opts.allow_network_filesystem = allow;
         self
     }
 
@@ -566,13 +471,13 @@ impl Builder {
         }
         #[cfg(feature = "postgres")]
         if let Some(pool) = self.sqlx_pool.clone() {
-            let (b, ns) = crate::postgres::PgBackend::from_sqlx(pool, &self).await?;
-            return self.finish(Backend::Postgres(b), ns);
+            let (b, ns) = crate::postgres::from_sqlx(pool, &self.opts).await?;
+            return self.finish(b, ns);
         }
-        let target = match self.url.clone().or_else(crate::target::url_from_env) {
-            Some(url) => Target::parse(&url)?,
+        let (backend, namespace) = match self.url.clone().or_else(crate::target::url_from_env) {
+            Some(url) => crate::target::open(&url, &self.opts).await?,
             #[cfg(feature = "sqlite")]
-            None => Target::default_embedded()?,
+            None => crate::target::open_default(&self.opts)?,
             #[cfg(not(feature = "sqlite"))]
             None => {
                 return Err(Error::InvalidUrl {
@@ -581,22 +486,10 @@ impl Builder {
                 });
             }
         };
-        let (backend, namespace) = match target {
-            #[cfg(feature = "postgres")]
-            Target::Postgres { config, shown } => {
-                let (b, ns) = crate::postgres::PgBackend::open(*config, shown, &self).await?;
-                (Backend::Postgres(b), ns)
-            }
-            #[cfg(feature = "sqlite")]
-            Target::Sqlite { path } => (
-                Backend::Sqlite(crate::sqlite::SqliteBackend::open(path, &self)?),
-                crate::DEFAULT_NAMESPACE.to_string(),
-            ),
-        };
         self.finish(backend, namespace)
     }
 
-    fn finish(self, backend: Backend, default_namespace: String) -> Result<Locks, Error> {
+    fn finish(self, backend: Box<dyn RawLocks>, default_namespace: String) -> Result<Locks, Error> {
         let namespace = self.namespace.unwrap_or(default_namespace);
         check_namespace(&namespace)?;
         Ok(Locks {

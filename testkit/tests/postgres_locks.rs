@@ -265,10 +265,14 @@ async fn a_release_carried_by_the_next_request_still_goes_first() {
                 .await
                 .unwrap();
             assert!(r.is_none(), "{at}");
+            let a = other.try_lock("a").await.unwrap();
             assert!(
-                other.try_lock("a").await.unwrap().is_some(),
+                a.is_some(),
                 "{at}: a was released by the failed request's message"
             );
+            // Released and confirmed before counting: a dropped guard's release is only
+            // sent, and the count could otherwise run before it.
+            a.unwrap().release().await.unwrap();
             assert_eq!(granted().await, 1, "{at}: busy alone");
             drop(take_a(kind).await.unwrap());
             let f = locks.request("f").fenced().lock().await.unwrap();

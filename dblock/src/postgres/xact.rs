@@ -125,7 +125,7 @@ pub fn map_sqlx(e: sqlx::Error) -> Error {
             message: e.to_string(),
         },
         sqlx::Error::PoolTimedOut => Error::Timeout {
-            waiting_for: "a connection from the sqlx pool",
+            waiting_for: crate::error::WaitingFor::SqlxPoolConnection,
             after: None,
         },
         other => Error::Database {

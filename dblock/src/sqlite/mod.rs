@@ -28,6 +28,9 @@
 //! Network and FUSE file systems are refused ([`Error::UnsupportedFilesystem`]): their
 //! byte-range locks may not exclude across hosts.
 
+pub(crate) mod fence;
+mod floor;
+mod migrate;
 mod sys;
 
 use std::collections::HashMap;
@@ -41,11 +44,32 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::Error;
-use crate::guard::Held;
-use crate::locks::{Builder, Grant, Mode, Req, Wait};
+use crate::error::{Error, LossReason};
+use crate::raw::{
+    BenchFloor, BoxFuture, FENCING_TABLE, FencingStore, Grant, MigrationTarget, Mode, Options,
+    RawHeld, RawLocks, Req, Wait,
+};
 
-pub(crate) use sys::Attempt;
+/// Opens the backend a `sqlite:PATH` or `sqlite://PATH` URL names; the default
+/// namespace with it.
+pub(crate) fn open(url: &str, opts: &Options) -> Result<(Box<dyn RawLocks>, String), Error> {
+    let path = parse_url(url).map_err(|reason| Error::InvalidUrl {
+        url: crate::error::redact_url(url),
+        reason,
+    })?;
+    open_path(path, opts)
+}
+
+/// Opens the backend on the database file `path`; the default namespace with it.
+pub(crate) fn open_path(
+    path: PathBuf,
+    opts: &Options,
+) -> Result<(Box<dyn RawLocks>, String), Error> {
+    Ok((
+        Box::new(SqliteBackend::open(path, opts)?),
+        crate::key::DEFAULT_NAMESPACE.to_string(),
+    ))
+}
 
 const POLL_FIRST: Duration = Duration::from_millis(1);
 const POLL_MAX: Duration = Duration::from_millis(4);
@@ -76,7 +100,7 @@ struct Slot {
 
 impl SqliteBackend {
     /// Opens (creating if needed) the lock file beside `db_path`, and its directory.
-    pub(crate) fn open(db_path: PathBuf, opts: &Builder) -> Result<SqliteBackend, Error> {
+    fn open(db_path: PathBuf, opts: &Options) -> Result<SqliteBackend, Error> {
         let lock_path = lock_file_path(&db_path);
         if let Some(dir) = lock_path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir)
@@ -113,7 +137,7 @@ impl SqliteBackend {
         })
     }
 
-    pub(crate) async fn acquire(&self, req: &Req<'_>) -> Result<Option<Grant>, Error> {
+    async fn acquire(&self, req: &Req<'_>) -> Result<Option<Grant>, Error> {
         let offset = req.key.file_offset();
         let held = match self.shared.take_now(offset, req.mode)? {
             true => SqliteHeld::new(&self.shared, offset, req.mode),
@@ -126,13 +150,13 @@ impl SqliteBackend {
         // releases.
         let fence = match req.fenced {
             true => Some((
-                crate::fencing::sqlite_next_token(&self.shared, req).await?,
-                Arc::from(crate::fencing::TABLE),
+                fence::next_token(&self.shared, req).await?,
+                Arc::from(FENCING_TABLE),
             )),
             false => None,
         };
         Ok(Some(Grant {
-            held: Held::Sqlite(held),
+            held: Box::new(held),
             fence,
         }))
     }
@@ -206,7 +230,7 @@ impl Shared {
             }
             (Some(_), _) => Ok(false),
             (None, _) => match sys::try_lock(&self.file, offset, mode) {
-                Ok(Attempt::Granted) => {
+                Ok(true) => {
                     let slot = match mode {
                         Mode::Shared => Slot {
                             readers: 1,
@@ -220,7 +244,7 @@ impl Shared {
                     table.insert(offset, slot);
                     Ok(true)
                 }
-                Ok(Attempt::Busy) => Ok(false),
+                Ok(false) => Ok(false),
                 Err(e) => Err(Error::io(
                     format!("cannot lock {}", self.lock_path.display()),
                     e,
@@ -279,22 +303,28 @@ impl Shared {
     }
 }
 
-impl SqliteBackend {
-    /// The lock file's path.
-    pub(crate) fn lock_path(&self) -> PathBuf {
-        self.shared.lock_path.clone()
+impl RawLocks for SqliteBackend {
+    fn name(&self) -> &'static str {
+        "sqlite"
     }
-}
 
-/// An exclusive lock attempt on `offset` of `file`, bypassing the process's table (for
-/// the benchmark's floor).
-pub(crate) fn raw_try_lock(file: &File, offset: u64) -> std::io::Result<bool> {
-    sys::try_lock(file, offset, Mode::Exclusive).map(|a| a == Attempt::Granted)
-}
+    fn acquire<'a>(&'a self, req: &'a Req<'a>) -> BoxFuture<'a, Result<Option<Grant>, Error>> {
+        Box::pin(SqliteBackend::acquire(self, req))
+    }
 
-/// Unlocks `offset` of `file` (for the benchmark's floor).
-pub(crate) fn raw_unlock(file: &File, offset: u64) -> std::io::Result<()> {
-    sys::unlock(file, offset)
+    fn fencing(&self) -> Option<&dyn FencingStore> {
+        Some(self)
+    }
+
+    fn migrations(&self) -> Option<&dyn MigrationTarget> {
+        Some(self)
+    }
+
+    fn bench_floor(&self) -> Option<Result<Arc<dyn BenchFloor>, Error>> {
+        Some(Ok(Arc::new(floor::Floor::new(
+            self.shared.lock_path.clone(),
+        ))))
+    }
 }
 
 /// The lock file beside a database: `PATH-locks`.
@@ -322,9 +352,30 @@ impl SqliteHeld {
         }
     }
 
-    pub(crate) fn release(mut self) {
+    fn release(mut self) {
         self.released = true;
         self.shared.release(self.offset, self.mode);
+    }
+}
+
+/// The embedded backend's locks end only with their process: never lost, nothing to
+/// check, released at once.
+impl RawHeld for SqliteHeld {
+    fn loss(&self) -> Option<LossReason> {
+        None
+    }
+
+    fn lost(&self) -> BoxFuture<'static, LossReason> {
+        Box::pin(std::future::pending())
+    }
+
+    fn check(&mut self) -> BoxFuture<'_, Result<(), Error>> {
+        Box::pin(std::future::ready(Ok(())))
+    }
+
+    fn release(self: Box<Self>) -> BoxFuture<'static, Result<(), Error>> {
+        SqliteHeld::release(*self);
+        Box::pin(std::future::ready(Ok(())))
     }
 }
 
@@ -333,5 +384,35 @@ impl Drop for SqliteHeld {
         if !self.released {
             self.shared.release(self.offset, self.mode);
         }
+    }
+}
+
+/// The database file a `sqlite:PATH` or `sqlite://PATH` URL names.
+pub(crate) fn parse_url(url: &str) -> Result<PathBuf, String> {
+    // `sqlite:PATH` and sqlx's `sqlite://PATH` (so `sqlite:///abs` is absolute);
+    // anything after `?` (sqlx's `mode=rwc` and the like) is ignored.
+    let rest = &url["sqlite:".len()..];
+    let rest = rest.strip_prefix("//").unwrap_or(rest);
+    let path = rest.split('?').next().unwrap_or_default();
+    if path.is_empty() {
+        return Err("no file path after sqlite:".into());
+    }
+    if path == ":memory:" || path.starts_with("file::memory:") {
+        return Err("an in-memory database cannot be shared between processes".into());
+    }
+    Ok(PathBuf::from(path))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sqlite_urls_name_files() {
+        let path = |u: &str| parse_url(u).unwrap();
+        assert_eq!(path("sqlite:/tmp/a.db"), PathBuf::from("/tmp/a.db"));
+        assert_eq!(path("sqlite:///tmp/a.db"), PathBuf::from("/tmp/a.db"));
+        assert_eq!(path("sqlite://rel/a.db"), PathBuf::from("rel/a.db"));
+        assert_eq!(path("sqlite:a.db?mode=rwc"), PathBuf::from("a.db"));
     }
 }

@@ -7,29 +7,21 @@ use std::fs::File;
 use std::io;
 use std::os::fd::AsRawFd;
 
-use crate::Mode;
-
-/// Outcome of a lock attempt.
-#[derive(Debug, PartialEq, Eq)]
-pub(crate) enum Attempt {
-    Granted,
-    Busy,
-}
+use crate::raw::Mode;
 
 /// Tries to lock the byte at `offset` of `file` (non-blocking `F_OFD_SETLK`): a read lock
 /// for [`Mode::Shared`], a write lock for [`Mode::Exclusive`]. The lock belongs to this
 /// open file description: it conflicts with every other description, in this process
 /// or another, and the kernel drops it when the description's last descriptor closes.
-pub(crate) fn try_lock(file: &File, offset: u64, mode: Mode) -> io::Result<Attempt> {
+/// `Ok(false)` when another description holds a conflicting lock.
+pub(crate) fn try_lock(file: &File, offset: u64, mode: Mode) -> io::Result<bool> {
     let kind = match mode {
         Mode::Shared => libc::F_RDLCK,
         Mode::Exclusive => libc::F_WRLCK,
     };
     match setlk(file, offset, kind) {
-        Ok(()) => Ok(Attempt::Granted),
-        Err(e) if matches!(e.raw_os_error(), Some(libc::EAGAIN) | Some(libc::EACCES)) => {
-            Ok(Attempt::Busy)
-        }
+        Ok(()) => Ok(true),
+        Err(e) if matches!(e.raw_os_error(), Some(libc::EAGAIN) | Some(libc::EACCES)) => Ok(false),
         Err(e) => Err(e),
     }
 }

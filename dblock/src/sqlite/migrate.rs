@@ -8,9 +8,31 @@ use std::time::{Duration, Instant};
 use sqlx::pool::PoolConnection;
 use sqlx::{AssertSqlSafe, Connection, Row, Sqlite};
 
-use super::{Applied, MIGRATION_LOCK_KEY, Migration, Record, Report, failed, millis, plan};
-use crate::sqlite::{SqliteBackend, SqliteHeld};
-use crate::{Error, Key};
+use super::{SqliteBackend, SqliteHeld};
+use crate::error::Error;
+use crate::key::Key;
+use crate::migrate::plan::{Applied, MIGRATION_LOCK_KEY, Record, Report, failed, millis, plan};
+use crate::migrate::set::Migration;
+use crate::raw::{BoxFuture, MigrationTarget};
+
+impl MigrationTarget for SqliteBackend {
+    fn run_script<'a>(&'a self, ddl: &'a str) -> BoxFuture<'a, Result<(), Error>> {
+        Box::pin(run_script(self, ddl))
+    }
+
+    fn records(&self) -> BoxFuture<'_, Result<Option<Vec<Record>>, Error>> {
+        Box::pin(records(self))
+    }
+
+    fn run<'a>(
+        &'a self,
+        set: &'a [Migration],
+        ignore_missing: bool,
+        on_applied: &'a mut (dyn FnMut(&Applied) + Send),
+    ) -> BoxFuture<'a, Result<Report, Error>> {
+        Box::pin(run(self, set, ignore_missing, on_applied))
+    }
+}
 
 const CREATE_TABLE: &str = "CREATE TABLE IF NOT EXISTS dblock_migrations (\
      version INTEGER PRIMARY KEY, \
@@ -44,7 +66,7 @@ async fn connection(b: &SqliteBackend) -> Result<PoolConnection<Sqlite>, Error> 
 }
 
 /// The seed's primitive on SQLite: the script in one transaction under the lock.
-pub(crate) async fn run_script(b: &SqliteBackend, ddl: &str) -> Result<(), Error> {
+async fn run_script(b: &SqliteBackend, ddl: &str) -> Result<(), Error> {
     let _lock = lock(b).await?;
     let mut conn = connection(b).await?;
     // Dropped unfinished, the transaction rolls back (sent to the connection's worker
@@ -58,7 +80,7 @@ pub(crate) async fn run_script(b: &SqliteBackend, ddl: &str) -> Result<(), Error
 }
 
 /// The bookkeeping rows, read without the lock; `None` if the table does not exist.
-pub(crate) async fn records(b: &SqliteBackend) -> Result<Option<Vec<Record>>, Error> {
+async fn records(b: &SqliteBackend) -> Result<Option<Vec<Record>>, Error> {
     let mut conn = connection(b).await?;
     let exists: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'dblock_migrations'",
@@ -93,7 +115,7 @@ async fn read_records(conn: &mut PoolConnection<Sqlite>) -> Result<Vec<Record>, 
         .collect()
 }
 
-pub(crate) async fn run(
+async fn run(
     b: &SqliteBackend,
     set: &[Migration],
     ignore_missing: bool,

@@ -4,11 +4,35 @@
 
 use std::time::{Duration, Instant};
 
-use super::{Applied, MIGRATION_LOCK_KEY, Migration, Record, Report, TABLE, failed, millis, plan};
-use crate::Error;
-use crate::postgres::{
-    Armed, PgBackend, QueryError, Results, first_value, quote_ident, quote_literal,
+use super::backend::PgBackend;
+use super::conn::Armed;
+use super::sql::{first_value, quote_ident, quote_literal};
+use super::wire::{QueryError, Results};
+use crate::error::{Error, LossReason};
+use crate::migrate::plan::{
+    Applied, MIGRATION_LOCK_KEY, Record, Report, TABLE, failed, lock_prefixed, millis, plan,
 };
+use crate::migrate::set::Migration;
+use crate::raw::{BoxFuture, MigrationTarget};
+
+impl MigrationTarget for PgBackend {
+    fn run_script<'a>(&'a self, ddl: &'a str) -> BoxFuture<'a, Result<(), Error>> {
+        Box::pin(run_script(self, ddl))
+    }
+
+    fn records(&self) -> BoxFuture<'_, Result<Option<Vec<Record>>, Error>> {
+        Box::pin(records(self))
+    }
+
+    fn run<'a>(
+        &'a self,
+        set: &'a [Migration],
+        ignore_missing: bool,
+        on_applied: &'a mut (dyn FnMut(&Applied) + Send),
+    ) -> BoxFuture<'a, Result<Report, Error>> {
+        Box::pin(run(self, set, ignore_missing, on_applied))
+    }
+}
 
 /// The first pause between two attempts at the lock; it doubles up to [`POLL_MAX`].
 const POLL_FIRST: Duration = Duration::from_millis(20);
@@ -39,9 +63,9 @@ async fn q(armed: &Armed, sql: &str) -> Result<Results, Error> {
 }
 
 /// The seed's primitive on one of the handle's connections.
-pub(crate) async fn run_script(b: &PgBackend, ddl: &str) -> Result<(), Error> {
+async fn run_script(b: &PgBackend, ddl: &str) -> Result<(), Error> {
     let armed = Armed::new(b.pinned().await?);
-    let res = armed.conn().query(&super::lock_prefixed(ddl)).await;
+    let res = armed.conn().query(&lock_prefixed(ddl)).await;
     let conn = armed.disarm();
     match res {
         // A failed multi-statement message rolls its implicit transaction back: the
@@ -62,7 +86,7 @@ pub(crate) async fn run_script(b: &PgBackend, ddl: &str) -> Result<(), Error> {
 }
 
 /// The bookkeeping rows, read without the lock; `None` if the table does not exist.
-pub(crate) async fn records(b: &PgBackend) -> Result<Option<Vec<Record>>, Error> {
+async fn records(b: &PgBackend) -> Result<Option<Vec<Record>>, Error> {
     let table = table(b)?;
     let armed = Armed::new(b.pinned().await?);
     let exists = q(
@@ -147,7 +171,7 @@ pub(crate) async fn own_ddl(armed: &Armed, ddl: &str) -> Result<(), Error> {
     match first_value(&rows, 0).as_deref() {
         Some("t") => Ok(()),
         _ => Err(Error::LockLost {
-            reason: crate::LossReason::ConnectionClosed {
+            reason: LossReason::ConnectionClosed {
                 message: "the session no longer held the migration lock".into(),
             },
         }),
@@ -163,7 +187,7 @@ struct Session {
     checking: bool,
 }
 
-pub(crate) async fn run(
+async fn run(
     b: &PgBackend,
     set: &[Migration],
     ignore_missing: bool,
@@ -356,7 +380,7 @@ impl Session {
                     conn.abandon();
                     if ok {
                         Err(Error::LockLost {
-                            reason: crate::LossReason::ConnectionClosed {
+                            reason: LossReason::ConnectionClosed {
                                 message: "the session no longer held the migration lock at \
                                           the end of the run (a pooler between dblock and the \
                                           server may have switched sessions)"
