@@ -118,7 +118,7 @@ impl Election {
     /// Cancelling it withdraws the candidacy; it never leaves this process leading.
     pub async fn campaign(&self) -> Result<Term, Error> {
         let mut req = self.locks.request(&self.name).fenced();
-        if self.locks.backend_name() == "postgres" {
+        if self.locks.inner.backend.has_leases() {
             req = req.lease(self.lease);
         }
         let guard = req.lock().await?;

@@ -130,6 +130,12 @@ pub(crate) trait RawLocks: Send + Sync + 'static {
     /// future leaves no lock held.
     fn acquire<'a>(&'a self, req: &'a Req<'a>) -> BoxFuture<'a, Result<Option<Grant>, Error>>;
 
+    /// Whether the server itself frees the lock of a holder silent for longer than
+    /// [`Req::lease`] (elections ask for one where it does).
+    fn has_leases(&self) -> bool {
+        false
+    }
+
     /// Where this backend keeps fencing tokens, if it can read them back.
     fn fencing(&self) -> Option<&dyn FencingStore> {
         None

@@ -273,6 +273,10 @@ impl RawLocks for PgBackend {
         Box::pin(PgBackend::acquire(self, req))
     }
 
+    fn has_leases(&self) -> bool {
+        true
+    }
+
     fn fencing(&self) -> Option<&dyn FencingStore> {
         Some(self)
     }
