@@ -136,10 +136,10 @@ impl NativeConn {
         {
             let mut waiting = self.outbox.lock();
             // One holder at a time, so never two; were there, the first goes first.
-            if let Some(earlier) = waiting.take() {
-                if !send(&self.client, earlier.sql()) {
-                    return false;
-                }
+            if let Some(earlier) = waiting.take()
+                && !send(&self.client, earlier.sql())
+            {
+                return false;
             }
             *waiting = Some(release);
         }
