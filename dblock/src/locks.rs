@@ -325,7 +325,14 @@ impl<'a> Request<'a> {
     /// once the session has been idle for `lease`. A live holder never is: its
     /// connection is checked every [`check_interval`](Builder::check_interval), which
     /// keeps the session busy. PostgreSQL only (the embedded backend's locks end with
-    /// their process); `lease` must be at least twice the check interval.
+    /// their process).
+    ///
+    /// A holder cut off from the server must learn that it lost the lock before the
+    /// server can grant it to anyone else, so `lease` must be at least
+    /// `2 × check_interval + check_timeout + 0.5 s` (7.5 s with the defaults; see
+    /// [`Builder::check_interval`] and [`Builder::check_timeout`]); a shorter lease is
+    /// refused with [`Error::Unsupported`]. Leases beyond the server's limit for its idle
+    /// timeouts (2³¹ − 1 ms, about 24.8 days) are capped to it.
     ///
     /// Implemented with the server's own idle timeouts for the lock's session
     /// (`idle_in_transaction_session_timeout` for a transaction-scoped lock,
@@ -466,10 +473,11 @@ impl Builder {
         self
     }
 
-    /// The namespace names are keyed in. Defaults to the PostgreSQL schema in use
-    /// (`current_schema()`, read once when the handle is built), so two deployments in
-    /// two schemas of one database never collide; on the embedded backend, to
-    /// [`DEFAULT_NAMESPACE`](crate::DEFAULT_NAMESPACE).
+    /// The namespace names are keyed in. Unset, on PostgreSQL the server setting
+    /// [`NAMESPACE_SETTING`](crate::NAMESPACE_SETTING) if it is set, else (and on the
+    /// embedded backend) [`DEFAULT_NAMESPACE`](crate::DEFAULT_NAMESPACE) — never the
+    /// schema in use, which depends on `search_path` and on which schemas exist. Two
+    /// deployments sharing one database set a namespace each.
     pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
         self.namespace = Some(namespace.into());
         self

@@ -64,8 +64,9 @@ fn unique(tag: &str) -> String {
     )
 }
 
-/// A schema of one test's own: its name is the default namespace of every handle built
-/// from [`PgSchema::url`], so tests running in parallel never share a lock by accident,
+/// A schema of one test's own: its name is the schema in use and (through the setting
+/// `dblock.namespace`) the default namespace of every handle built from
+/// [`PgSchema::url`], so tests running in parallel never share a lock by accident,
 /// and its connections carry an `application_name` of their own so the test can find
 /// them in `pg_stat_activity`.
 pub struct PgSchema {
@@ -92,7 +93,10 @@ impl PgSchema {
         let url = with_params(
             base,
             &[
-                ("options", &format!("-c search_path={name}")),
+                (
+                    "options",
+                    &format!("-c search_path={name} -c dblock.namespace={name}"),
+                ),
                 ("application_name", &app),
             ],
         );
@@ -228,6 +232,86 @@ where
             return false;
         }
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+/// `base` (a `postgres://` URL) naming database `db` instead of its own: the path is
+/// replaced, user, password, host, port and parameters are kept.
+pub fn with_database(base: &str, db: &str) -> String {
+    let (head, query) = match base.split_once('?') {
+        Some((h, q)) => (h, Some(q)),
+        None => (base, None),
+    };
+    let Some(scheme_end) = head.find("://") else {
+        panic!(
+            "DATABASE_URL must be a postgres:// URL to derive other databases' URLs from: {base}"
+        );
+    };
+    let authority_start = scheme_end + 3;
+    let path_start = head[authority_start..]
+        .find('/')
+        .map_or(head.len(), |i| authority_start + i);
+    let mut url = format!("{}/{}", &head[..path_start], percent_encode(db));
+    if let Some(q) = query {
+        url.push('?');
+        url.push_str(q);
+    }
+    url
+}
+
+/// A database of one test's own, on the server of [`pg_url`]: for tests that take the
+/// database-wide migration lock or depend on what exists database-wide (the fencing
+/// table). Dropped (with `FORCE`) when the test passes; left for inspection when it fails.
+pub struct PgDatabase {
+    pub name: String,
+    /// The URL of the database, with `application_name` set to [`PgDatabase::app`].
+    pub url: String,
+    pub app: String,
+}
+
+impl PgDatabase {
+    pub async fn new(tag: &str) -> PgDatabase {
+        let base = pg_url();
+        let name = unique(tag);
+        let admin = admin_connect(&base).await;
+        admin
+            .batch_execute(&format!("CREATE DATABASE \"{name}\""))
+            .await
+            .unwrap();
+        let app = format!("dbl-{name}");
+        let url = with_params(&with_database(&base, &name), &[("application_name", &app)]);
+        PgDatabase { name, url, app }
+    }
+
+    /// An administrator's connection to the test's database.
+    pub async fn admin(&self) -> Client {
+        admin_connect(&self.url).await
+    }
+}
+
+impl Drop for PgDatabase {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("test database {} left in place for inspection", self.name);
+            return;
+        }
+        let base = pg_url();
+        let name = self.name.clone();
+        let _ = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async {
+                if let Ok((c, conn)) = tokio_postgres::connect(&base, NoTls).await {
+                    tokio::spawn(conn);
+                    let _ = c
+                        .batch_execute(&format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"))
+                        .await;
+                }
+            });
+        })
+        .join();
     }
 }
 

@@ -49,7 +49,7 @@ async fn the_key_matches_the_documented_sql_formula() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_namespace_defaults_to_the_schema_and_appears_in_pg_locks() {
+async fn the_namespace_setting_gives_the_default_namespace_and_it_appears_in_pg_locks() {
     let s = PgSchema::new("ns").await;
     let locks = s.locks().await;
     assert_eq!(locks.namespace(), s.name);

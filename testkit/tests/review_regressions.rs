@@ -37,7 +37,7 @@ async fn a_failed_fenced_request_leaves_no_lock_behind() {
         let side = side_conn(&s.url).await;
         side.batch_execute(&format!(
             "BEGIN; SELECT token FROM \"{}\".dblock_fencing WHERE key = {} FOR SHARE",
-            s.name,
+            dblock::fencing::PG_SCHEMA,
             key.as_i64()
         ))
         .await

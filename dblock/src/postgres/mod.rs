@@ -56,10 +56,16 @@ enum Source {
 
 impl Source {
     /// A connection. Waiting for one (all in use) is bounded by the pool's acquire
-    /// timeout, not by the lock's deadline.
+    /// timeout.
     async fn get(&self) -> Result<Conn, Error> {
+        self.get_until(None).await
+    }
+
+    /// A connection for a lock request: on dblock's own pool the wait for one to come
+    /// free ends at the request's deadline too (an sqlx pool keeps its own bound).
+    async fn get_until(&self, deadline: Option<Instant>) -> Result<Conn, Error> {
         match self {
-            Source::Native(p) => p.get().await.map(Conn::Native),
+            Source::Native(p) => p.get_until(deadline).await.map(Conn::Native),
             Source::Sqlx(p) => p.get().await.map(Conn::Sqlx),
         }
     }
@@ -88,7 +94,8 @@ pub(crate) struct PgBackend {
 
 impl PgBackend {
     /// Connects once (so a bad URL or an unreachable server fails here, not at the first
-    /// lock) and reads the schema in use, the default namespace.
+    /// lock) and reads the schema in use and the default namespace
+    /// ([`NAMESPACE_SETTING`](crate::NAMESPACE_SETTING), else [`DEFAULT_NAMESPACE`](crate::DEFAULT_NAMESPACE)).
     pub(crate) async fn open(
         config: tokio_postgres::Config,
         shown: String,
@@ -139,7 +146,11 @@ impl PgBackend {
         let armed = Armed::new(source.get().await?);
         let rows = armed
             .conn()
-            .query("SELECT current_schema(); SELECT current_setting('server_version_num')")
+            .query(&format!(
+                "SELECT current_schema(); SELECT current_setting('server_version_num'); \
+                 SELECT current_setting('{}', true)",
+                crate::NAMESPACE_SETTING
+            ))
             .await
             .map_err(QueryError::into_error)?;
         armed.disarm().recycle();
@@ -147,16 +158,11 @@ impl PgBackend {
         let version: u32 = first_value(&rows, 1)
             .and_then(|v| v.parse().ok())
             .unwrap_or(0);
-        let namespace = match &schema {
-            Some(s) => s.clone(),
-            None => {
-                return Err(Error::InvalidNamespace {
-                    namespace: String::new(),
-                    reason: "no schema of the search_path exists, so there is no default \
-                             namespace; set one with Builder::namespace or fix search_path",
-                });
-            }
-        };
+        // Never the schema in use: that depends on search_path and on which of its
+        // schemas exist, so two processes meaning one lock could key it differently.
+        let namespace = first_value(&rows, 2)
+            .filter(|ns| !ns.is_empty())
+            .unwrap_or_else(|| crate::DEFAULT_NAMESPACE.to_string());
         Ok((
             PgBackend {
                 source,
@@ -175,10 +181,18 @@ impl PgBackend {
     /// Takes a lock as `req` says: one round trip on a pinned connection.
     pub(crate) async fn acquire(&self, req: &Req<'_>) -> Result<Option<Grant>, Error> {
         if let Some(lease) = req.lease {
-            if lease < 2 * self.check_interval {
+            // The holder must learn of a loss before the server can end its session and
+            // grant the lock to another: a silent connection is declared lost at most
+            // two check intervals (a tick skipped behind a slow answer) plus the check
+            // timeout after the last check that was answered was sent, and the server
+            // idles the session no sooner than `lease` after that check.
+            let noticed = 2 * self.check_interval + self.check_timeout + LEASE_SLACK;
+            if lease < noticed {
                 return Err(Error::Unsupported(format!(
-                    "a lease ({lease:?}) must be at least twice the check interval ({:?})",
-                    self.check_interval
+                    "a lease ({lease:?}) must be at least twice the check interval plus the \
+                     check timeout, plus {LEASE_SLACK:?} ({noticed:?} here), so that a holder \
+                     cut off learns of the loss before the server can grant the lock to \
+                     another; lengthen the lease or shorten check_interval/check_timeout"
                 )));
             }
             if req.scope == Scope::Session && self.version < 140_000 {
@@ -189,7 +203,7 @@ impl PgBackend {
             }
         }
         let fence_table = match req.fenced {
-            true => Some(self.fence_table().await?.clone()),
+            true => Some(self.fence_table_until(req.wait.deadline()).await?.clone()),
             false => None,
         };
         if let Some(mux) = self.mux.as_ref().filter(|_| mux::Mux::applies(req)) {
@@ -201,73 +215,81 @@ impl PgBackend {
             }
         }
         let deadline = req.wait.deadline();
-        let conn = self.source.get().await?;
-        let plan = Plan::new(
-            req,
-            fence_table.as_deref(),
-            self.check_disconnect,
-            self.version >= 120_000,
-        );
-        let armed = Armed::new(conn);
-        let result = match deadline {
-            // The server ends the wait (lock_timeout); the client-side bound is a
-            // backstop for a server that stops answering.
-            Some(d) => {
-                let request = armed.conn().lock_query(&plan.sql, plan.wanted());
-                match tokio::time::timeout_at(d + BACKSTOP, request).await {
-                    Ok(r) => r,
-                    Err(_) => {
-                        drop(armed); // abandons: cancels on the server, closes
-                        return Err(Error::Timeout {
-                            waiting_for: "the server to answer a lock request",
-                            after: Some(BACKSTOP),
-                        });
+        // Only a wait longer than the server's longest lock_timeout goes round again.
+        loop {
+            let conn = self.source.get_until(deadline).await?;
+            let plan = Plan::new(
+                req,
+                fence_table.as_deref(),
+                self.check_disconnect,
+                self.version >= 120_000,
+            );
+            let armed = Armed::new(conn);
+            let result = match deadline {
+                // The server ends the wait (lock_timeout); the client-side bound is a
+                // backstop for a server that stops answering.
+                Some(d) => {
+                    let request = armed.conn().lock_query(&plan.sql, plan.wanted());
+                    match tokio::time::timeout_at(d + BACKSTOP, request).await {
+                        Ok(r) => r,
+                        Err(_) => {
+                            drop(armed); // abandons: cancels on the server, closes
+                            return Err(Error::Timeout {
+                                waiting_for: "the server to answer a lock request",
+                                after: Some(BACKSTOP),
+                            });
+                        }
                     }
                 }
-            }
-            None => armed.conn().lock_query(&plan.sql, plan.wanted()).await,
-        };
-        let conn = armed.disarm();
-        match result {
-            Ok(firsts) => match plan.outcome(&firsts) {
-                Some(token) => {
-                    conn.link().set_holding(true);
-                    Ok(Some(Grant {
-                        held: crate::guard::Held::Postgres(PgHeld::new(
-                            conn,
-                            req,
-                            self.check_timeout,
-                        )),
-                        fence: token.zip(fence_table),
-                    }))
-                }
-                None => {
-                    plan.clean_up(&conn, false);
+                None => armed.conn().lock_query(&plan.sql, plan.wanted()).await,
+            };
+            let conn = armed.disarm();
+            return match result {
+                Ok(firsts) => match plan.outcome(&firsts) {
+                    Some(token) => {
+                        conn.link().set_holding(true);
+                        Ok(Some(Grant {
+                            held: crate::guard::Held::Postgres(PgHeld::new(
+                                conn,
+                                req,
+                                self.check_timeout,
+                            )),
+                            fence: token.zip(fence_table),
+                        }))
+                    }
+                    None => {
+                        plan.clean_up(&conn, false);
+                        conn.recycle();
+                        Ok(None)
+                    }
+                },
+                Err(QueryError::Db { code, message }) => {
+                    plan.clean_up(&conn, true);
                     conn.recycle();
-                    Ok(None)
-                }
-            },
-            Err(QueryError::Db { code, message }) => {
-                plan.clean_up(&conn, true);
-                conn.recycle();
-                if code == LOCK_NOT_AVAILABLE {
-                    return match req.wait {
-                        Wait::Forever => Err(Error::Timeout {
-                            waiting_for: crate::error::SERVER_LOCK_TIMEOUT,
+                    if code == LOCK_NOT_AVAILABLE {
+                        // The server's lock_timeout was capped (see MAX_SERVER_MS) and
+                        // the caller's deadline is still ahead: wait on.
+                        if plan.capped && matches!(req.wait, Wait::Until(d) if Instant::now() < d) {
+                            continue;
+                        }
+                        return match req.wait {
+                            Wait::Forever => Err(Error::Timeout {
+                                waiting_for: crate::error::SERVER_LOCK_TIMEOUT,
+                                after: None,
+                            }),
+                            _ => Ok(None),
+                        };
+                    }
+                    if code == QUERY_CANCELED {
+                        return Err(Error::Timeout {
+                            waiting_for: "the lock (the server cancelled the wait: statement_timeout)",
                             after: None,
-                        }),
-                        _ => Ok(None),
-                    };
+                        });
+                    }
+                    Err(Error::from_sqlstate(&code, message))
                 }
-                if code == QUERY_CANCELED {
-                    return Err(Error::Timeout {
-                        waiting_for: "the lock (the server cancelled the wait: statement_timeout)",
-                        after: None,
-                    });
-                }
-                Err(Error::from_sqlstate(&code, message))
-            }
-            Err(e @ QueryError::Lost { .. }) => Err(e.into_error()),
+                Err(e @ QueryError::Lost { .. }) => Err(e.into_error()),
+            };
         }
     }
 
@@ -284,7 +306,7 @@ impl PgBackend {
         &self,
         key: Key,
     ) -> Result<Option<crate::leader::LeaderInfo>, Error> {
-        let table = self.fence_table().await?.clone();
+        let table = self.fence_table_until(None).await?.clone();
         let armed = Armed::new(self.source.get().await?);
         // One statement, its three values as three rows in order (unnest keeps the
         // array's order); the connection reads the first column of each row.
@@ -320,19 +342,38 @@ impl PgBackend {
         self.source.get().await
     }
 
-    /// The qualified name of the fencing table, created on first use.
-    pub(crate) async fn fence_table(&self) -> Result<&Arc<str>, Error> {
+    /// The qualified name of the fencing table, created on first use. Creating it waits
+    /// for the migration lock: never past `deadline` (the request's), plus [`BACKSTOP`]
+    /// for a server that stops answering or another task creating it.
+    pub(crate) async fn fence_table_until(
+        &self,
+        deadline: Option<Instant>,
+    ) -> Result<&Arc<str>, Error> {
+        if let Some(t) = self.fence_ready.get() {
+            return Ok(t);
+        }
+        let Some(d) = deadline else {
+            return self.fence_table(None).await;
+        };
+        match tokio::time::timeout_at(d + BACKSTOP, self.fence_table(deadline)).await {
+            Ok(r) => r,
+            Err(_) => Err(Error::Timeout {
+                waiting_for: "the fencing table to be created",
+                after: None,
+            }),
+        }
+    }
+
+    async fn fence_table(&self, deadline: Option<Instant>) -> Result<&Arc<str>, Error> {
         let table = self
             .fence_ready
             .get_or_try_init(|| async {
-                let Some(schema) = &self.schema else {
-                    return Err(Error::Unsupported(
-                        "fencing tokens need a schema for their table, and no schema of the \
-                         search_path exists"
-                            .into(),
-                    ));
-                };
-                let table = format!("{}.{}", quote_ident(schema), crate::fencing::TABLE);
+                // One table per database, like the keys (not the handle's schema).
+                let table = format!(
+                    "{}.{}",
+                    quote_ident(crate::fencing::PG_SCHEMA),
+                    crate::fencing::TABLE
+                );
                 let armed = Armed::new(self.source.get().await?);
                 let rows = armed
                     .conn()
@@ -347,7 +388,7 @@ impl PgBackend {
                     // waited for the runner's way (no snapshot held while waiting, so a
                     // concurrent CREATE INDEX CONCURRENTLY cannot deadlock with it).
                     let ddl = crate::fencing::pg_table_ddl(&table);
-                    crate::migrate::pg::own_ddl(&armed, &ddl).await?;
+                    crate::migrate::pg::own_ddl(&armed, &ddl, deadline).await?;
                 }
                 armed.disarm().recycle();
                 Ok(Arc::<str>::from(table))
@@ -362,6 +403,14 @@ impl PgBackend {
 const BACKSTOP: Duration = Duration::from_secs(2);
 
 const LOCK_NOT_AVAILABLE: &str = "55P03";
+
+/// How much longer than the longest time to notice a silent connection a lease must be:
+/// room for scheduling delays on the client.
+const LEASE_SLACK: Duration = Duration::from_millis(500);
+
+/// The longest `lock_timeout`, `idle_in_transaction_session_timeout` or
+/// `idle_session_timeout` the server accepts, in milliseconds (2³¹ − 1: about 24.8 days).
+const MAX_SERVER_MS: u128 = i32::MAX as u128;
 
 /// How long a fenced `try_lock` waits for a previous holder's fenced write to commit.
 const FENCED_TRY_ROW_WAIT_MS: u32 = 100;
@@ -380,6 +429,8 @@ struct Plan {
     must_be_true: Option<usize>,
     /// Index of the statement returning the fencing token, if any.
     token_at: Option<usize>,
+    /// Whether the server's lock_timeout is shorter than the wait asked for.
+    capped: bool,
 }
 
 impl Plan {
@@ -393,16 +444,19 @@ impl Plan {
         } else {
             ""
         };
-        // Whole milliseconds left, at least 1 (lock_timeout = 0 would mean "forever").
+        // Whole milliseconds left, at least 1 (lock_timeout = 0 would mean "forever"),
+        // at most what the server accepts: a longer wait is asked for again.
+        let mut capped = false;
         let timeout_ms = match req.wait {
             Wait::Until(t) => {
                 // Rounded up: the server must not give up before the deadline.
                 let left = t.saturating_duration_since(Instant::now());
                 let ms = left.as_micros().div_ceil(1000);
+                capped = ms > MAX_SERVER_MS;
                 if left < Duration::from_millis(1) {
                     None
                 } else {
-                    Some(ms)
+                    Some(ms.min(MAX_SERVER_MS))
                 }
             }
             _ => None,
@@ -413,7 +467,9 @@ impl Plan {
         let mut must_be_true = None;
         let mut token_at = None;
         let fenced = req.fenced && fence_table.is_some();
-        let lease_ms = req.lease.map(|l| l.as_millis().max(1));
+        // A lease beyond the server's limit is capped: it only bounds how long the lock
+        // outlives a silent holder, and a live holder's session is never idle that long.
+        let lease_ms = req.lease.map(|l| l.as_millis().clamp(1, MAX_SERVER_MS));
         // Lets the server notice, while it waits, that the client went away.
         const CHECK: &str = "client_connection_check_interval";
         let check_ms = 250;
@@ -533,6 +589,7 @@ impl Plan {
             lease: req.lease.is_some(),
             must_be_true,
             token_at,
+            capped,
         }
     }
 
@@ -721,14 +778,12 @@ impl Pinned {
         if let Some(reason) = self.link.loss() {
             return Err(Error::LockLost { reason });
         }
-        let Some(conn) = self.conn.take() else {
+        let Some(conn) = self.conn.as_ref() else {
             return Err(Error::Unsupported("the guard was already released".into()));
         };
-        // Cut off mid-way, the connection is given up: the lock is then lost, and the
-        // link (kept apart from the connection) reports it.
-        let armed = Armed::new(conn);
-        let res = armed.conn().query("").await;
-        self.conn = Some(armed.disarm());
+        // Cancel safe: cut off mid-way, the reply is read and dropped by the connection,
+        // which keeps the lock (as on a multiplexing handle's shared connections).
+        let res = conn.check().await;
         match (res, self.link.loss()) {
             (_, Some(reason)) => Err(Error::LockLost { reason }),
             (Ok(_), None) => Ok(()),

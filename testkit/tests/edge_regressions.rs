@@ -1,0 +1,354 @@
+//! Regressions for the defects of issue 9 ("correctness at the edges"): each test failed
+//! on the code before its fix. Real PostgreSQL (DATABASE_URL), real connections; every
+//! await bounded.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::time::Duration;
+
+use dblock::{Error, Locks, Scope};
+use dblock_testkit::{PgDatabase, PgSchema, pg_url, with_params};
+use tokio::time::timeout;
+
+/// Bounds an await: a bug fails the test instead of hanging it.
+async fn within<F: std::future::Future>(secs: u64, what: &str, f: F) -> F::Output {
+    match timeout(Duration::from_secs(secs), f).await {
+        Ok(v) => v,
+        Err(_) => panic!("{what}: still waiting after {secs} s"),
+    }
+}
+
+/// Item 1: one namespace used through handles whose schemas differ keeps one counter
+/// per name: a later grant's token is greater, and the earlier holder's fence is stale.
+#[tokio::test]
+async fn one_namespace_used_from_two_schemas_has_one_token_counter() {
+    let a = PgSchema::new("fence_a").await;
+    let b = PgSchema::new("fence_b").await;
+    // One namespace, set on both handles; each handle's schema in use is its own.
+    let ns = format!("{}_shared", a.name);
+    let la = Locks::builder().url(&a.url).namespace(&ns).build();
+    let lb = Locks::builder().url(&b.url).namespace(&ns).build();
+    let la = within(10, "connect a", la).await.unwrap();
+    let lb = within(10, "connect b", lb).await.unwrap();
+
+    let ga = within(10, "fenced lock a", la.request("ledger").fenced().lock())
+        .await
+        .unwrap();
+    let fence_a = ga.fence().unwrap().clone();
+    drop(ga);
+    let gb = within(10, "fenced lock b", lb.request("ledger").fenced().lock())
+        .await
+        .unwrap();
+    let fence_b = gb.fence().unwrap().clone();
+    assert!(
+        fence_b.token() > fence_a.token(),
+        "tokens must rise per (namespace, name) whatever the schema: {} then {}",
+        fence_a.token(),
+        fence_b.token()
+    );
+
+    // The stale holder's check fails, wherever its connection's search_path points.
+    let pool = sqlx::PgPool::connect(&a.url).await.unwrap();
+    let mut tx = within(10, "begin", pool.begin()).await.unwrap();
+    let r = within(10, "check stale", fence_a.check_postgres(&mut tx)).await;
+    assert!(
+        matches!(r, Err(Error::StaleToken { .. })),
+        "a's token {} after b's grant {}: {r:?}",
+        fence_a.token(),
+        fence_b.token()
+    );
+    drop(tx);
+    let mut tx = within(10, "begin", pool.begin()).await.unwrap();
+    within(10, "check fresh", fence_b.check_postgres(&mut tx))
+        .await
+        .unwrap();
+    drop(tx);
+    drop(gb);
+    pool.close().await;
+}
+
+/// Item 2: creating the fencing table waits for the database-wide migration lock; a
+/// fenced try_lock must not wait for it past its own deadline (here: none at all).
+#[tokio::test]
+async fn a_fenced_try_lock_gives_up_at_its_deadline_behind_a_running_migration() {
+    let db = PgDatabase::new("fence_migr").await;
+    // A "migration" holds the migration lock, in this database only.
+    let migrator = db.admin().await;
+    migrator
+        .batch_execute(&format!(
+            "SELECT pg_advisory_lock({})",
+            dblock::migrate::MIGRATION_LOCK_KEY
+        ))
+        .await
+        .unwrap();
+    let locks = within(10, "connect", Locks::connect(&db.url))
+        .await
+        .unwrap();
+    let started = std::time::Instant::now();
+    let r = within(
+        10,
+        "a fenced try_lock behind a running migration",
+        locks.request("job").fenced().try_lock(),
+    )
+    .await;
+    assert!(
+        matches!(r, Err(Error::Timeout { .. })),
+        "a fenced try_lock that cannot create the fencing table says so: {r:?}"
+    );
+    // A deadline of its own is honoured too: it waits about that long, not forever.
+    let r = within(
+        10,
+        "a fenced try_lock_for behind a running migration",
+        locks
+            .request("job")
+            .fenced()
+            .try_lock_for(Duration::from_millis(500)),
+    )
+    .await;
+    assert!(matches!(r, Err(Error::Timeout { .. })), "{r:?}");
+    assert!(started.elapsed() >= Duration::from_millis(500));
+    // Control: once the migration ends, the same request succeeds.
+    migrator
+        .batch_execute(&format!(
+            "SELECT pg_advisory_unlock({})",
+            dblock::migrate::MIGRATION_LOCK_KEY
+        ))
+        .await
+        .unwrap();
+    let g = within(
+        10,
+        "fenced try_lock",
+        locks.request("job").fenced().try_lock(),
+    )
+    .await
+    .unwrap()
+    .expect("free");
+    assert_eq!(g.fencing_token(), Some(1));
+}
+
+/// Item 7: a deadline or lease longer than the server's largest timeout (2³¹ − 1 ms,
+/// about 24.8 days) works; before, the server refused the setting.
+#[tokio::test]
+async fn waits_and_leases_beyond_the_servers_timeout_limit_work() {
+    let s = PgSchema::new("long_waits").await;
+    let locks = within(10, "connect", Locks::connect(&s.url)).await.unwrap();
+    let long = Duration::from_secs(597 * 3600);
+    for scope in [Scope::Transaction, Scope::Session] {
+        let g = within(
+            10,
+            "try_lock_for 597h",
+            locks.request("free").scope(scope).try_lock_for(long),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{scope:?}: {e}"));
+        assert!(g.is_some(), "{scope:?}: a free lock is granted");
+        drop(g);
+        let g = within(
+            10,
+            "lease 597h",
+            locks.request("free").scope(scope).lease(long).lock(),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{scope:?}: {e}"));
+        drop(g);
+        let g = within(
+            10,
+            "fenced try_lock_for 597h",
+            locks
+                .request("fenced")
+                .scope(scope)
+                .fenced()
+                .try_lock_for(long),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{scope:?}: {e}"));
+        assert!(g.is_some());
+    }
+    // A long wait that must actually wait is granted when the holder lets go.
+    let other = within(10, "connect", Locks::connect(&s.url)).await.unwrap();
+    let held = within(10, "lock", other.lock("busy")).await.unwrap();
+    let key = locks.key("busy").unwrap();
+    let waiter = tokio::spawn({
+        let locks = locks.clone();
+        async move { locks.try_lock_for("busy", long).await }
+    });
+    assert!(
+        s.eventually(10, || async { s.advisory(key).await.iter().any(|r| !r.2) })
+            .await,
+        "the waiter queues on the server"
+    );
+    drop(held);
+    let got = within(10, "the long waiter", waiter)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(got.is_some());
+}
+
+/// Item 8: a guard whose connection's runtime has shut down reports the lock lost:
+/// `is_held()` false, `lost()` resolves, `check()` says LockLost.
+#[test]
+fn a_guard_outliving_its_runtime_reports_the_lock_lost() {
+    let main = tokio::runtime::Runtime::new().unwrap();
+    let s = main.block_on(PgSchema::new("rt_gone"));
+    for sqlx in [false, true] {
+        let name = format!("held-{sqlx}");
+        let first = tokio::runtime::Runtime::new().unwrap();
+        let mut guard = first.block_on(async {
+            let locks = if sqlx {
+                let pool = sqlx::PgPool::connect(&s.url).await.unwrap();
+                Locks::builder()
+                    .sqlx_pool(pool)
+                    .namespace(&s.name)
+                    .build()
+                    .await
+                    .unwrap()
+            } else {
+                Locks::connect(&s.url).await.unwrap()
+            };
+            within(10, "lock", locks.lock(&name)).await.unwrap()
+        });
+        assert!(guard.is_held());
+        drop(first);
+        main.block_on(async {
+            // The session went with the runtime: another handle is granted the name.
+            let other = Locks::connect(&s.url).await.unwrap();
+            let g = within(
+                20,
+                "the name, once the first runtime is gone",
+                other.try_lock_for(&name, Duration::from_secs(15)),
+            )
+            .await
+            .unwrap();
+            assert!(g.is_some(), "sqlx={sqlx}: the server freed the lock");
+            assert!(
+                !guard.is_held(),
+                "sqlx={sqlx}: the old guard must not say it holds a lock another has"
+            );
+            let reason = within(5, "lost()", guard.lost()).await;
+            eprintln!("sqlx={sqlx}: lost: {reason}");
+            let r = within(5, "check()", guard.check()).await;
+            assert!(matches!(r, Err(Error::LockLost { .. })), "{r:?}");
+            drop(g);
+        });
+        drop(guard);
+    }
+}
+
+/// Item 6: cancelling `check` leaves the lock held, on every kind of connection alike.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelling_a_check_keeps_the_lock() {
+    let s = PgSchema::new("check_cancel").await;
+    let pool = sqlx::PgPool::connect(&s.url).await.unwrap();
+    let handles = [
+        ("pinned", Locks::connect(&s.url).await.unwrap()),
+        (
+            "sqlx",
+            Locks::builder()
+                .sqlx_pool(pool)
+                .namespace(&s.name)
+                .build()
+                .await
+                .unwrap(),
+        ),
+        (
+            "multiplexed",
+            Locks::builder()
+                .url(&s.url)
+                .scope(Scope::Session)
+                .multiplex(2)
+                .build()
+                .await
+                .unwrap(),
+        ),
+    ];
+    let other = Locks::connect(&s.url).await.unwrap();
+    for (kind, locks) in &handles {
+        let name = format!("checked-{kind}");
+        let mut g = within(10, "lock", locks.lock(&name)).await.unwrap();
+        for round in 0..5 {
+            // Polled once (the check is sent), then dropped before its reply.
+            let mut check = Box::pin(g.check());
+            let polled = futures_poll_once(check.as_mut()).await;
+            assert!(polled.is_none(), "{kind}: the check waits for the server");
+            drop(check);
+            assert!(
+                g.is_held(),
+                "{kind}, round {round}: still held after a cancelled check"
+            );
+            within(10, "check", g.check())
+                .await
+                .unwrap_or_else(|e| panic!("{kind}, round {round}: {e}"));
+            let r = within(10, "try_lock elsewhere", other.try_lock(&name))
+                .await
+                .unwrap();
+            assert!(r.is_none(), "{kind}, round {round}: nobody else gets it");
+        }
+        within(10, "release", g.release())
+            .await
+            .unwrap_or_else(|e| panic!("{kind}: {e}"));
+    }
+}
+
+/// Polls `f` once: `Some(output)` if it finished at once.
+async fn futures_poll_once<F: std::future::Future + Unpin>(mut f: F) -> Option<F::Output> {
+    std::future::poll_fn(|cx| {
+        std::task::Poll::Ready(match std::pin::Pin::new(&mut f).poll(cx) {
+            std::task::Poll::Ready(v) => Some(v),
+            std::task::Poll::Pending => None,
+        })
+    })
+    .await
+}
+
+/// Item 10: the default namespace does not depend on search_path or on which schemas
+/// exist: two processes of one database that name no namespace exclude each other.
+#[tokio::test]
+async fn handles_with_different_search_paths_key_a_name_alike() {
+    let a = PgSchema::new("sp_a").await;
+    let b = PgSchema::new("sp_b").await;
+    // Plain URLs: no dblock.namespace, only search_path differs (and with "$user", as
+    // by default, whether a schema named after the role exists).
+    let url_a = with_params(
+        &pg_url(),
+        &[("options", &format!("-c search_path={}", a.name))],
+    );
+    let url_b = with_params(
+        &pg_url(),
+        &[("options", &format!("-c search_path=\"$user\",{}", b.name))],
+    );
+    let la = within(10, "connect", Locks::connect(&url_a)).await.unwrap();
+    let lb = within(10, "connect", Locks::connect(&url_b)).await.unwrap();
+    assert_eq!(la.namespace(), dblock::DEFAULT_NAMESPACE);
+    assert_eq!(la.namespace(), lb.namespace());
+    // A name of this test's own in the shared default namespace.
+    let name = format!("{}-deploy", a.name);
+    let g = within(10, "lock", la.lock(&name)).await.unwrap();
+    let r = within(10, "try_lock", lb.try_lock(&name)).await.unwrap();
+    assert!(r.is_none(), "both handles mean the same lock");
+    drop(g);
+    let r = within(
+        10,
+        "try_lock",
+        lb.try_lock_for(&name, Duration::from_secs(5)),
+    )
+    .await
+    .unwrap();
+    assert!(r.is_some(), "control: free once released");
+
+    // The setting dblock.namespace names it explicitly, from the URL (or database/role).
+    let set = within(10, "connect", Locks::connect(&a.url)).await.unwrap();
+    assert_eq!(set.namespace(), a.name);
+    let url_ns = with_params(&pg_url(), &[("options", "-c dblock.namespace=billing")]);
+    let billing = within(10, "connect", Locks::connect(&url_ns))
+        .await
+        .unwrap();
+    assert_eq!(billing.namespace(), "billing");
+    // The builder's namespace wins over the setting.
+    let built = Locks::builder()
+        .url(&url_ns)
+        .namespace("other")
+        .build()
+        .await
+        .unwrap();
+    assert_eq!(built.namespace(), "other");
+}
