@@ -404,3 +404,120 @@ pub fn signal(pid: impl std::fmt::Display, sig: &str) {
         .unwrap_or(false);
     assert!(ok, "kill {sig} {pid}");
 }
+
+/// `base` (a `postgres://` URL) with its host and port replaced by `host:port`; user,
+/// password, database and parameters are kept. For routing a handle through a proxy.
+pub fn with_host_port(base: &str, host: &str, port: u16) -> String {
+    let Some(scheme_end) = base.find("://") else {
+        panic!("DATABASE_URL must be a postgres:// URL to route it elsewhere: {base}");
+    };
+    let start = scheme_end + 3;
+    let end = base[start..]
+        .find(['/', '?'])
+        .map_or(base.len(), |i| start + i);
+    let authority = &base[start..end];
+    let userinfo = match authority.rfind('@') {
+        Some(at) => &authority[..=at],
+        None => "",
+    };
+    format!("{}{userinfo}{host}:{port}{}", &base[..start], &base[end..])
+}
+
+/// The first TCP host and port of `url`, as the driver reads it.
+pub fn tcp_host_port(url: &str) -> (String, u16) {
+    let config: tokio_postgres::Config = url.parse().unwrap();
+    let host = match config.get_hosts().first() {
+        Some(tokio_postgres::config::Host::Tcp(h)) => h.clone(),
+        None => "localhost".to_string(),
+        #[allow(unreachable_patterns)]
+        Some(other) => panic!("a TCP host is needed to proxy {url}: {other:?}"),
+    };
+    let port = config.get_ports().first().copied().unwrap_or(5432);
+    (host, port)
+}
+
+/// A TCP proxy on 127.0.0.1 in front of a PostgreSQL server that can fall silent:
+/// after [`SilentProxy::silence`] it forwards nothing more in either direction and
+/// closes nothing, like a network partition that drops packets.
+pub struct SilentProxy {
+    pub port: u16,
+    silent: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    tasks: std::sync::Arc<std::sync::Mutex<Vec<tokio::task::AbortHandle>>>,
+}
+
+impl SilentProxy {
+    pub async fn start(target: (String, u16)) -> SilentProxy {
+        use std::sync::Arc;
+        use std::sync::atomic::AtomicBool;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let silent = Arc::new(AtomicBool::new(false));
+        let tasks: Arc<std::sync::Mutex<Vec<tokio::task::AbortHandle>>> = Arc::default();
+        let (s, t) = (silent.clone(), tasks.clone());
+        let accept = tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let Ok(server) = tokio::net::TcpStream::connect((target.0.as_str(), target.1)).await
+                else {
+                    continue;
+                };
+                let (cr, cw) = client.into_split();
+                let (sr, sw) = server.into_split();
+                for (r, w) in [(cr, sw), (sr, cw)] {
+                    let s = s.clone();
+                    let h = tokio::spawn(forward(r, w, s));
+                    t.lock().unwrap().push(h.abort_handle());
+                }
+            }
+        });
+        tasks.lock().unwrap().push(accept.abort_handle());
+        SilentProxy {
+            port,
+            silent,
+            tasks,
+        }
+    }
+
+    /// Stops forwarding, for good, without closing any connection.
+    pub fn silence(&self) {
+        self.silent.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+async fn forward(
+    mut r: tokio::net::tcp::OwnedReadHalf,
+    mut w: tokio::net::tcp::OwnedWriteHalf,
+    silent: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        if silent.load(std::sync::atomic::Ordering::SeqCst) {
+            break;
+        }
+        // Woken now and then to notice silence even with no traffic.
+        let n = match tokio::time::timeout(std::time::Duration::from_millis(20), r.read(&mut buf))
+            .await
+        {
+            Err(_) => continue,
+            Ok(Ok(0)) | Ok(Err(_)) => return,
+            Ok(Ok(n)) => n,
+        };
+        if silent.load(std::sync::atomic::Ordering::SeqCst) {
+            break;
+        }
+        if w.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
+    }
+    // Silent: hold both halves open, forwarding nothing, until the test ends.
+    std::future::pending::<()>().await;
+    drop((r, w));
+}
+
+impl Drop for SilentProxy {
+    fn drop(&mut self) {
+        for t in self.tasks.lock().unwrap().drain(..) {
+            t.abort();
+        }
+    }
+}
