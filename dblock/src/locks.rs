@@ -329,7 +329,8 @@ impl<'a> Request<'a> {
     ///
     /// A holder cut off from the server must learn that it lost the lock before the
     /// server can grant it to anyone else, so `lease` must be at least
-    /// `2 × check_interval + check_timeout + 0.5 s` (7.5 s with the defaults; see
+    /// `2 × check_interval + check_timeout`, plus a tenth of that (7.7 s with the
+    /// defaults; see
     /// [`Builder::check_interval`] and [`Builder::check_timeout`]); a shorter lease is
     /// refused with [`Error::Unsupported`]. Leases beyond the server's limit for its idle
     /// timeouts (2³¹ − 1 ms, about 24.8 days) are capped to it.

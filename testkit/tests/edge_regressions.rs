@@ -265,11 +265,16 @@ async fn cancelling_a_check_keeps_the_lock() {
     for (kind, locks) in &handles {
         let name = format!("checked-{kind}");
         let mut g = within(10, "lock", locks.lock(&name)).await.unwrap();
+        let mut cut_off = 0;
         for round in 0..5 {
             // Polled once (the check is sent), then dropped before its reply.
             let mut check = Box::pin(g.check());
-            let polled = futures_poll_once(check.as_mut()).await;
-            assert!(polled.is_none(), "{kind}: the check waits for the server");
+            match futures_poll_once(check.as_mut()).await {
+                None => cut_off += 1,
+                // Answered within the one poll (a fast server, another worker thread
+                // driving the connection): not a cancellation, but it must be an answer.
+                Some(r) => r.unwrap_or_else(|e| panic!("{kind}, round {round}: {e}")),
+            }
             drop(check);
             assert!(
                 g.is_held(),
@@ -283,6 +288,7 @@ async fn cancelling_a_check_keeps_the_lock() {
                 .unwrap();
             assert!(r.is_none(), "{kind}, round {round}: nobody else gets it");
         }
+        assert!(cut_off > 0, "{kind}: no check was cut off mid-way");
         within(10, "release", g.release())
             .await
             .unwrap_or_else(|e| panic!("{kind}: {e}"));

@@ -454,7 +454,13 @@ async fn a_paused_leader_is_replaced_within_its_lease_and_fenced_off() {
 async fn leadership_changes_are_observable() {
     use dblock::leader::{Election, Role};
     let s = PgSchema::new("observe").await;
-    let locks = s.locks().await;
+    // A 5 s lease needs checks that notice a silent connection sooner than the defaults.
+    let locks = dblock::Locks::builder()
+        .url(&s.url)
+        .check_timeout(Duration::from_secs(2))
+        .build()
+        .await
+        .unwrap();
     let e = Election::new(&locks, "obs").lease(Duration::from_secs(5));
     let mut w = e.watch();
     assert_eq!(*w.borrow(), Role::Follower);

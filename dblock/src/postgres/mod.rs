@@ -186,11 +186,12 @@ impl PgBackend {
             // two check intervals (a tick skipped behind a slow answer) plus the check
             // timeout after the last check that was answered was sent, and the server
             // idles the session no sooner than `lease` after that check.
-            let noticed = 2 * self.check_interval + self.check_timeout + LEASE_SLACK;
+            let worst = 2 * self.check_interval + self.check_timeout;
+            let noticed = worst + (worst / 10).max(LEASE_SLACK);
             if lease < noticed {
                 return Err(Error::Unsupported(format!(
                     "a lease ({lease:?}) must be at least twice the check interval plus the \
-                     check timeout, plus {LEASE_SLACK:?} ({noticed:?} here), so that a holder \
+                     check timeout, plus a tenth ({noticed:?} here), so that a holder \
                      cut off learns of the loss before the server can grant the lock to \
                      another; lengthen the lease or shorten check_interval/check_timeout"
                 )));
@@ -404,9 +405,9 @@ const BACKSTOP: Duration = Duration::from_secs(2);
 
 const LOCK_NOT_AVAILABLE: &str = "55P03";
 
-/// How much longer than the longest time to notice a silent connection a lease must be:
-/// room for scheduling delays on the client.
-const LEASE_SLACK: Duration = Duration::from_millis(500);
+/// The least room, beyond the longest time to notice a silent connection, that a lease
+/// must leave for scheduling delays on the client (a tenth of that time if more).
+const LEASE_SLACK: Duration = Duration::from_millis(50);
 
 /// The longest `lock_timeout`, `idle_in_transaction_session_timeout` or
 /// `idle_session_timeout` the server accepts, in milliseconds (2³¹ − 1: about 24.8 days).
