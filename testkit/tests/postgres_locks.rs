@@ -202,7 +202,7 @@ async fn a_release_carried_by_the_next_request_still_goes_first() {
             0 => r,
             1 => r.scope(Scope::Session),
             2 => r.scope(Scope::Session).shared(),
-            _ => r.scope(Scope::Session).lease(Duration::from_secs(2)),
+            _ => r.scope(Scope::Session).lease(Duration::from_secs(10)),
         }
         .lock()
     };
@@ -313,7 +313,8 @@ async fn a_held_lock_holds_no_snapshot_even_when_its_transaction_is_chained() {
             (
                 "options",
                 &format!(
-                    "-c search_path={} -c default_transaction_isolation=serializable",
+                    "-c search_path={0} -c dblock.namespace={0} \
+                     -c default_transaction_isolation=serializable",
                     s.name
                 ),
             ),
@@ -765,10 +766,16 @@ async fn an_exhausted_pool_is_a_typed_timeout() {
         .unwrap();
     let g = locks.lock("a").await.unwrap();
     let t = Instant::now();
-    let r = locks.try_lock("b").await;
+    let r = locks.lock("b").await;
     assert!(matches!(r, Err(Error::Timeout { .. })), "{r:?}");
     assert!(r.unwrap_err().is_connection());
     assert!(t.elapsed() >= Duration::from_millis(200));
+    // A request with a deadline of its own waits no longer than that for a connection
+    // either: a try not at all.
+    let t = Instant::now();
+    let r = locks.try_lock("b").await;
+    assert!(matches!(r, Err(Error::Timeout { .. })), "{r:?}");
+    assert!(t.elapsed() < Duration::from_millis(200), "{:?}", t.elapsed());
     drop(g);
     assert!(
         eventually(5, &mut || async {
