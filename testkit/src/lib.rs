@@ -456,7 +456,8 @@ impl SilentProxy {
         let (s, t) = (silent.clone(), tasks.clone());
         let accept = tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
-                let Ok(server) = tokio::net::TcpStream::connect((target.0.as_str(), target.1)).await
+                let Ok(server) =
+                    tokio::net::TcpStream::connect((target.0.as_str(), target.1)).await
                 else {
                     continue;
                 };

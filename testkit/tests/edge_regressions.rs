@@ -386,7 +386,10 @@ async fn silent_holder_race(
         .await
         .unwrap();
     let granted = tokio::time::Instant::now() - silent_at;
-    let learned = within(60, "the silent holder's lost()", lost).await.unwrap() - silent_at;
+    let learned = within(60, "the silent holder's lost()", lost)
+        .await
+        .unwrap()
+        - silent_at;
     drop(g);
     drop(guard);
     (learned, granted)
@@ -487,4 +490,131 @@ async fn a_silent_holder_learns_of_the_loss_before_anyone_else_is_granted_the_lo
         learned > granted,
         "control: the detector must see a holder that learns late ({learned:?} vs {granted:?})"
     );
+}
+
+const WORKER: &str = env!("CARGO_BIN_EXE_dblock-worker");
+
+/// Waits (bounded) until `n` sessions wait for advisory key `key` in database `db`.
+async fn until_waiting(admin: &tokio_postgres::Client, key: dblock::Key, n: usize) {
+    let (classid, objid) = key.pg_locks_ids();
+    let waiting = || async {
+        let rows = admin
+            .query(
+                "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND NOT granted \
+                 AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
+                 AND classid = $1::int8::oid AND objid = $2::int8::oid AND objsubid = 1",
+                &[&(classid as i64), &(objid as i64)],
+            )
+            .await
+            .unwrap();
+        rows.len() == n
+    };
+    let mut waiting = waiting;
+    assert!(
+        dblock_testkit::eventually(20, &mut waiting).await,
+        "{n} waiters queued on the server"
+    );
+}
+
+/// Item 9: a process holds `startup` and migrates with CREATE INDEX CONCURRENTLY while
+/// four other processes wait for `startup`. The waiters must not hold the index build
+/// up for good (they used to: each blocked inside pg_advisory_xact_lock holds a snapshot
+/// the build waits for, while they wait for the lock its process holds). Control: the
+/// same with four plain `SELECT pg_advisory_lock` waiters deadlocks until cancelled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cic_migration_under_a_lock_that_others_wait_for_finishes() {
+    let db = PgDatabase::new("cic").await;
+    let admin = db.admin().await;
+    admin
+        .batch_execute(
+            "CREATE TABLE notes (id int, x int); \
+             INSERT INTO notes SELECT g, g FROM generate_series(1, 1000) g",
+        )
+        .await
+        .unwrap();
+    let locks = within(10, "connect", Locks::connect(&db.url))
+        .await
+        .unwrap();
+    let key = locks.key("startup").unwrap();
+
+    // Control: plain waiters (no dblock) deadlock the index build, until it is cut off.
+    let startup = within(10, "startup", locks.lock("startup")).await.unwrap();
+    let mut plain = Vec::new();
+    for _ in 0..4 {
+        let c = dblock_testkit::admin_connect(&db.url).await;
+        let wait = tokio::spawn(async move {
+            let r = c
+                .batch_execute(&format!("SELECT pg_advisory_lock({})", key.as_i64()))
+                .await;
+            drop(c);
+            r
+        });
+        plain.push(wait);
+    }
+    until_waiting(&admin, key, 4).await;
+    let builder = dblock_testkit::admin_connect(&db.url).await;
+    builder
+        .batch_execute("SET statement_timeout = '6s'")
+        .await
+        .unwrap();
+    let r = within(
+        30,
+        "the control's index build",
+        builder.batch_execute("CREATE INDEX CONCURRENTLY notes_ctrl ON notes (x)"),
+    )
+    .await;
+    let code = r.as_ref().err().and_then(|e| e.code()).cloned();
+    assert_eq!(
+        code,
+        Some(tokio_postgres::error::SqlState::QUERY_CANCELED),
+        "control: with plain waiters the build waits for them until cut off: {r:?}"
+    );
+    drop(startup);
+    for w in plain {
+        within(10, "a plain waiter", w).await.unwrap().unwrap();
+    }
+    admin
+        .batch_execute("DROP INDEX IF EXISTS notes_ctrl")
+        .await
+        .unwrap();
+
+    // The scenario: dblock's waiters, in processes of their own.
+    let startup = within(10, "startup", locks.lock("startup")).await.unwrap();
+    let mut waiters = Vec::new();
+    for _ in 0..4 {
+        let child = tokio::process::Command::new(WORKER)
+            .args(["wait", &db.url, "startup"])
+            .stdout(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        waiters.push(child);
+    }
+    until_waiting(&admin, key, 4).await;
+    let dir = dblock_testkit::migrations::MigrationDir::new(&[(
+        "0001_index_x.sql",
+        "-- dblock:no-transaction\nCREATE INDEX CONCURRENTLY notes_x ON notes (x);\n",
+    )]);
+    let set = dir.set();
+    let started = std::time::Instant::now();
+    let report = match timeout(Duration::from_secs(30), set.run(&locks)).await {
+        Ok(r) => r.unwrap(),
+        Err(_) => panic!(
+            "the CIC migration is still waiting after 30 s for the snapshots of the \
+             processes waiting for the lock its own process holds"
+        ),
+    };
+    eprintln!(
+        "CIC migration under a held lock with 4 waiting processes: {:?}",
+        started.elapsed()
+    );
+    assert_eq!(report.applied.len(), 1);
+    drop(startup);
+    for w in waiters {
+        let out = within(20, "a waiting process", w.wait_with_output())
+            .await
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "acquired");
+    }
 }

@@ -775,7 +775,11 @@ async fn an_exhausted_pool_is_a_typed_timeout() {
     let t = Instant::now();
     let r = locks.try_lock("b").await;
     assert!(matches!(r, Err(Error::Timeout { .. })), "{r:?}");
-    assert!(t.elapsed() < Duration::from_millis(200), "{:?}", t.elapsed());
+    assert!(
+        t.elapsed() < Duration::from_millis(200),
+        "{:?}",
+        t.elapsed()
+    );
     drop(g);
     assert!(
         eventually(5, &mut || async {

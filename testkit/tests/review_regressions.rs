@@ -83,7 +83,10 @@ async fn a_cancelled_check_keeps_the_lock() {
     }
     assert!(g.is_held(), "the lock survives a cancelled check");
     let other = s.locks().await;
-    assert!(other.try_lock("y").await.unwrap().is_none(), "and is still held");
+    assert!(
+        other.try_lock("y").await.unwrap().is_none(),
+        "and is still held"
+    );
     tokio::time::timeout(Duration::from_secs(10), g.check())
         .await
         .expect("a check answers")
