@@ -356,7 +356,8 @@ impl<'a> Request<'a> {
     pub async fn lock(self) -> Result<LockGuard, Error> {
         match self.acquire(Wait::Forever).await? {
             Some(guard) => Ok(guard),
-            // A server-side lock_timeout configured by an administrator ended the wait.
+            // Not expected: dblock sets lock_timeout for each slice of the wait and asks
+            // again when it ends; kept for a server that answers otherwise.
             None => Err(Error::Timeout {
                 waiting_for: crate::error::SERVER_LOCK_TIMEOUT,
                 after: None,
