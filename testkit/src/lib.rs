@@ -24,8 +24,31 @@ pub fn pg_url() -> String {
         .unwrap_or_else(|| "postgres://postgres@127.0.0.1:5432/test".to_string())
 }
 
+/// A backstop for awaits a test forgot to bound: the first use of the testkit in a test
+/// binary starts a thread that ends the process, failing it, once the binary has run for
+/// `DBLOCK_TEST_WATCHDOG_SECS` (900 unless set) — a hang fails CI instead of stalling it.
+/// Tests still bound their own awaits; this only catches what they miss.
+pub fn watchdog() {
+    static START: std::sync::Once = std::sync::Once::new();
+    START.call_once(|| {
+        let secs = std::env::var("DBLOCK_TEST_WATCHDOG_SECS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(900u64);
+        std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_secs(secs));
+            eprintln!(
+                "dblock-testkit watchdog: this test binary is still running after {secs} s; \
+                 a test hangs (an unbounded await?)"
+            );
+            std::process::exit(101);
+        });
+    });
+}
+
 /// Connects as the tests' administrator, failing loudly when the server is missing.
 pub async fn admin_connect(url: &str) -> Client {
+    watchdog();
     let (client, conn) = match tokio_postgres::connect(url, NoTls).await {
         Ok(c) => c,
         Err(e) => panic!(
@@ -75,6 +98,8 @@ pub struct PgSchema {
     pub app: String,
     admin: Client,
     base: String,
+    /// The database of the schema's own, if it has one (dropped after the schema).
+    _db: Option<PgDatabase>,
 }
 
 impl PgSchema {
@@ -106,7 +131,18 @@ impl PgSchema {
             app,
             admin,
             base: base.to_string(),
+            _db: None,
         }
+    }
+
+    /// A schema in a database of its own ([`PgDatabase`]): for tests that take the
+    /// database-wide migration lock, so that tests running in parallel never wait for
+    /// each other's migrations or see each other's sessions holding it.
+    pub async fn own_database(tag: &str) -> PgSchema {
+        let db = PgDatabase::new(tag).await;
+        let mut s = PgSchema::on(&with_database(&pg_url(), &db.name), tag).await;
+        s._db = Some(db);
+        s
     }
 
     pub fn admin(&self) -> &Client {
@@ -348,6 +384,7 @@ pub struct SqliteDb {
 
 impl SqliteDb {
     pub fn new() -> SqliteDb {
+        watchdog();
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("locks.db");
         let url = format!("sqlite:{}", path.display());
@@ -521,4 +558,27 @@ impl Drop for SilentProxy {
             t.abort();
         }
     }
+}
+
+/// `base` (a `postgres://` URL) connecting as `user` (no password) instead of its own
+/// user; host, port, database and parameters are kept.
+pub fn with_user(base: &str, user: &str) -> String {
+    let Some(scheme_end) = base.find("://") else {
+        panic!("DATABASE_URL must be a postgres:// URL to connect as another role: {base}");
+    };
+    let start = scheme_end + 3;
+    let end = base[start..]
+        .find(['/', '?'])
+        .map_or(base.len(), |i| start + i);
+    let authority = &base[start..end];
+    let hostport = match authority.rfind('@') {
+        Some(at) => &authority[at + 1..],
+        None => authority,
+    };
+    format!(
+        "{}{}@{hostport}{}",
+        &base[..start],
+        percent_encode(user),
+        &base[end..]
+    )
 }

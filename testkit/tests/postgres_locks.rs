@@ -128,7 +128,13 @@ async fn a_deadline_gives_up_and_stops_waiting_on_the_server() {
                     .await
             })
         };
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        // Queued on the server before the holder lets go (observed, not slept for).
+        let key = g.key();
+        assert!(
+            s.eventually(10, || async { s.advisory(key).await.iter().any(|r| !r.2) })
+                .await,
+            "{scope:?}: the waiter queues"
+        );
         drop(g);
         assert!(waiter.await.unwrap().unwrap().is_some(), "{scope:?}");
     }
@@ -161,7 +167,12 @@ async fn dropping_a_guard_releases_without_further_use_of_its_handle() {
         let g = a.request("d").scope(scope).lock().await.unwrap();
         let waiter =
             tokio::spawn(async move { b.request("d").scope(scope).lock().await.map(drop) });
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        let key = g.key();
+        assert!(
+            s.eventually(10, || async { s.advisory(key).await.iter().any(|r| !r.2) })
+                .await,
+            "{scope:?}: the waiter queues"
+        );
         let dropped = Instant::now();
         drop(g);
         let r = tokio::time::timeout(Duration::from_secs(5), waiter).await;
@@ -183,9 +194,12 @@ async fn dropping_a_guard_releases_without_further_use_of_its_handle() {
 #[tokio::test(flavor = "current_thread")]
 async fn a_release_carried_by_the_next_request_still_goes_first() {
     let s = PgSchema::new("carried").await;
+    // Checks quick enough for a 2 s lease (see Request::lease).
     let locks = Locks::builder()
         .url(&s.url)
         .max_connections(1)
+        .check_interval(Duration::from_millis(200))
+        .check_timeout(Duration::from_secs(1))
         .build()
         .await
         .unwrap();
@@ -202,7 +216,7 @@ async fn a_release_carried_by_the_next_request_still_goes_first() {
             0 => r,
             1 => r.scope(Scope::Session),
             2 => r.scope(Scope::Session).shared(),
-            _ => r.scope(Scope::Session).lease(Duration::from_secs(10)),
+            _ => r.scope(Scope::Session).lease(Duration::from_secs(2)),
         }
         .lock()
     };
@@ -583,7 +597,8 @@ async fn an_unreachable_server_is_a_connect_error() {
         Err(e @ Error::Connect { .. }) => assert!(e.is_connection()),
         other => panic!("{other:?}"),
     }
-    let r = Locks::connect("postgres://postgres@127.0.0.1:5432/no_such_database_here").await;
+    let missing = dblock_testkit::with_database(&dblock_testkit::pg_url(), "no_such_database_here");
+    let r = Locks::connect(&missing).await;
     assert!(matches!(r, Err(Error::Connect { .. })), "{r:?}");
     for bad in [
         "mysql://root@localhost/x",
@@ -680,7 +695,8 @@ async fn a_full_lock_table_is_a_typed_error() {
             Key::new("public", &format!("k{i}")).unwrap(),
             Mode::Exclusive,
         )
-        .await {
+        .await
+        {
             err = Some((i, e));
             break;
         }
@@ -720,7 +736,12 @@ async fn a_handle_on_a_sqlx_pool_keeps_the_same_semantics() {
         let other = s.locks().await;
         let g = locks.lock("d").await.unwrap();
         let waiter = tokio::spawn(async move { other.lock("d").await.map(drop) });
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        let key = g.key();
+        assert!(
+            s.eventually(10, || async { s.advisory(key).await.iter().any(|r| !r.2) })
+                .await,
+            "{scope:?}: the waiter queues"
+        );
         drop(g);
         let r = tokio::time::timeout(Duration::from_secs(5), waiter).await;
         assert!(matches!(r, Ok(Ok(Ok(())))), "{scope:?}: {r:?}");

@@ -156,11 +156,12 @@ async fn a_server_lock_timeout_is_a_lock_wait_timeout() {
     // A role whose sessions have lock_timeout set, as an administrator might.
     let role = format!("r_{}", s.name);
     admin.batch_execute(&format!("CREATE ROLE \"{role}\" LOGIN; ALTER ROLE \"{role}\" SET lock_timeout = '200ms'; GRANT ALL ON SCHEMA \"{}\" TO \"{role}\"", s.name)).await.unwrap();
-    let url = s
-        .url
-        .replacen("postgres://postgres@", &format!("postgres://{role}@"), 1);
+    // The role put into the URL structurally, whoever DATABASE_URL's user is.
+    let url = dblock_testkit::with_user(&s.url, &role);
     let waiter = Locks::connect(&url).await.unwrap();
-    let r = waiter.lock("t").await;
+    let r = tokio::time::timeout(Duration::from_secs(10), waiter.lock("t"))
+        .await
+        .expect("the role's lock_timeout ends the wait");
     let e = r.unwrap_err();
     assert!(e.is_lock_wait_timeout(), "{e:?}");
     drop(waiter);

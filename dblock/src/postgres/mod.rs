@@ -90,6 +90,10 @@ pub(crate) struct PgBackend {
     pub(crate) schema: Option<String>,
     /// Set once the fencing table is known to exist: its qualified name.
     fence_ready: tokio::sync::OnceCell<Arc<str>>,
+    /// The sessions' own `lock_timeout` (an administrator's, for the role or database),
+    /// read when the handle was built: it still ends a wait without a deadline, which
+    /// dblock runs in slices of its own `lock_timeout` (see [`WAIT_SLICE_MS`]).
+    server_lock_timeout: Option<Duration>,
 }
 
 impl PgBackend {
@@ -148,7 +152,9 @@ impl PgBackend {
             .conn()
             .query(&format!(
                 "SELECT current_schema(); SELECT current_setting('server_version_num'); \
-                 SELECT current_setting('{}', true)",
+                 SELECT current_setting('{}', true); \
+                 SELECT (extract(epoch FROM current_setting('lock_timeout')::interval) \
+                 * 1000)::bigint",
                 crate::NAMESPACE_SETTING
             ))
             .await
@@ -173,6 +179,10 @@ impl PgBackend {
                 check_timeout: opts.check_timeout,
                 schema,
                 fence_ready: tokio::sync::OnceCell::new(),
+                server_lock_timeout: first_value(&rows, 3)
+                    .and_then(|ms| ms.parse::<u64>().ok())
+                    .filter(|&ms| ms > 0)
+                    .map(Duration::from_millis),
             },
             namespace,
         ))
@@ -215,6 +225,20 @@ impl PgBackend {
                 mux::Attempt::NotFree | mux::Attempt::HeldHere => {}
             }
         }
+        // A wait without a deadline ends where the server's own lock_timeout would have
+        // ended it, had dblock not replaced that with its slices.
+        let server_bound;
+        let req = match (req.wait, self.server_lock_timeout) {
+            (Wait::Forever, Some(t)) => {
+                let mut r = req.clone();
+                r.wait = Instant::now()
+                    .checked_add(t)
+                    .map_or(Wait::Forever, Wait::Until);
+                server_bound = r;
+                &server_bound
+            }
+            _ => req,
+        };
         let deadline = req.wait.deadline();
         // A wait longer than one slice goes round again (see WAIT_SLICE_MS).
         loop {
