@@ -380,10 +380,14 @@ impl<'a> Request<'a> {
 
     /// Waits at most `timeout`; `Ok(None)` if the lock was not granted in time. The wait
     /// ends on the server too (PostgreSQL's `lock_timeout`), not only in this process.
+    /// Every other wait dblock makes for the request ends by then as well: for a pooled
+    /// connection, and for the migration lock under which a fenced request's first use
+    /// creates the fencing table.
     ///
     /// # Errors
     ///
-    /// As [`Locks::lock`].
+    /// As [`Locks::lock`]; [`Error::Timeout`] when the deadline passed in one of those
+    /// other waits.
     ///
     /// # Cancel safety
     ///
@@ -503,8 +507,10 @@ impl Builder {
     /// How long a request waits for one of dblock's connections to come free when all
     /// [`max_connections`](Builder::max_connections) are in use: 30 seconds unless set,
     /// then [`Error::Timeout`]. This bounds the wait for a *connection*; the wait for the
-    /// lock itself is the request's (see [`Request::try_lock_for`]). A handle on an sqlx
-    /// pool uses that pool's `acquire_timeout` instead.
+    /// lock itself is the request's (see [`Request::try_lock_for`]), and a request with a
+    /// deadline of its own waits for a connection no longer than that either (a
+    /// `try_lock` not at all). A handle on an sqlx pool uses that pool's
+    /// `acquire_timeout` instead.
     pub fn acquire_timeout(mut self, timeout: Duration) -> Self {
         self.acquire_timeout = timeout;
         self
