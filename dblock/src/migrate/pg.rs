@@ -133,17 +133,15 @@ pub(crate) async fn wait_for_lock(
             return Ok(());
         }
         let mut next = tokio::time::Instant::now() + pause;
-        if let Some(d) = deadline {
-            if next > d {
-                if tokio::time::Instant::now() >= d {
-                    return Err(Error::Timeout {
-                        waiting_for: "the migration lock (dblock creates its fencing table under it)",
-                        after: Some(started.elapsed()),
-                    });
-                }
-                // One last try at the deadline.
-                next = d;
+        if let Some(d) = deadline.filter(|&d| next > d) {
+            if tokio::time::Instant::now() >= d {
+                return Err(Error::Timeout {
+                    waiting_for: "the migration lock (dblock creates its fencing table under it)",
+                    after: Some(started.elapsed()),
+                });
             }
+            // One last try at the deadline.
+            next = d;
         }
         tokio::time::sleep_until(next).await;
         pause = (pause * 2).min(POLL_MAX);
