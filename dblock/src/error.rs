@@ -259,6 +259,12 @@ pub enum WaitingFor {
     PoolConnection,
     /// A connection from the caller's sqlx pool (its `acquire_timeout`).
     SqlxPoolConnection,
+    /// The fencing table to be created (under the migration lock), within a fenced
+    /// request's deadline.
+    FencingTable,
+    /// The migration lock, under which dblock creates its fencing table, within a
+    /// fenced request's deadline.
+    MigrationLock,
 }
 
 impl WaitingFor {
@@ -268,6 +274,15 @@ impl WaitingFor {
         matches!(
             self,
             WaitingFor::LockServerLockTimeout | WaitingFor::LockServerStatementTimeout
+        )
+    }
+
+    /// Whether the wait was for the database or a connection to it (it stopped
+    /// answering, or every connection was in use).
+    pub fn is_connection(self) -> bool {
+        matches!(
+            self,
+            WaitingFor::ServerReply | WaitingFor::PoolConnection | WaitingFor::SqlxPoolConnection
         )
     }
 }
@@ -286,6 +301,10 @@ impl fmt::Display for WaitingFor {
                 "a free connection in dblock's pool (raise max_connections)"
             }
             WaitingFor::SqlxPoolConnection => "a connection from the sqlx pool",
+            WaitingFor::FencingTable => "the fencing table to be created",
+            WaitingFor::MigrationLock => {
+                "the migration lock (dblock creates its fencing table under it)"
+            }
         })
     }
 }
@@ -340,7 +359,7 @@ impl Error {
     pub fn is_connection(&self) -> bool {
         match self {
             Error::MigrationFailed { source, .. } => source.is_connection(),
-            Error::Timeout { waiting_for, .. } => !waiting_for.is_lock(),
+            Error::Timeout { waiting_for, .. } => waiting_for.is_connection(),
             _ => matches!(self, Error::Connect { .. } | Error::ConnectionLost { .. }),
         }
     }
@@ -451,6 +470,8 @@ mod tests {
             (WaitingFor::ServerReply, false, true),
             (WaitingFor::PoolConnection, false, true),
             (WaitingFor::SqlxPoolConnection, false, true),
+            (WaitingFor::FencingTable, false, false),
+            (WaitingFor::MigrationLock, false, false),
         ] {
             let e = Error::Timeout {
                 waiting_for: w,

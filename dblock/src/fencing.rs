@@ -13,8 +13,9 @@
 //! Every fenced grant of a name then carries a token strictly greater than every earlier
 //! fenced grant's token for that name — across processes, clients, and restarts of the server
 //! or of every client. The latest token of each name is a row of the table
-//! [`TABLE`] (`dblock_fencing`, created on first use in the schema in use on PostgreSQL,
-//! in the database file on SQLite), incremented *while the lock is held* and committed
+//! [`TABLE`] (`dblock_fencing`, created on first use in the schema [`PG_SCHEMA`] on
+//! PostgreSQL whatever the handle's `search_path`, since a key is one per database; in
+//! the database file on SQLite), incremented *while the lock is held* and committed
 //! before the grant is returned: on PostgreSQL in the same round trip as the
 //! acquisition, with a session lock bridging the commit so no other holder can come
 //! between the increment and the grant.
@@ -166,5 +167,17 @@ impl Fence {
     }
 }
 
-/// The table, in the schema in use, that keeps the latest token of every fenced name.
+/// The table that keeps the latest token of every fenced name: on PostgreSQL in the
+/// schema [`PG_SCHEMA`], in the database file on SQLite.
 pub const TABLE: &str = crate::raw::FENCING_TABLE;
+
+/// The schema of the PostgreSQL fencing table, whatever the handle's `search_path`:
+/// `public`.
+///
+/// A lock's key is one per (namespace, name) in the whole database, so its token must
+/// be too: a table in each handle's schema would keep one counter per schema, and a
+/// stale holder's token would pass the check against its own. dblock 0.x before this
+/// kept the table in the schema in use; when the table in `public` is created, the
+/// latest token of every key in any older `dblock_fencing` table the role can read is
+/// carried over, so tokens never go back on upgrade.
+pub const PG_SCHEMA: &str = crate::raw::PG_FENCING_SCHEMA;

@@ -213,8 +213,13 @@ pub(crate) trait BenchFloor: Send + Sync {
     ) -> BoxFuture<'static, Result<Duration, Error>>;
 }
 
-/// The table, in the schema in use, that keeps the latest token of every fenced name.
+/// The table that keeps the latest token of every fenced name (see
+/// [`fencing::TABLE`](crate::fencing::TABLE)).
 pub(crate) const FENCING_TABLE: &str = "dblock_fencing";
+
+/// The schema of the PostgreSQL fencing table (see
+/// [`fencing::PG_SCHEMA`](crate::fencing::PG_SCHEMA)).
+pub(crate) const PG_FENCING_SCHEMA: &str = "public";
 
 /// This process, as recorded beside each fenced grant: `host:pid`.
 pub(crate) fn holder_id() -> &'static str {

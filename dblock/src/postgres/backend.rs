@@ -4,6 +4,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use super::conn::{Armed, Conn};
 use super::held::Pinned;
 use super::mux;
@@ -13,6 +15,7 @@ use super::sql::first_value;
 use super::sqlx_conn::SqlxSource;
 use super::wire::QueryError;
 use crate::error::{Error, WaitingFor};
+use crate::key::{DEFAULT_NAMESPACE, NAMESPACE_SETTING};
 use crate::raw::{
     BenchFloor, BoxFuture, FencingStore, Grant, MigrationTarget, Options, RawLocks, Req, Scope,
     Wait,
@@ -28,10 +31,16 @@ pub(super) enum Source {
 
 impl Source {
     /// A connection. Waiting for one (all in use) is bounded by the pool's acquire
-    /// timeout, not by the lock's deadline.
+    /// timeout.
     pub(super) async fn get(&self) -> Result<Conn, Error> {
+        self.get_until(None).await
+    }
+
+    /// A connection for a lock request: on dblock's own pool the wait for one to come
+    /// free ends at the request's deadline too (an sqlx pool keeps its own bound).
+    pub(super) async fn get_until(&self, deadline: Option<Instant>) -> Result<Conn, Error> {
         match self {
-            Source::Native(p) => p.get().await.map(Conn::Native),
+            Source::Native(p) => p.get_until(deadline).await.map(Conn::Native),
             Source::Sqlx(p) => p.get().await.map(Conn::Sqlx),
         }
     }
@@ -56,11 +65,16 @@ pub(crate) struct PgBackend {
     pub(crate) schema: Option<String>,
     /// Set once the fencing table is known to exist: its qualified name.
     pub(super) fence_ready: tokio::sync::OnceCell<Arc<str>>,
+    /// The sessions' own `lock_timeout` (an administrator's, for the role or database),
+    /// read when the handle was built: it still ends a wait without a deadline, which
+    /// dblock runs in slices of its own `lock_timeout` (see [`WAIT_SLICE_MS`](super::plan::WAIT_SLICE_MS)).
+    server_lock_timeout: Option<Duration>,
 }
 
 impl PgBackend {
     /// Connects once (so a bad URL or an unreachable server fails here, not at the first
-    /// lock) and reads the schema in use, the default namespace.
+    /// lock) and reads the schema in use and the default namespace
+    /// ([`NAMESPACE_SETTING`](crate::NAMESPACE_SETTING), else [`DEFAULT_NAMESPACE`](crate::DEFAULT_NAMESPACE)).
     pub(crate) async fn open(
         config: tokio_postgres::Config,
         shown: String,
@@ -111,7 +125,13 @@ impl PgBackend {
         let armed = Armed::new(source.get().await?);
         let rows = armed
             .conn()
-            .query("SELECT current_schema(); SELECT current_setting('server_version_num')")
+            .query(&format!(
+                "SELECT current_schema(); SELECT current_setting('server_version_num'); \
+                 SELECT current_setting('{}', true); \
+                 SELECT (extract(epoch FROM current_setting('lock_timeout')::interval) \
+                 * 1000)::bigint",
+                NAMESPACE_SETTING
+            ))
             .await
             .map_err(QueryError::into_error)?;
         armed.disarm().recycle();
@@ -119,16 +139,11 @@ impl PgBackend {
         let version: u32 = first_value(&rows, 1)
             .and_then(|v| v.parse().ok())
             .unwrap_or(0);
-        let namespace = match &schema {
-            Some(s) => s.clone(),
-            None => {
-                return Err(Error::InvalidNamespace {
-                    namespace: String::new(),
-                    reason: "no schema of the search_path exists, so there is no default \
-                             namespace; set one with Builder::namespace or fix search_path",
-                });
-            }
-        };
+        // Never the schema in use: that depends on search_path and on which of its
+        // schemas exist, so two processes meaning one lock could key it differently.
+        let namespace = first_value(&rows, 2)
+            .filter(|ns| !ns.is_empty())
+            .unwrap_or_else(|| DEFAULT_NAMESPACE.to_string());
         Ok((
             PgBackend {
                 source,
@@ -139,6 +154,10 @@ impl PgBackend {
                 check_timeout: opts.check_timeout,
                 schema,
                 fence_ready: tokio::sync::OnceCell::new(),
+                server_lock_timeout: first_value(&rows, 3)
+                    .and_then(|ms| ms.parse::<u64>().ok())
+                    .filter(|&ms| ms > 0)
+                    .map(Duration::from_millis),
             },
             namespace,
         ))
@@ -147,10 +166,19 @@ impl PgBackend {
     /// Takes a lock as `req` says: one round trip on a pinned connection.
     async fn acquire(&self, req: &Req<'_>) -> Result<Option<Grant>, Error> {
         if let Some(lease) = req.lease {
-            if lease < 2 * self.check_interval {
+            // The holder must learn of a loss before the server can end its session and
+            // grant the lock to another: a silent connection is declared lost at most
+            // two check intervals (a tick skipped behind a slow answer) plus the check
+            // timeout after the last check that was answered was sent, and the server
+            // idles the session no sooner than `lease` after that check.
+            let worst = 2 * self.check_interval + self.check_timeout;
+            let noticed = worst + (worst / 10).max(LEASE_SLACK);
+            if lease < noticed {
                 return Err(Error::Unsupported(format!(
-                    "a lease ({lease:?}) must be at least twice the check interval ({:?})",
-                    self.check_interval
+                    "a lease ({lease:?}) must be at least twice the check interval plus the \
+                     check timeout, plus a tenth ({noticed:?} here), so that a holder \
+                     cut off learns of the loss before the server can grant the lock to \
+                     another; lengthen the lease or shorten check_interval/check_timeout"
                 )));
             }
             if req.scope == Scope::Session && self.version < 140_000 {
@@ -161,7 +189,7 @@ impl PgBackend {
             }
         }
         let fence_table = match req.fenced {
-            true => Some(self.fence_table().await?.clone()),
+            true => Some(self.fence_table_until(req.wait.deadline()).await?.clone()),
             false => None,
         };
         if let Some(mux) = self.mux.as_ref().filter(|_| mux::Mux::applies(req)) {
@@ -172,70 +200,98 @@ impl PgBackend {
                 mux::Attempt::NotFree | mux::Attempt::HeldHere => {}
             }
         }
+        // A wait without a deadline ends where the server's own lock_timeout would have
+        // ended it, had dblock not replaced that with its slices.
+        let server_bound;
+        let req = match (req.wait, self.server_lock_timeout) {
+            (Wait::Forever, Some(t)) => {
+                let mut r = req.clone();
+                r.wait = Instant::now()
+                    .checked_add(t)
+                    .map_or(Wait::Forever, Wait::Until);
+                server_bound = r;
+                &server_bound
+            }
+            _ => req,
+        };
         let deadline = req.wait.deadline();
-        let conn = self.source.get().await?;
-        let plan = Plan::new(
-            req,
-            fence_table.as_deref(),
-            self.check_disconnect,
-            self.version >= 120_000,
-        );
-        let armed = Armed::new(conn);
-        let result = match deadline {
-            // The server ends the wait (lock_timeout); the client-side bound is a
-            // backstop for a server that stops answering.
-            Some(d) => {
-                let request = armed.conn().lock_query(&plan.sql, plan.wanted());
-                match tokio::time::timeout_at(d + BACKSTOP, request).await {
-                    Ok(r) => r,
-                    Err(_) => {
-                        drop(armed); // abandons: cancels on the server, closes
-                        return Err(Error::Timeout {
-                            waiting_for: WaitingFor::ServerReply,
-                            after: Some(BACKSTOP),
-                        });
+        // A wait longer than one slice goes round again (see WAIT_SLICE_MS).
+        loop {
+            let conn = self.source.get_until(deadline).await?;
+            let plan = Plan::new(
+                req,
+                fence_table.as_deref(),
+                self.check_disconnect,
+                self.version >= 120_000,
+            );
+            let armed = Armed::new(conn);
+            let result = match deadline {
+                // The server ends the wait (lock_timeout); the client-side bound is a
+                // backstop for a server that stops answering.
+                Some(d) => {
+                    let request = armed.conn().lock_query(&plan.sql, plan.wanted());
+                    match tokio::time::timeout_at(d + BACKSTOP, request).await {
+                        Ok(r) => r,
+                        Err(_) => {
+                            drop(armed); // abandons: cancels on the server, closes
+                            return Err(Error::Timeout {
+                                waiting_for: WaitingFor::ServerReply,
+                                after: Some(BACKSTOP),
+                            });
+                        }
                     }
                 }
-            }
-            None => armed.conn().lock_query(&plan.sql, plan.wanted()).await,
-        };
-        let conn = armed.disarm();
-        match result {
-            Ok(firsts) => match plan.outcome(&firsts) {
-                Some(token) => {
-                    conn.link().set_holding(true);
-                    Ok(Some(Grant {
-                        held: Box::new(Pinned::new(conn, req, self.check_timeout)),
-                        fence: token.zip(fence_table),
-                    }))
-                }
-                None => {
-                    plan.clean_up(&conn, false);
+                None => armed.conn().lock_query(&plan.sql, plan.wanted()).await,
+            };
+            let conn = armed.disarm();
+            return match result {
+                Ok(firsts) => match plan.outcome(&firsts) {
+                    Some(token) => {
+                        conn.link().set_holding(true);
+                        Ok(Some(Grant {
+                            held: Box::new(Pinned::new(conn, req, self.check_timeout)),
+                            fence: token.zip(fence_table),
+                        }))
+                    }
+                    None => {
+                        plan.clean_up(&conn, false);
+                        conn.recycle();
+                        Ok(None)
+                    }
+                },
+                Err(QueryError::Db { code, message }) => {
+                    plan.clean_up(&conn, true);
                     conn.recycle();
-                    Ok(None)
-                }
-            },
-            Err(QueryError::Db { code, message }) => {
-                plan.clean_up(&conn, true);
-                conn.recycle();
-                if code == LOCK_NOT_AVAILABLE {
-                    return match req.wait {
-                        Wait::Forever => Err(Error::Timeout {
-                            waiting_for: WaitingFor::LockServerLockTimeout,
+                    if code == LOCK_NOT_AVAILABLE {
+                        // One slice of the wait ended (see WAIT_SLICE_MS) and the
+                        // caller's deadline, if any, is still ahead: wait on, in a new
+                        // statement and transaction.
+                        let ahead = match req.wait {
+                            Wait::Forever => true,
+                            Wait::Until(d) => Instant::now() < d,
+                            Wait::Try => false,
+                        };
+                        if plan.sliced && ahead {
+                            continue;
+                        }
+                        return match req.wait {
+                            Wait::Forever => Err(Error::Timeout {
+                                waiting_for: WaitingFor::LockServerLockTimeout,
+                                after: None,
+                            }),
+                            _ => Ok(None),
+                        };
+                    }
+                    if code == QUERY_CANCELED {
+                        return Err(Error::Timeout {
+                            waiting_for: WaitingFor::LockServerStatementTimeout,
                             after: None,
-                        }),
-                        _ => Ok(None),
-                    };
+                        });
+                    }
+                    Err(Error::from_sqlstate(&code, message))
                 }
-                if code == QUERY_CANCELED {
-                    return Err(Error::Timeout {
-                        waiting_for: WaitingFor::LockServerStatementTimeout,
-                        after: None,
-                    });
-                }
-                Err(Error::from_sqlstate(&code, message))
-            }
-            Err(e @ QueryError::Lost { .. }) => Err(e.into_error()),
+                Err(e @ QueryError::Lost { .. }) => Err(e.into_error()),
+            };
         }
     }
 
@@ -258,9 +314,13 @@ impl PgBackend {
 
 /// How long past a deadline the client waits for the server's own lock_timeout to
 /// answer before giving the connection up.
-const BACKSTOP: Duration = Duration::from_secs(2);
+pub(super) const BACKSTOP: Duration = Duration::from_secs(2);
 
 const LOCK_NOT_AVAILABLE: &str = "55P03";
+
+/// The least room, beyond the longest time to notice a silent connection, that a lease
+/// must leave for scheduling delays on the client (a tenth of that time if more).
+const LEASE_SLACK: Duration = Duration::from_millis(50);
 
 const QUERY_CANCELED: &str = "57014";
 

@@ -34,6 +34,18 @@ impl Conn {
         }
     }
 
+    /// Checks that the connection answers: an empty query, its reply read and dropped.
+    ///
+    /// Cancel safe: the query is queued at once, and a reply no one waits for any more
+    /// is read and discarded by the connection (its task, on a borrowed connection),
+    /// which stays usable.
+    pub(crate) async fn check(&self) -> Result<(), QueryError> {
+        match self {
+            Conn::Native(c) => c.query("").await.map(|_| ()),
+            Conn::Sqlx(c) => c.check().await,
+        }
+    }
+
     /// Sends a lock request and returns, for each statement index in `want`, the first
     /// column of that statement's first row (`None` for no row, a NULL, or no index).
     /// On dblock's own connections the request may carry a release still waiting to be

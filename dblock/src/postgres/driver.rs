@@ -11,7 +11,7 @@ use std::time::Duration;
 use tokio_postgres::Client;
 
 use super::outbox::Outbox;
-use super::wire::{Link, QueryError};
+use super::wire::{Link, LostOnDrop, QueryError};
 use crate::error::LossReason;
 
 /// Runs a connection: its I/O, and while a lock is held on it, a health check every
@@ -33,6 +33,7 @@ pub(crate) async fn drive(
     interval: Duration,
     timeout: Duration,
 ) {
+    let _dropped = LostOnDrop(link.clone());
     type Ping = Pin<Box<dyn Future<Output = Result<(), QueryError>> + Send>>;
     let mut connection = std::pin::pin!(connection);
     // A check in flight, and when it fails if still unanswered.

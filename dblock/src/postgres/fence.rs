@@ -4,32 +4,51 @@
 
 use std::sync::Arc;
 
+use tokio::time::Instant;
+
 use sqlx::{PgConnection, Postgres, Transaction};
 
-use super::backend::PgBackend;
+use super::backend::{BACKSTOP, PgBackend};
 use super::conn::Armed;
 use super::migrate::own_ddl;
 use super::sql::{first_value, quote_ident, quote_literal};
 use super::wire::QueryError;
 use super::xact::map_sqlx;
-use crate::error::Error;
+use crate::error::{Error, WaitingFor};
 use crate::key::Key;
-use crate::raw::{BoxFuture, FENCING_TABLE, FencingStore, LatestGrant};
+use crate::raw::{
+    BoxFuture, FENCING_TABLE, FencingStore, LatestGrant, PG_FENCING_SCHEMA as PG_SCHEMA,
+};
 
 impl PgBackend {
-    /// The qualified name of the fencing table, created on first use.
-    pub(crate) async fn fence_table(&self) -> Result<&Arc<str>, Error> {
+    /// The qualified name of the fencing table, created on first use. Creating it waits
+    /// for the migration lock: never past `deadline` (the request's), plus [`BACKSTOP`]
+    /// for a server that stops answering or another task creating it.
+    pub(crate) async fn fence_table_until(
+        &self,
+        deadline: Option<Instant>,
+    ) -> Result<&Arc<str>, Error> {
+        if let Some(t) = self.fence_ready.get() {
+            return Ok(t);
+        }
+        let Some(d) = deadline else {
+            return self.fence_table(None).await;
+        };
+        match tokio::time::timeout_at(d + BACKSTOP, self.fence_table(deadline)).await {
+            Ok(r) => r,
+            Err(_) => Err(Error::Timeout {
+                waiting_for: WaitingFor::FencingTable,
+                after: None,
+            }),
+        }
+    }
+
+    async fn fence_table(&self, deadline: Option<Instant>) -> Result<&Arc<str>, Error> {
         let table = self
             .fence_ready
             .get_or_try_init(|| async {
-                let Some(schema) = &self.schema else {
-                    return Err(Error::Unsupported(
-                        "fencing tokens need a schema for their table, and no schema of the \
-                         search_path exists"
-                            .into(),
-                    ));
-                };
-                let table = format!("{}.{}", quote_ident(schema), FENCING_TABLE);
+                // One table per database, like the keys (not the handle's schema).
+                let table = format!("{}.{}", quote_ident(PG_SCHEMA), FENCING_TABLE);
                 let armed = Armed::new(self.source.get().await?);
                 let rows = armed
                     .conn()
@@ -44,7 +63,7 @@ impl PgBackend {
                     // waited for the runner's way (no snapshot held while waiting, so a
                     // concurrent CREATE INDEX CONCURRENTLY cannot deadlock with it).
                     let ddl = table_ddl(&table);
-                    own_ddl(&armed, &ddl).await?;
+                    own_ddl(&armed, &ddl, deadline).await?;
                 }
                 armed.disarm().recycle();
                 Ok(Arc::<str>::from(table))
@@ -63,7 +82,7 @@ impl FencingStore for PgBackend {
 impl PgBackend {
     /// The latest grant of `key` in the fencing table, if any.
     async fn latest_grant(&self, key: Key) -> Result<Option<LatestGrant>, Error> {
-        let table = self.fence_table().await?.clone();
+        let table = self.fence_table_until(None).await?.clone();
         let armed = Armed::new(self.source.get().await?);
         // One statement, its three values as three rows in order (unnest keeps the
         // array's order); the connection reads the first column of each row.
@@ -92,16 +111,29 @@ impl PgBackend {
     }
 }
 
-/// The DDL of the fencing table.
+/// The PostgreSQL DDL of the fencing table `table` (`"public".dblock_fencing`): creates
+/// it if it is missing, seeded with the latest tokens of older tables of that name in
+/// other schemas. Run under the migration lock.
 fn table_ddl(table: &str) -> String {
+    let lit = quote_literal(table);
+    let schema = quote_literal(PG_SCHEMA);
     format!(
-        "CREATE TABLE IF NOT EXISTS {table} (\
+        "DO $dblock$ DECLARE s text; BEGIN \
+         IF to_regclass({lit}) IS NULL THEN \
+         CREATE TABLE {table} (\
          key bigint PRIMARY KEY, \
          namespace text NOT NULL, \
          name text NOT NULL, \
          token bigint NOT NULL, \
          holder text NOT NULL, \
-         granted_at timestamptz NOT NULL)"
+         granted_at timestamptz NOT NULL); \
+         FOR s IN SELECT n.nspname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+         WHERE c.relname = '{FENCING_TABLE}' AND c.relkind = 'r' AND n.nspname <> {schema} \
+         AND has_table_privilege(c.oid, 'SELECT') LOOP \
+         EXECUTE format('INSERT INTO {table} AS f SELECT key, namespace, name, token, holder, \
+         granted_at FROM %I.{FENCING_TABLE} ON CONFLICT (key) DO UPDATE SET token = \
+         greatest(f.token, EXCLUDED.token)', s); \
+         END LOOP; END IF; END $dblock$"
     )
 }
 

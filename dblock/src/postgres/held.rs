@@ -47,20 +47,16 @@ impl Pinned {
         if let Some(reason) = self.link.loss() {
             return Err(Error::LockLost { reason });
         }
-        // Taken only while a check or a release runs, and put back by a check that
-        // finishes; a cut-off one marks the link lost, reported above.
-        let Some(conn) = self.conn.take() else {
+        let Some(conn) = self.conn.as_ref() else {
             return Err(Error::LockLost {
                 reason: LossReason::ConnectionClosed {
                     message: "the lock's connection was given up".into(),
                 },
             });
         };
-        // Cut off mid-way, the connection is given up: the lock is then lost, and the
-        // link (kept apart from the connection) reports it.
-        let armed = Armed::new(conn);
-        let res = armed.conn().query("").await;
-        self.conn = Some(armed.disarm());
+        // Cancel safe: cut off mid-way, the reply is read and dropped by the connection,
+        // which keeps the lock (as on a multiplexing handle's shared connections).
+        let res = conn.check().await;
         match (res, self.link.loss()) {
             (_, Some(reason)) => Err(Error::LockLost { reason }),
             (Ok(_), None) => Ok(()),

@@ -12,6 +12,25 @@ use super::wire::{LockSql, Release};
 use crate::key::Key;
 use crate::raw::{Mode, Req, Scope, Wait, holder_id};
 
+/// The longest `lock_timeout`, `idle_in_transaction_session_timeout` or
+/// `idle_session_timeout` the server accepts, in milliseconds (2³¹ − 1: about 24.8 days).
+const MAX_SERVER_MS: u128 = i32::MAX as u128;
+
+/// The longest one lock-waiting statement runs, in milliseconds; a longer wait is
+/// several statements (each in a transaction of its own), one after the other.
+///
+/// A backend blocked in `pg_advisory_lock` holds a snapshot, and `CREATE INDEX
+/// CONCURRENTLY` waits for every transaction holding a snapshot older than its own. So a
+/// process that holds a lock others wait for and then runs a CIC migration would wait for
+/// those waiters while they wait for it: a deadlock PostgreSQL cannot see, since the
+/// edge from the lock to the migration runs through the client. Ending every wait after
+/// a slice ends the waiter's transaction, and its next statement's snapshot is newer
+/// than the index build's: CIC waits at most about one slice for dblock's waiters. It
+/// also keeps every wait within the server's limit on `lock_timeout` (2³¹ − 1 ms).
+/// The cost: one round trip per slice of waiting, and a waiter whose slice ends rejoins
+/// the server's queue at its end.
+pub(crate) const WAIT_SLICE_MS: u128 = 2_000;
+
 /// How long a fenced `try_lock` waits for a previous holder's fenced write to commit.
 const FENCED_TRY_ROW_WAIT_MS: u32 = 100;
 
@@ -28,6 +47,8 @@ pub(crate) struct Plan {
     must_be_true: Option<usize>,
     /// Index of the statement returning the fencing token, if any.
     token_at: Option<usize>,
+    /// Whether the server's lock_timeout is shorter than the wait asked for.
+    pub(crate) sliced: bool,
 }
 
 impl Plan {
@@ -46,19 +67,27 @@ impl Plan {
         } else {
             ""
         };
-        // Whole milliseconds left, at least 1 (lock_timeout = 0 would mean "forever").
+        // Whole milliseconds left, at least 1 (lock_timeout = 0 would mean "forever"),
+        // at most one WAIT_SLICE_MS: a longer wait is asked for again, so that no waiter
+        // holds one statement's snapshot for longer than that.
+        let mut sliced = false;
         let timeout_ms = match req.wait {
             Wait::Until(t) => {
                 // Rounded up: the server must not give up before the deadline.
                 let left = t.saturating_duration_since(Instant::now());
                 let ms = left.as_micros().div_ceil(1000);
+                sliced = ms > WAIT_SLICE_MS;
                 if left < Duration::from_millis(1) {
                     None
                 } else {
-                    Some(ms)
+                    Some(ms.min(WAIT_SLICE_MS))
                 }
             }
-            _ => None,
+            Wait::Forever => {
+                sliced = true;
+                Some(WAIT_SLICE_MS)
+            }
+            Wait::Try => None,
         };
         let try_ =
             req.wait == Wait::Try || (matches!(req.wait, Wait::Until(_)) && timeout_ms.is_none());
@@ -66,7 +95,9 @@ impl Plan {
         let mut must_be_true = None;
         let mut token_at = None;
         let fenced = req.fenced && fence_table.is_some();
-        let lease_ms = req.lease.map(|l| l.as_millis().max(1));
+        // A lease beyond the server's limit is capped: it only bounds how long the lock
+        // outlives a silent holder, and a live holder's session is never idle that long.
+        let lease_ms = req.lease.map(|l| l.as_millis().clamp(1, MAX_SERVER_MS));
         // Lets the server notice, while it waits, that the client went away.
         const CHECK: &str = "client_connection_check_interval";
         let check_ms = 250;
@@ -157,9 +188,7 @@ impl Plan {
                 }
                 token_at = Some(sql.push(&[&upsert]));
                 sql.push(&["COMMIT"]);
-                if scope == Scope::Session
-                    && let Some(ms) = lease_ms
-                {
+                if let (Scope::Session, Some(ms)) = (scope, lease_ms) {
                     sql.push(&[&format!(
                         "SELECT set_config('idle_session_timeout', '{ms}', false)"
                     )]);
@@ -186,6 +215,7 @@ impl Plan {
             lease: req.lease.is_some(),
             must_be_true,
             token_at,
+            sliced,
         }
     }
 
@@ -293,14 +323,25 @@ mod tests {
     }
 
     #[test]
-    fn a_plain_transaction_lock_is_one_message_of_two_statements() {
+    fn a_plain_transaction_lock_is_one_message() {
+        // A wait is one slice at most (see WAIT_SLICE_MS).
         let p = Plan::new_t(
             &req(Scope::Transaction, Mode::Exclusive, Wait::Forever, false),
             None,
         );
         assert_eq!(
             p.sql.alone(),
-            "BEGIN ISOLATION LEVEL READ COMMITTED; SELECT pg_advisory_xact_lock(42)"
+            "BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL lock_timeout = 2000; \
+             SELECT pg_advisory_xact_lock(42)"
+        );
+        assert!(p.sliced);
+        let p = Plan::new_t(
+            &req(Scope::Session, Mode::Exclusive, Wait::Forever, false),
+            None,
+        );
+        assert_eq!(
+            p.sql.alone(),
+            "SELECT set_config('lock_timeout', '2000', true); SELECT pg_advisory_lock(42)"
         );
         let p = Plan::new_t(&req(Scope::Session, Mode::Shared, Wait::Try, false), None);
         assert_eq!(p.sql.alone(), "SELECT pg_try_advisory_lock_shared(42)");
@@ -357,18 +398,19 @@ mod tests {
         let stmts: Vec<&str> = p.sql.alone().split("; ").collect();
         // The token's commit is durable whatever the server's synchronous_commit.
         assert_eq!(stmts[1], "SET LOCAL synchronous_commit = on");
-        assert_eq!(stmts[2], "SELECT pg_advisory_lock(42)");
-        assert!(stmts[3].starts_with("INSERT INTO \"public\".dblock_fencing"));
+        assert_eq!(stmts[2], "SET LOCAL lock_timeout = 2000");
+        assert_eq!(stmts[3], "SELECT pg_advisory_lock(42)");
+        assert!(stmts[4].starts_with("INSERT INTO \"public\".dblock_fencing"));
         assert!(
-            stmts[3].contains("E'it''s'"),
+            stmts[4].contains("E'it''s'"),
             "names are quoted: {}",
-            stmts[3]
+            stmts[4]
         );
-        assert_eq!(stmts[4], "COMMIT");
-        assert_eq!(stmts[6], "SELECT pg_try_advisory_xact_lock(42)");
-        assert_eq!(stmts[7], "SELECT pg_advisory_unlock(42)");
-        assert_eq!(p.token_at, Some(3));
-        assert_eq!(p.must_be_true, Some(6));
+        assert_eq!(stmts[5], "COMMIT");
+        assert_eq!(stmts[7], "SELECT pg_try_advisory_xact_lock(42)");
+        assert_eq!(stmts[8], "SELECT pg_advisory_unlock(42)");
+        assert_eq!(p.token_at, Some(4));
+        assert_eq!(p.must_be_true, Some(7));
         // A fenced try bounds its wait on the fencing row.
         let p = Plan::new_t(
             &req(Scope::Transaction, Mode::Exclusive, Wait::Try, true),

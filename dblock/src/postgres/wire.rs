@@ -267,3 +267,17 @@ impl Link {
         }
     }
 }
+
+/// Held by the task that runs a connection: if the task is dropped before it ends
+/// (its runtime shut down), the connection is gone with it, and whatever was held on
+/// it must show as lost rather than held forever.
+pub(crate) struct LostOnDrop(pub(crate) Arc<Link>);
+
+impl Drop for LostOnDrop {
+    fn drop(&mut self) {
+        // A no-op when the task ended normally: it marks the link lost itself first.
+        self.0.mark_lost(LossReason::ConnectionClosed {
+            message: "the runtime driving the connection shut down".into(),
+        });
+    }
+}
