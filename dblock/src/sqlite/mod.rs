@@ -25,26 +25,58 @@
 //! wait must leave nothing behind. A lock released inside the process wakes its
 //! waiters at once.
 //!
+//! The database path is resolved to its file first, so that every spelling of one file
+//! (relative, absolute, through a symbolic link) reaches one lock file: see
+//! [identity](#identity-is-the-file-not-the-spelling) below.
+//!
 //! Network and FUSE file systems are refused ([`Error::UnsupportedFilesystem`]): their
 //! byte-range locks may not exclude across hosts.
+//!
+//! # Identity is the file, not the spelling
+//!
+//! Every spelling of one database must reach one lock file, or two processes both hold a
+//! name. So the database path is resolved before `-locks` is appended: symbolic links
+//! and `.`/`..` are resolved ([`std::fs::canonicalize`] of the file, or of its directory
+//! when the file does not exist yet), so a relative path, an absolute one and a symbolic
+//! link all name `/real/dir/locks.db-locks`. Paths that cannot be a database are refused
+//! with [`Error::InvalidUrl`] before anything is created: a directory, a device or FIFO,
+//! a symbolic link to nothing (SQLite would create its target, but where the lock file
+//! belongs depends on which spelling came first), and a database file with more than
+//! one hard link: from a second name there is no way back to the first, so the lock
+//! files would differ — and SQLite itself names its journal and WAL files after the path,
+//! so a hard-linked database is not safe for SQLite either.
+//!
+//! Within a process every handle on one lock file shares one open lock file: one
+//! descriptor, one table of held keys. (POSIX record locks need that: closing any
+//! descriptor of a file drops all of the process's locks on it.)
+//!
+//! A lock file replaced while in use (deleted and recreated, or renamed over) would
+//! split holders again: a process with the old file open locks bytes nobody else sees.
+//! So after the kernel grants a byte, the path is checked to still name the descriptor's
+//! file (device and inode); if it does not, the byte is given back and the request is
+//! retried on the file the path names now. That covers every grant made after the
+//! replacement. Locks granted *before* it stay on the old file, where later requests no
+//! longer see them: [`LockGuard::check`](crate::LockGuard::check) and
+//! [`LockGuard::is_held`](crate::LockGuard::is_held) report such a lock as lost
+//! ([`LossReason::LockFileReplaced`](crate::LossReason::LockFileReplaced)), and fencing
+//! tokens (kept in the database, not the lock file) still reject its writes.
 
+mod file;
 mod sys;
 
-use std::collections::HashMap;
-use std::fs::{File, OpenOptions};
-use std::os::unix::fs::OpenOptionsExt;
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::Error;
 use crate::guard::Held;
 use crate::locks::{Builder, Grant, Mode, Req, Wait};
 
+pub(crate) use file::lock_file_path;
+use file::{Desc, LockFile};
 pub(crate) use sys::Attempt;
 
 const POLL_FIRST: Duration = Duration::from_millis(1);
@@ -56,58 +88,33 @@ pub(crate) struct SqliteBackend {
 }
 
 pub(crate) struct Shared {
+    /// The database file, resolved (see [`file`]).
     pub(crate) db_path: PathBuf,
-    lock_path: PathBuf,
-    file: File,
-    /// Keys (file offsets) held through `file`, by this process.
-    table: Mutex<HashMap<u64, Slot>>,
-    /// Tasks waiting for a lock; releases notify only when there are some.
-    waiters: AtomicUsize,
-    released: Notify,
+    /// The lock file beside it, shared with every handle of this process on it.
+    lock: Arc<LockFile>,
     /// The database, opened on first use (fencing tokens, migrations).
     db: tokio::sync::OnceCell<sqlx::SqlitePool>,
 }
 
-#[derive(Debug, Default)]
-struct Slot {
+/// A key held by this process: by how many shared holders, or by one exclusive one, and
+/// through which descriptor (the lock file may have been replaced since).
+#[derive(Debug)]
+pub(crate) struct Slot {
     readers: u32,
     writer: bool,
+    desc: Arc<Desc>,
 }
 
 impl SqliteBackend {
-    /// Opens (creating if needed) the lock file beside `db_path`, and its directory.
+    /// Resolves `db_path` to its file and opens (creating if needed) the lock file
+    /// beside it, and its directory.
     pub(crate) fn open(db_path: PathBuf, opts: &Builder) -> Result<SqliteBackend, Error> {
-        let lock_path = lock_file_path(&db_path);
-        if let Some(dir) = lock_path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir)
-                .map_err(|e| Error::io(format!("cannot create directory {}", dir.display()), e))?;
-        }
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .custom_flags(libc::O_CLOEXEC)
-            .open(&lock_path)
-            .map_err(|e| Error::io(format!("cannot open lock file {}", lock_path.display()), e))?;
-        if !opts.allow_network_filesystem {
-            let fs = sys::network_filesystem(&file)
-                .map_err(|e| Error::io(format!("cannot inspect {}", lock_path.display()), e))?;
-            if let Some(filesystem) = fs {
-                return Err(Error::UnsupportedFilesystem {
-                    path: lock_path,
-                    filesystem,
-                });
-            }
-        }
+        let db_path = file::resolve_db_path(&db_path)?;
+        let lock = LockFile::open(lock_file_path(&db_path), opts.allow_network_filesystem)?;
         Ok(SqliteBackend {
             shared: Arc::new(Shared {
                 db_path,
-                lock_path,
-                file,
-                table: Mutex::new(HashMap::new()),
-                waiters: AtomicUsize::new(0),
-                released: Notify::new(),
+                lock,
                 db: tokio::sync::OnceCell::new(),
             }),
         })
@@ -143,15 +150,22 @@ impl SqliteBackend {
             w => w.deadline(),
         };
         let shared = &self.shared;
-        shared.waiters.fetch_add(1, Ordering::SeqCst);
-        let _waiting = WaiterCount(shared);
+        let lf = &shared.lock;
+        lf.waiters.fetch_add(1, Ordering::SeqCst);
+        let _waiting = WaiterCount(lf);
         let mut poll = POLL_FIRST;
         loop {
-            let notified = shared.released.notified();
+            let notified = lf.released.notified();
             let mut notified = std::pin::pin!(notified);
             notified.as_mut().enable();
             if shared.take_now(offset, mode)? {
                 return Ok(Some(SqliteHeld::new(shared, offset, mode)));
+            }
+            // A replaced lock file: wait on the file the path names now.
+            let desc = lf.current();
+            if !desc.is_named_by(&lf.path) {
+                lf.reopen(&desc)?;
+                continue;
             }
             let now = Instant::now();
             let mut wake = now + poll;
@@ -186,7 +200,7 @@ impl SqliteBackend {
 }
 
 /// Keeps the waiter count right however the wait ends.
-struct WaiterCount<'a>(&'a Shared);
+struct WaiterCount<'a>(&'a LockFile);
 
 impl Drop for WaiterCount<'_> {
     fn drop(&mut self) {
@@ -197,40 +211,56 @@ impl Drop for WaiterCount<'_> {
 impl Shared {
     /// Takes the lock at `offset` now if this process's table and the file allow it.
     fn take_now(&self, offset: u64, mode: Mode) -> Result<bool, Error> {
-        let mut table = self.table.lock().unwrap_or_else(|p| p.into_inner());
+        let lf = &self.lock;
+        let mut table = lf.table.lock().unwrap_or_else(|p| p.into_inner());
         match (table.get_mut(&offset), mode) {
             // Another shared holder of this process already has the read lock.
             (Some(slot), Mode::Shared) if !slot.writer => {
                 slot.readers += 1;
-                Ok(true)
+                return Ok(true);
             }
-            (Some(_), _) => Ok(false),
-            (None, _) => match sys::try_lock(&self.file, offset, mode) {
-                Ok(Attempt::Granted) => {
-                    let slot = match mode {
-                        Mode::Shared => Slot {
-                            readers: 1,
-                            writer: false,
-                        },
-                        Mode::Exclusive => Slot {
-                            readers: 0,
-                            writer: true,
-                        },
-                    };
-                    table.insert(offset, slot);
-                    Ok(true)
-                }
-                Ok(Attempt::Busy) => Ok(false),
-                Err(e) => Err(Error::io(
-                    format!("cannot lock {}", self.lock_path.display()),
-                    e,
-                )),
-            },
+            (Some(_), _) => return Ok(false),
+            (None, _) => {}
         }
+        let fail = |e| Error::io(format!("cannot lock {}", lf.path.display()), e);
+        // A replaced file is reopened and the request retried; a path replaced again and
+        // again is an error, not a loop.
+        for _ in 0..8 {
+            let desc = lf.current();
+            match sys::try_lock(&desc.file, lf.flavor, offset, 1, mode).map_err(fail)? {
+                Attempt::Busy => return Ok(false),
+                Attempt::Granted if desc.is_named_by(&lf.path) => {
+                    let (readers, writer) = match mode {
+                        Mode::Shared => (1, false),
+                        Mode::Exclusive => (0, true),
+                    };
+                    table.insert(
+                        offset,
+                        Slot {
+                            readers,
+                            writer,
+                            desc,
+                        },
+                    );
+                    return Ok(true);
+                }
+                Attempt::Granted => {
+                    // The byte was granted in a file the path no longer names: nobody
+                    // opening the path now would see it. Give it back; use the new file.
+                    sys::unlock(&desc.file, lf.flavor, offset, 1).map_err(fail)?;
+                    lf.reopen(&desc)?;
+                }
+            }
+        }
+        Err(Error::io(
+            format!("cannot lock {}", lf.path.display()),
+            std::io::Error::other("the lock file keeps being replaced"),
+        ))
     }
 
     fn release(&self, offset: u64, mode: Mode) {
-        let mut table = self.table.lock().unwrap_or_else(|p| p.into_inner());
+        let lf = &self.lock;
+        let mut table = lf.table.lock().unwrap_or_else(|p| p.into_inner());
         let empty = match table.get_mut(&offset) {
             Some(slot) => {
                 match mode {
@@ -242,15 +272,27 @@ impl Shared {
             None => false,
         };
         if empty {
-            table.remove(&offset);
-            // Unlocking a byte this description holds cannot fail short of a closed
-            // descriptor, which the Arc rules out. Should it fail anyway, the lock stays
-            // until the process exits: never two holders.
-            let _ = sys::unlock(&self.file, offset);
+            if let Some(slot) = table.remove(&offset) {
+                // Unlocking a byte this owner holds cannot fail short of a closed
+                // descriptor, which the Arc rules out. Should it fail anyway, the lock
+                // stays until the process exits: never two holders.
+                let _ = sys::unlock(&slot.desc.file, lf.flavor, offset, 1);
+            }
         }
         drop(table);
-        if self.waiters.load(Ordering::SeqCst) > 0 {
-            self.released.notify_waiters();
+        if lf.waiters.load(Ordering::SeqCst) > 0 {
+            lf.released.notify_waiters();
+        }
+    }
+
+    /// Whether the lock at `offset` is held through the file the lock path names now:
+    /// false once the lock file has been replaced under it.
+    fn in_current_file(&self, offset: u64) -> bool {
+        let lf = &self.lock;
+        let table = lf.table.lock().unwrap_or_else(|p| p.into_inner());
+        match table.get(&offset) {
+            Some(slot) => slot.desc.is_named_by(&lf.path),
+            None => false,
         }
     }
 
@@ -282,26 +324,21 @@ impl Shared {
 impl SqliteBackend {
     /// The lock file's path.
     pub(crate) fn lock_path(&self) -> PathBuf {
-        self.shared.lock_path.clone()
+        self.shared.lock.path.clone()
     }
 }
 
 /// An exclusive lock attempt on `offset` of `file`, bypassing the process's table (for
-/// the benchmark's floor).
-pub(crate) fn raw_try_lock(file: &File, offset: u64) -> std::io::Result<bool> {
-    sys::try_lock(file, offset, Mode::Exclusive).map(|a| a == Attempt::Granted)
+/// the benchmark's floor), with this process's kind of lock.
+pub(crate) fn raw_try_lock(file: &std::fs::File, offset: u64) -> std::io::Result<bool> {
+    let flavor = sys::flavor().map_err(std::io::Error::other)?;
+    sys::try_lock(file, flavor, offset, 1, Mode::Exclusive).map(|a| a == Attempt::Granted)
 }
 
 /// Unlocks `offset` of `file` (for the benchmark's floor).
-pub(crate) fn raw_unlock(file: &File, offset: u64) -> std::io::Result<()> {
-    sys::unlock(file, offset)
-}
-
-/// The lock file beside a database: `PATH-locks`.
-pub(crate) fn lock_file_path(db_path: &Path) -> PathBuf {
-    let mut s = db_path.as_os_str().to_os_string();
-    s.push("-locks");
-    PathBuf::from(s)
+pub(crate) fn raw_unlock(file: &std::fs::File, offset: u64) -> std::io::Result<()> {
+    let flavor = sys::flavor().map_err(std::io::Error::other)?;
+    sys::unlock(file, flavor, offset, 1)
 }
 
 /// The embedded half of a guard.
@@ -325,6 +362,17 @@ impl SqliteHeld {
     pub(crate) fn release(mut self) {
         self.released = true;
         self.shared.release(self.offset, self.mode);
+    }
+
+    /// `None` while the lock is held in the file its path names; the loss otherwise
+    /// (the lock file was replaced since the grant: see [`file`]).
+    pub(crate) fn loss(&self) -> Option<crate::LossReason> {
+        match self.shared.in_current_file(self.offset) {
+            true => None,
+            false => Some(crate::LossReason::LockFileReplaced {
+                path: self.shared.lock.path.clone(),
+            }),
+        }
     }
 }
 
