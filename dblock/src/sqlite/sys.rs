@@ -66,10 +66,12 @@ pub(crate) enum Attempt {
 
 /// The lock type for `mode`: a read lock for [`Mode::Shared`], a write lock for
 /// [`Mode::Exclusive`].
-fn kind(mode: Mode) -> libc::c_int {
+// The constants are `c_int` on Linux and `c_short` on macOS.
+#[allow(clippy::unnecessary_cast)]
+fn kind(mode: Mode) -> libc::c_short {
     match mode {
-        Mode::Shared => libc::F_RDLCK,
-        Mode::Exclusive => libc::F_WRLCK,
+        Mode::Shared => libc::F_RDLCK as libc::c_short,
+        Mode::Exclusive => libc::F_WRLCK as libc::c_short,
     }
 }
 
@@ -106,7 +108,15 @@ pub(crate) fn lock_wait(
 
 /// Unlocks `len` bytes from `offset` (those this owner holds; others' are untouched).
 pub(crate) fn unlock(file: &File, flavor: Flavor, offset: u64, len: u64) -> io::Result<()> {
-    setlk(file, flavor, offset, len, libc::F_UNLCK, false)
+    #[allow(clippy::unnecessary_cast)]
+    setlk(
+        file,
+        flavor,
+        offset,
+        len,
+        libc::F_UNLCK as libc::c_short,
+        false,
+    )
 }
 
 fn setlk(
@@ -114,7 +124,7 @@ fn setlk(
     flavor: Flavor,
     offset: u64,
     len: u64,
-    kind: libc::c_int,
+    kind: libc::c_short,
     wait: bool,
 ) -> io::Result<()> {
     let out_of_range = || io::Error::new(io::ErrorKind::InvalidInput, "lock offset out of range");
@@ -133,7 +143,7 @@ fn setlk(
     // SAFETY: flock is plain old data; zeroed is a valid value (l_pid must be 0 for OFD
     // locks), and every field the call reads is set below.
     let mut fl: libc::flock = unsafe { std::mem::zeroed() };
-    fl.l_type = kind as libc::c_short;
+    fl.l_type = kind;
     fl.l_whence = libc::SEEK_SET as libc::c_short;
     fl.l_start = start;
     fl.l_len = len;
