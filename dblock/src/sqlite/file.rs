@@ -1,7 +1,6 @@
 //! Which lock file a database path means, and the one open lock file per file per
 //! process. The rules are in the [module docs](super#identity-is-the-file-not-the-spelling).
 
-use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
@@ -129,7 +128,7 @@ pub(crate) struct LockFile {
     /// Descriptors never to be closed while this file is in use (POSIX locks).
     spares: Mutex<Vec<File>>,
     /// Keys (file offsets) this process holds in this file.
-    pub(crate) table: Mutex<HashMap<u64, super::Slot>>,
+    pub(crate) table: Mutex<super::Table>,
     /// Tasks waiting for a lock; releases notify only when there are some.
     pub(crate) waiters: AtomicUsize,
     pub(crate) released: Notify,
@@ -174,7 +173,7 @@ impl LockFile {
                     network_fs,
                     current: Mutex::new(Arc::new(desc)),
                     spares: Mutex::new(Vec::new()),
-                    table: Mutex::new(HashMap::new()),
+                    table: Mutex::new(super::Table::default()),
                     waiters: AtomicUsize::new(0),
                     released: Notify::new(),
                 });

@@ -62,14 +62,14 @@
 //! tokens (kept in the database, not the lock file) still reject its writes.
 
 mod file;
+mod queue;
 mod sys;
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
-
-use tokio::time::Instant;
 
 use crate::Error;
 use crate::guard::Held;
@@ -78,9 +78,6 @@ use crate::locks::{Builder, Grant, Mode, Req, Wait};
 pub(crate) use file::lock_file_path;
 use file::{Desc, LockFile};
 pub(crate) use sys::Attempt;
-
-const POLL_FIRST: Duration = Duration::from_millis(1);
-const POLL_MAX: Duration = Duration::from_millis(4);
 
 /// The backend of a handle on an SQLite file.
 pub(crate) struct SqliteBackend {
@@ -103,6 +100,38 @@ pub(crate) struct Slot {
     readers: u32,
     writer: bool,
     desc: Arc<Desc>,
+}
+
+impl Slot {
+    fn new(mode: Mode, desc: Arc<Desc>) -> Slot {
+        let (readers, writer) = match mode {
+            Mode::Shared => (1, false),
+            Mode::Exclusive => (0, true),
+        };
+        Slot {
+            readers,
+            writer,
+            desc,
+        }
+    }
+}
+
+/// What this process does with the keys of one lock file.
+#[derive(Default)]
+pub(crate) struct Table {
+    /// Keys (file offsets) held.
+    held: HashMap<u64, Slot>,
+    /// Keys this process waits for in line, in the kernel.
+    queued: HashMap<u64, queue::Queued>,
+}
+
+/// What a waiting request does next.
+enum Step {
+    Granted(SqliteHeld),
+    /// Wait for the place in line to deliver.
+    InLine(u64, queue::Receiver),
+    /// Wait for something in this process to change (a release, a place in line freed).
+    Local,
 }
 
 impl SqliteBackend {
@@ -153,33 +182,40 @@ impl SqliteBackend {
         let lf = &shared.lock;
         lf.waiters.fetch_add(1, Ordering::SeqCst);
         let _waiting = WaiterCount(lf);
-        let mut poll = POLL_FIRST;
+        let expired = async {
+            match deadline {
+                Some(d) => tokio::time::sleep_until(d).await,
+                None => std::future::pending().await,
+            }
+        };
+        let mut expired = std::pin::pin!(expired);
         loop {
             let notified = lf.released.notified();
             let mut notified = std::pin::pin!(notified);
             notified.as_mut().enable();
-            if shared.take_now(offset, mode)? {
-                return Ok(Some(SqliteHeld::new(shared, offset, mode)));
-            }
-            // A replaced lock file: wait on the file the path names now.
-            let desc = lf.current();
-            if !desc.is_named_by(&lf.path) {
-                lf.reopen(&desc)?;
-                continue;
-            }
-            let now = Instant::now();
-            let mut wake = now + poll;
-            if let Some(d) = deadline {
-                if now >= d {
-                    return Ok(None);
+            match shared.step(offset, mode)? {
+                Step::Granted(held) => return Ok(Some(held)),
+                Step::Local => {
+                    tokio::select! {
+                        () = notified => {}
+                        () = &mut expired => return Ok(None),
+                    }
                 }
-                wake = wake.min(d);
+                Step::InLine(id, rx) => {
+                    // However this ends (granted, deadline, the future dropped), the
+                    // claim on the place in line goes; a lock delivered to a dropped
+                    // receiver is released by the channel.
+                    let _claim = Claim { lf, offset, id };
+                    tokio::select! {
+                        r = rx => match r {
+                            Ok(r) => return r.map(Some),
+                            // The place in line was given up or moved: look again.
+                            Err(_) => {}
+                        },
+                        () = &mut expired => return Ok(None),
+                    }
+                }
             }
-            tokio::select! {
-                () = notified => {}
-                () = tokio::time::sleep_until(wake) => {}
-            }
-            poll = (poll * 2).min(POLL_MAX);
         }
     }
 
@@ -199,6 +235,19 @@ impl SqliteBackend {
     }
 }
 
+/// A request's claim on its process's place in line, given up when dropped.
+struct Claim<'a> {
+    lf: &'a LockFile,
+    offset: u64,
+    id: u64,
+}
+
+impl Drop for Claim<'_> {
+    fn drop(&mut self) {
+        queue::give_up(self.lf, self.offset, self.id);
+    }
+}
+
 /// Keeps the waiter count right however the wait ends.
 struct WaiterCount<'a>(&'a LockFile);
 
@@ -211,46 +260,65 @@ impl Drop for WaiterCount<'_> {
 impl Shared {
     /// Takes the lock at `offset` now if this process's table and the file allow it.
     fn take_now(&self, offset: u64, mode: Mode) -> Result<bool, Error> {
-        let lf = &self.lock;
-        let mut table = lf.table.lock().unwrap_or_else(|p| p.into_inner());
-        match (table.get_mut(&offset), mode) {
-            // Another shared holder of this process already has the read lock.
+        let mut table = self.lock.table.lock().unwrap_or_else(|p| p.into_inner());
+        self.take_locked(&mut table, offset, mode)
+    }
+
+    fn take_locked(&self, table: &mut Table, offset: u64, mode: Mode) -> Result<bool, Error> {
+        match (table.held.get_mut(&offset), mode) {
+            // Another shared holder of this process already has the read lock: join it,
+            // unless a writer of another process is at the head of the line (it holds
+            // the gate), which readers must not pass.
             (Some(slot), Mode::Shared) if !slot.writer => {
+                let lf = &self.lock;
+                let fail = |e| Error::io(format!("cannot lock {}", lf.path.display()), e);
+                let gate = queue::gate(offset);
+                match sys::try_lock(&slot.desc.file, lf.flavor, gate, 1, Mode::Shared)
+                    .map_err(fail)?
+                {
+                    Attempt::Busy => return Ok(false),
+                    Attempt::Granted => {
+                        sys::unlock(&slot.desc.file, lf.flavor, gate, 1).map_err(fail)?;
+                    }
+                }
                 slot.readers += 1;
                 return Ok(true);
             }
             (Some(_), _) => return Ok(false),
             (None, _) => {}
         }
+        // The process is in line for it: the lock is held elsewhere, and the bytes must
+        // not be touched while the line's thread works on them (locks of one owner
+        // merge).
+        if table.queued.contains_key(&offset) {
+            return Ok(false);
+        }
+        let lf = &self.lock;
         let fail = |e| Error::io(format!("cannot lock {}", lf.path.display()), e);
         // A replaced file is reopened and the request retried; a path replaced again and
         // again is an error, not a loop.
         for _ in 0..8 {
             let desc = lf.current();
-            match sys::try_lock(&desc.file, lf.flavor, offset, 1, mode).map_err(fail)? {
+            // Gate and lock byte at once: free only if nobody holds the lock and nobody
+            // is at the head of the line (whoever is holds the gate).
+            match sys::try_lock(&desc.file, lf.flavor, queue::pair(offset), 2, mode)
+                .map_err(fail)?
+            {
                 Attempt::Busy => return Ok(false),
-                Attempt::Granted if desc.is_named_by(&lf.path) => {
-                    let (readers, writer) = match mode {
-                        Mode::Shared => (1, false),
-                        Mode::Exclusive => (0, true),
-                    };
-                    table.insert(
-                        offset,
-                        Slot {
-                            readers,
-                            writer,
-                            desc,
-                        },
-                    );
-                    return Ok(true);
-                }
-                Attempt::Granted => {
-                    // The byte was granted in a file the path no longer names: nobody
-                    // opening the path now would see it. Give it back; use the new file.
-                    sys::unlock(&desc.file, lf.flavor, offset, 1).map_err(fail)?;
-                    lf.reopen(&desc)?;
-                }
+                Attempt::Granted => {}
             }
+            if let Err(e) = sys::unlock(&desc.file, lf.flavor, queue::gate(offset), 1) {
+                let _ = sys::unlock(&desc.file, lf.flavor, queue::pair(offset), 2);
+                return Err(fail(e));
+            }
+            if desc.is_named_by(&lf.path) {
+                table.held.insert(offset, Slot::new(mode, desc));
+                return Ok(true);
+            }
+            // The byte was granted in a file the path no longer names: nobody opening
+            // the path now would see it. Give it back; use the new file.
+            sys::unlock(&desc.file, lf.flavor, offset, 1).map_err(fail)?;
+            lf.reopen(&desc)?;
         }
         Err(Error::io(
             format!("cannot lock {}", lf.path.display()),
@@ -258,10 +326,31 @@ impl Shared {
         ))
     }
 
+    /// One look at the table for a waiting request: the lock, a place in line to wait
+    /// in, or nothing to do but wait for a change in this process.
+    fn step(self: &Arc<Self>, offset: u64, mode: Mode) -> Result<Step, Error> {
+        let lf = &self.lock;
+        let mut table = lf.table.lock().unwrap_or_else(|p| p.into_inner());
+        if self.take_locked(&mut table, offset, mode)? {
+            return Ok(Step::Granted(SqliteHeld::new(self, offset, mode)));
+        }
+        if table.held.contains_key(&offset) {
+            return Ok(Step::Local); // held in this process: its release wakes us
+        }
+        if let Some(q) = table.queued.get_mut(&offset) {
+            return Ok(match queue::adopt(q, self, mode) {
+                Some((id, rx)) => Step::InLine(id, rx),
+                None => Step::Local,
+            });
+        }
+        let (id, rx) = queue::join(lf, &mut table.queued, self, offset, mode)?;
+        Ok(Step::InLine(id, rx))
+    }
+
     fn release(&self, offset: u64, mode: Mode) {
         let lf = &self.lock;
         let mut table = lf.table.lock().unwrap_or_else(|p| p.into_inner());
-        let empty = match table.get_mut(&offset) {
+        let empty = match table.held.get_mut(&offset) {
             Some(slot) => {
                 match mode {
                     Mode::Shared => slot.readers = slot.readers.saturating_sub(1),
@@ -272,7 +361,7 @@ impl Shared {
             None => false,
         };
         if empty {
-            if let Some(slot) = table.remove(&offset) {
+            if let Some(slot) = table.held.remove(&offset) {
                 // Unlocking a byte this owner holds cannot fail short of a closed
                 // descriptor, which the Arc rules out. Should it fail anyway, the lock
                 // stays until the process exits: never two holders.
@@ -290,7 +379,7 @@ impl Shared {
     fn in_current_file(&self, offset: u64) -> bool {
         let lf = &self.lock;
         let table = lf.table.lock().unwrap_or_else(|p| p.into_inner());
-        match table.get(&offset) {
+        match table.held.get(&offset) {
             Some(slot) => slot.desc.is_named_by(&lf.path),
             None => false,
         }
