@@ -228,3 +228,31 @@ async fn the_next_request_takes_over_a_cancelled_place_in_line() {
     assert!(matches!(r, Ok(Ok(Ok(())))), "{r:?}");
     assert!(wait_threads(&locks, "p") <= 1);
 }
+
+/// A writer that gave up no longer holds back readers: its place at the head of the
+/// line (the gate) is given back at once, not when the readers it waited for leave.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_writer_that_gave_up_no_longer_holds_back_readers() {
+    let db = SqliteDb::new();
+    let locks = db.locks().await;
+    let (mut reader, mut rl) = spawn(&["hold", &db.url, "g", "--shared"]);
+    assert!(
+        line(&mut rl, 10)
+            .await
+            .is_some_and(|l| l.starts_with("held"))
+    );
+    for _ in 0..3 {
+        let w = locks.try_lock_for("g", Duration::from_millis(200)).await;
+        assert!(matches!(w, Ok(None)), "{w:?}");
+        // The reader in the other process still holds "g"; a reader here may join it.
+        let r = locks
+            .request("g")
+            .shared()
+            .try_lock_for(Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert!(r.is_some(), "a writer that gave up still keeps readers out");
+    }
+    reader.start_kill().unwrap();
+    let _ = reader.wait().await;
+}

@@ -4,33 +4,52 @@
 //! # The mechanism
 //!
 //! Beside the database `PATH` lies a lock file, `PATH-locks`. A lock on key `k` is a
-//! Linux open-file-description (OFD) byte-range lock on one byte of that file, at offset
+//! byte-range lock on one byte of that file, at offset
 //! [`Key::file_offset`](crate::Key::file_offset) (the key modulo 2^63 − 1): a write lock
-//! for exclusive mode, a read lock for shared. OFD locks conflict between separate
-//! `open()`s whatever process made them, and the kernel drops them when the last
-//! descriptor of the open closes, which is when the process dies, however it dies: a
-//! killed holder never leaves a lock behind. The database file itself is never locked
-//! this way (SQLite opens and closes it and uses POSIX locks of its own, which one
-//! close would drop).
+//! for exclusive mode, a read lock for shared. On Linux these are open-file-description
+//! (OFD) locks (`F_OFD_SETLK`); where those are missing (macOS, the BSDs) classic POSIX
+//! record locks (`F_SETLK`), and on Linux too with `DBLOCK_FILE_LOCKS=posix` (see
+//! [Platforms](#platforms)). Either way the kernel drops a lock when its holder dies,
+//! however it dies: a killed holder never leaves a lock behind. The database file itself
+//! is never locked this way (SQLite opens and closes it and uses POSIX locks of its own,
+//! which one close would drop).
 //!
-//! Each handle opens the lock file once, with `O_CLOEXEC` so that commands started by
-//! `dblock run` do not inherit its locks. Within the process, a table of held keys
-//! decides between the handle's own holders (a second exclusive holder waits on the
-//! table; shared holders share one read lock), so two tasks never both hold a lock
-//! because they share the descriptor. A process that `fork`s without `exec` shares its
-//! locks with the child: don't.
-//!
-//! Waiting for a lock held by another process polls (every 1 ms, backing off to
-//! 4 ms): a blocking `F_OFD_SETLKW` cannot be cancelled, and a cancelled or timed-out
-//! wait must leave nothing behind. A lock released inside the process wakes its
-//! waiters at once.
-//!
-//! The database path is resolved to its file first, so that every spelling of one file
-//! (relative, absolute, through a symbolic link) reaches one lock file: see
-//! [identity](#identity-is-the-file-not-the-spelling) below.
+//! A process opens each lock file once, with `O_CLOEXEC` so that commands started by
+//! `dblock run` do not inherit its locks, and every handle of the process on that file
+//! shares the descriptor. A table of held keys decides between the process's own holders
+//! (a second exclusive holder waits on the table; shared holders share one read lock),
+//! so two tasks never both hold a lock because they share the descriptor. A process that
+//! `fork`s without `exec` shares its OFD locks with the child: don't.
 //!
 //! Network and FUSE file systems are refused ([`Error::UnsupportedFilesystem`]): their
 //! byte-range locks may not exclude across hosts.
+//!
+//! # Waiting in line
+//!
+//! Next to each lock byte lies a *gate* byte (its neighbour: `offset ^ 1`). A request
+//! first tries gate and lock byte together, in one non-blocking call, and gives the gate
+//! back at once: three system calls a cycle, uncontended. When that fails, the process
+//! gets in line: one thread (per process and name, named `dblock-` and the offset's low
+//! 32 bits in hex) waits in the kernel for the gate (`F_OFD_SETLKW`), where the kernel
+//! queues conflicting waiters in arrival order; at the head of the line it polls the
+//! lock byte (50 µs, each look 50 µs later than the last, up to every 1 ms), holding the
+//! gate, then gives the gate back. Whoever is at the head of the
+//! line holds the gate, so a holder that releases and comes straight back, or a new
+//! reader while a writer waits, fails the first try and gets in line behind it instead
+//! of taking the lock again before the waiter wakes up. Within a process, a released lock
+//! wakes the process's own waiters at once; the process as a whole takes its turn in the
+//! line (fairness is between processes, as each one stands in line once per name).
+//!
+//! A blocking wait in the kernel cannot be cancelled, so a cancelled or timed-out
+//! request only gives up its claim: a thread still waiting for the gate leaves the line
+//! when it gets there, holding nothing meanwhile; a thread at the head of the line sees
+//! the claim gone at its next look and gives the gate back; a lock granted to nobody is
+//! given back at once. The next request of the process for that name and mode takes the
+//! place over instead of lining up again. So a cut-off wait leaves nothing held, at most
+//! one thread waiting per name, and delays others by at most one wake-up.
+//!
+//! Processes of older dblock versions, which knew no gate, still exclude and are
+//! excluded (the lock byte is unchanged); they just do not stand in line.
 //!
 //! # Identity is the file, not the spelling
 //!
@@ -60,6 +79,20 @@
 //! [`LockGuard::is_held`](crate::LockGuard::is_held) report such a lock as lost
 //! ([`LossReason::LockFileReplaced`](crate::LossReason::LockFileReplaced)), and fencing
 //! tokens (kept in the database, not the lock file) still reject its writes.
+
+//!
+//! # Platforms
+//!
+//! Linux uses OFD locks; macOS, the BSDs and other Unixes POSIX record locks, which
+//! belong to the process and are dropped when *any* descriptor of the file closes. The
+//! process therefore keeps one descriptor per lock file open while any handle on it
+//! lives and never opens a second (don't open the lock file yourself in a process that
+//! holds locks in it). Set `DBLOCK_FILE_LOCKS=posix` to use them on Linux (the test
+//! suite runs this way too), `ofd` to insist on OFD locks; anything else is an error
+//! when a handle is opened. OFD and POSIX locks conflict with each other on Linux, so
+//! processes using either exclude each other. With POSIX locks the kernel detects some
+//! cycles of waiting processes and fails one wait with [`Error::Deadlock`]. See
+//! `docs/platforms.md` for what is tested where.
 
 mod file;
 mod queue;

@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use tokio::sync::oneshot;
 
@@ -106,9 +107,21 @@ pub(crate) fn give_up(lf: &LockFile, offset: u64, id: u64) {
     }
 }
 
+/// The first interval between two looks at the lock byte from the head of the line; each
+/// look waits one interval longer, up to [`HEAD_POLL_MAX`].
+const HEAD_POLL: Duration = Duration::from_micros(50);
+const HEAD_POLL_MAX: Duration = Duration::from_millis(1);
+
+/// Whether any request still wants the place in line for `offset`.
+fn wanted(lf: &LockFile, offset: u64) -> bool {
+    let table = lf.table.lock().unwrap_or_else(|p| p.into_inner());
+    table.queued.get(&offset).is_some_and(|q| q.taker.is_some())
+}
+
 /// The thread of a place in line: take the gate (the kernel queues conflicting waiters
-/// in arrival order), then, at the head of the line, the lock byte; give the gate back;
-/// hand the lock to whoever wants it now, or give it back too.
+/// in arrival order), then, at the head of the line, the lock byte (polled, so that a
+/// place nobody wants any more is left at once); give the gate back; hand the lock to
+/// whoever wants it now, or give it back too.
 fn wait_in_kernel(lf: Arc<LockFile>, offset: u64, mode: Mode) {
     let flavor = lf.flavor;
     let outcome: Result<Option<Arc<Desc>>, std::io::Error> = loop {
@@ -116,18 +129,28 @@ fn wait_in_kernel(lf: Arc<LockFile>, offset: u64, mode: Mode) {
         if let Err(e) = sys::lock_wait(&desc.file, flavor, gate(offset), 1, Mode::Exclusive) {
             break Err(e);
         }
-        let wanted = {
-            let table = lf.table.lock().unwrap_or_else(|p| p.into_inner());
-            table.queued.get(&offset).is_some_and(|q| q.taker.is_some())
+        // At the head of the line. Nobody can pass now (they need the gate), so the lock
+        // byte is polled rather than waited for in the kernel: a wait there could not be
+        // cut off, and a request given up must leave the line at once, not when the lock
+        // comes free (a writer that gave up would otherwise still hold back readers).
+        let mut polls = 0u32;
+        let got = loop {
+            if !wanted(&lf, offset) {
+                break Ok(false);
+            }
+            match sys::try_lock(&desc.file, flavor, offset, 1, mode) {
+                Ok(sys::Attempt::Granted) => break Ok(true),
+                Ok(sys::Attempt::Busy) => {}
+                Err(e) => break Err(e),
+            }
+            polls = polls.saturating_add(1);
+            std::thread::sleep(HEAD_POLL.saturating_mul(polls).min(HEAD_POLL_MAX));
         };
-        if !wanted {
-            let _ = sys::unlock(&desc.file, flavor, gate(offset), 1);
-            break Ok(None);
-        }
-        let got = sys::lock_wait(&desc.file, flavor, offset, 1, mode);
         let _ = sys::unlock(&desc.file, flavor, gate(offset), 1);
-        if let Err(e) = got {
-            break Err(e);
+        match got {
+            Ok(true) => {}
+            Ok(false) => break Ok(None),
+            Err(e) => break Err(e),
         }
         if desc.is_named_by(&lf.path) {
             break Ok(Some(desc));
