@@ -90,8 +90,9 @@
 //! holds locks in it). Set `DBLOCK_FILE_LOCKS=posix` to use them on Linux (the test
 //! suite runs this way too), `ofd` to insist on OFD locks; anything else is an error
 //! when a handle is opened. OFD and POSIX locks conflict with each other on Linux, so
-//! processes using either exclude each other. With POSIX locks the kernel detects some
-//! cycles of waiting processes and fails one wait with [`Error::Deadlock`]. See
+//! processes using either exclude each other. Neither kind detects deadlocks between
+//! dblock's waiters (the kernel's detection for POSIX locks sees one owner per process
+//! and so reports cycles that are not there; such a report is retried). See
 //! `docs/platforms.md` for what is tested where.
 
 mod file;
