@@ -23,6 +23,7 @@ use tokio::time::Instant;
 
 use crate::error::{Error, LossReason};
 use crate::key::Key;
+use crate::migrate::adopt::History;
 use crate::migrate::plan::{Applied, Record, Report};
 use crate::migrate::set::Migration;
 
@@ -197,6 +198,35 @@ pub(crate) trait MigrationTarget: Send + Sync {
         ignore_missing: bool,
         on_applied: &'a mut (dyn FnMut(&Applied) + Send),
     ) -> BoxFuture<'a, Result<Report, Error>>;
+
+    /// Other tools' migration histories, read without the lock.
+    fn history(&self) -> BoxFuture<'_, Result<History, Error>>;
+
+    /// Records the migrations of `set` (up to `to`, or sqlx's) as applied without
+    /// running them, under the migration lock; the versions recorded.
+    fn baseline<'a>(
+        &'a self,
+        set: &'a [Migration],
+        to: Option<i64>,
+    ) -> BoxFuture<'a, Result<Vec<i64>, Error>>;
+
+    /// Reverts applied migrations with their `.down.sql`, newest first (down to `to`).
+    fn revert<'a>(
+        &'a self,
+        set: &'a [Migration],
+        to: Option<i64>,
+        on_reverted: &'a mut (dyn FnMut(&Applied) + Send),
+    ) -> BoxFuture<'a, Result<Vec<Applied>, Error>> {
+        let _ = (set, to, on_reverted);
+        Box::pin(std::future::ready(Err(Error::Unsupported(
+            "migrate revert is implemented on PostgreSQL only".into(),
+        ))))
+    }
+
+    /// The server's `server_version_num`, where there is one.
+    fn server_version_num(&self) -> BoxFuture<'_, Result<Option<u32>, Error>> {
+        Box::pin(std::future::ready(Ok(None)))
+    }
 }
 
 /// The cheapest correct way to do a lock cycle on a backend, issued directly: what

@@ -50,8 +50,13 @@ pub fn lock_prefixed(ddl: &str) -> String {
 pub struct Report {
     /// The migrations this run applied, in order.
     pub applied: Vec<Applied>,
-    /// How many migrations of the set were applied before this run.
+    /// How many migrations of the set were applied before this run (adopted ones
+    /// included).
     pub already_applied: usize,
+    /// How many migrations another tool had applied this run adopted: recorded as
+    /// applied without running them, after verifying their checksums (see
+    /// [the module](crate::migrate#adopting-another-tools-history)).
+    pub adopted: usize,
 }
 
 /// One migration a run applied.

@@ -9,8 +9,8 @@ use tokio::time::Instant;
 use sqlx::{PgConnection, Postgres, Transaction};
 
 use super::backend::{BACKSTOP, PgBackend};
+use super::bookkeeping::own_ddl;
 use super::conn::Armed;
-use super::migrate::own_ddl;
 use super::sql::{first_value, quote_ident, quote_literal};
 use super::wire::QueryError;
 use super::xact::map_sqlx;

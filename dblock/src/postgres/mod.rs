@@ -37,7 +37,9 @@
 //! runner), `floor` (the benchmark's floor), `url` (what a URL names), `xact` (locks in
 //! the caller's own transaction).
 
+mod adopt;
 mod backend;
+mod bookkeeping;
 mod conn;
 mod driver;
 pub(crate) mod fence;
@@ -49,6 +51,7 @@ mod native;
 mod outbox;
 mod plan;
 mod pool;
+mod revert;
 mod sql;
 mod sqlx_conn;
 mod url;

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::sys;
+use super::sys::{self, Attempt};
 use crate::error::Error;
 use crate::key::Key;
 use crate::raw::{BenchFloor, BoxFuture, Mode};
@@ -47,16 +47,20 @@ impl Floor {
                 }
             }
         };
+        // With this process's kind of lock.
+        let flavor = sys::flavor()
+            .map_err(|e| Error::io("the benchmark's floor", std::io::Error::other(e)))?;
         let t = Instant::now();
         loop {
-            match sys::try_lock(&file, key.file_offset(), Mode::Exclusive) {
-                Ok(true) => break,
-                Ok(false) => tokio::task::yield_now().await,
+            match sys::try_lock(&file, flavor, key.file_offset(), 1, Mode::Exclusive) {
+                Ok(Attempt::Granted) => break,
+                Ok(Attempt::Busy) => tokio::task::yield_now().await,
                 Err(e) => return Err(Error::io("the benchmark's floor", e)),
             }
         }
         let d = t.elapsed();
-        sys::unlock(&file, key.file_offset()).map_err(|e| Error::io("the benchmark's floor", e))?;
+        sys::unlock(&file, flavor, key.file_offset(), 1)
+            .map_err(|e| Error::io("the benchmark's floor", e))?;
         Ok(d)
     }
 }

@@ -6,12 +6,13 @@
 use std::time::{Duration, Instant};
 
 use sqlx::pool::PoolConnection;
-use sqlx::{AssertSqlSafe, Connection, Row, Sqlite};
+use sqlx::{AssertSqlSafe, Connection, Sqlite};
 
-use super::{SqliteBackend, SqliteHeld};
+use super::SqliteBackend;
+use super::bookkeeping::{CREATE_TABLE, connection, lock, map, read_records};
 use crate::error::Error;
-use crate::key::Key;
-use crate::migrate::plan::{Applied, MIGRATION_LOCK_KEY, Record, Report, failed, millis, plan};
+use crate::migrate::adopt::{History, adopt_or_refuse};
+use crate::migrate::plan::{Applied, Record, Report, failed, millis, plan};
 use crate::migrate::set::Migration;
 use crate::raw::{BoxFuture, MigrationTarget};
 
@@ -32,37 +33,18 @@ impl MigrationTarget for SqliteBackend {
     ) -> BoxFuture<'a, Result<Report, Error>> {
         Box::pin(run(self, set, ignore_missing, on_applied))
     }
-}
 
-const CREATE_TABLE: &str = "CREATE TABLE IF NOT EXISTS dblock_migrations (\
-     version INTEGER PRIMARY KEY, \
-     name TEXT NOT NULL, \
-     checksum TEXT NOT NULL, \
-     applied_at TEXT NOT NULL, \
-     duration_ms INTEGER NOT NULL)";
-
-fn map(e: sqlx::Error) -> Error {
-    match e {
-        sqlx::Error::Database(db) => Error::Database {
-            code: None,
-            message: db.message().to_string(),
-        },
-        other => Error::Database {
-            code: None,
-            message: other.to_string(),
-        },
+    fn history(&self) -> BoxFuture<'_, Result<History, Error>> {
+        Box::pin(super::adopt::history_unlocked(self))
     }
-}
 
-/// Waits for the migration lock: the byte at the key's offset, as for any lock, but
-/// taken by its raw key rather than derived from a name. Polled, so cancellable; the
-/// kernel drops it if the process dies.
-async fn lock(b: &SqliteBackend) -> Result<SqliteHeld, Error> {
-    b.lock_key(Key::from_i64(MIGRATION_LOCK_KEY)).await
-}
-
-async fn connection(b: &SqliteBackend) -> Result<PoolConnection<Sqlite>, Error> {
-    b.shared.db().await?.acquire().await.map_err(map)
+    fn baseline<'a>(
+        &'a self,
+        set: &'a [Migration],
+        to: Option<i64>,
+    ) -> BoxFuture<'a, Result<Vec<i64>, Error>> {
+        Box::pin(super::adopt::baseline(self, set, to))
+    }
 }
 
 /// The seed's primitive on SQLite: the script in one transaction under the lock.
@@ -94,27 +76,6 @@ async fn records(b: &SqliteBackend) -> Result<Option<Vec<Record>>, Error> {
     read_records(&mut conn).await.map(Some)
 }
 
-async fn read_records(conn: &mut PoolConnection<Sqlite>) -> Result<Vec<Record>, Error> {
-    let rows = sqlx::query(
-        "SELECT version, name, checksum, applied_at, duration_ms FROM dblock_migrations \
-         ORDER BY version",
-    )
-    .fetch_all(&mut **conn)
-    .await
-    .map_err(map)?;
-    rows.iter()
-        .map(|r| {
-            Ok(Record {
-                version: r.try_get(0).map_err(map)?,
-                name: r.try_get(1).map_err(map)?,
-                checksum: r.try_get(2).map_err(map)?,
-                applied_at: r.try_get(3).map_err(map)?,
-                duration_ms: r.try_get(4).map_err(map)?,
-            })
-        })
-        .collect()
-}
-
 async fn run(
     b: &SqliteBackend,
     set: &[Migration],
@@ -129,11 +90,16 @@ async fn run(
         .execute(&mut *conn)
         .await
         .map_err(map)?;
-    let records = read_records(&mut conn).await?;
+    let mut records = read_records(&mut conn).await?;
+    // sqlx's history: adopted, or refused, before anything is applied.
+    let history = super::adopt::history(&mut conn).await?;
+    let adopted = adopt_or_refuse(set, &mut records, &history)?;
     let pending = plan(set, &records, ignore_missing)?;
+    super::adopt::record(&mut conn, &adopted).await?;
     let mut report = Report {
         applied: Vec::with_capacity(pending.len()),
         already_applied: set.len() - pending.len(),
+        adopted: adopted.len(),
     };
     for m in pending {
         let duration = if m.no_transaction() {
