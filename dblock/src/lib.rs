@@ -55,6 +55,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod bench;
+mod conninfo;
 mod error;
 pub mod fencing;
 mod guard;
