@@ -106,6 +106,11 @@ impl TempCluster {
         self.dir.path().join("data")
     }
 
+    /// The data directory (to change `postgresql.conf`, `pg_hba.conf`; then restart).
+    pub fn data_dir(&self) -> PathBuf {
+        self.data()
+    }
+
     /// The URL of the cluster's `postgres` database.
     pub fn url(&self) -> String {
         format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
@@ -190,6 +195,16 @@ fn is_root() -> bool {
                 .and_then(|l| l.split_whitespace().nth(2).map(|u| u == "0"))
         })
         .unwrap_or(false)
+}
+
+/// Makes a file the server reads (a key, say) the `postgres` user's, mode 0600, when the
+/// server runs as `postgres`.
+pub fn give_to_postgres(file: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    if is_root() {
+        chown_postgres(file);
+    }
 }
 
 fn chown_postgres(dir: &Path) {

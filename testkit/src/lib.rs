@@ -10,6 +10,7 @@
 pub mod cluster;
 pub mod migrations;
 pub mod semantics;
+pub mod tls;
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU32, Ordering};

@@ -187,6 +187,8 @@ pub(crate) fn describe(e: &tokio_postgres::Error) -> String {
         return db.message().to_string();
     }
     let mut m = e.to_string();
+    #[cfg(feature = "tls")]
+    let ours = format!("unexpected error: {}", rustls_impl::OURS);
     let mut src = std::error::Error::source(e);
     while let Some(s) = src {
         let s_text = s.to_string();
@@ -196,6 +198,8 @@ pub(crate) fn describe(e: &tokio_postgres::Error) -> String {
         }
         src = s.source();
     }
+    #[cfg(feature = "tls")]
+    let m = m.replace(&ours, rustls_impl::OURS);
     m
 }
 
@@ -236,6 +240,10 @@ mod rustls_impl {
                     Arc::new(Checked {
                         inner,
                         check_name: opts.mode == SslMode::VerifyFull,
+                        roots: match root {
+                            RootCert::File(p) => format!("sslrootcert {}", p.display()),
+                            RootCert::System => "the system's trusted roots".into(),
+                        },
                     })
                 }
                 _ if opts.mode >= SslMode::VerifyCa => {
@@ -366,6 +374,8 @@ mod rustls_impl {
     struct Checked {
         inner: Arc<WebPkiServerVerifier>,
         check_name: bool,
+        /// Where the trusted roots came from, for messages.
+        roots: String,
     }
 
     impl ServerCertVerifier for Checked {
@@ -390,17 +400,26 @@ mod rustls_impl {
                 Err(InvalidCertificate(CertificateError::NotValidForNameContext {
                     presented,
                     ..
-                })) => Err(rustls::Error::General(format!(
-                    "sslmode=verify-full: the server's certificate is not valid for host name \
-                     {} (it is for {})",
-                    shown_name(server_name),
-                    presented.join(", ")
-                ))),
+                })) => {
+                    let names: Vec<&str> = presented.iter().map(|p| presented_name(p)).collect();
+                    Err(rustls::Error::General(format!(
+                        "{OURS}is not valid for host name {} (it is for {}; sslmode=verify-full \
+                         checks the name)",
+                        shown_name(server_name),
+                        names.join(", ")
+                    )))
+                }
                 Err(InvalidCertificate(CertificateError::NotValidForName)) => {
                     Err(rustls::Error::General(format!(
-                        "sslmode=verify-full: the server's certificate is not valid for host \
-                         name {}",
+                        "{OURS}is not valid for host name {} (sslmode=verify-full checks the \
+                         name)",
                         shown_name(server_name)
+                    )))
+                }
+                Err(InvalidCertificate(CertificateError::UnknownIssuer)) => {
+                    Err(rustls::Error::General(format!(
+                        "{OURS}is not signed by a certificate in {} (UnknownIssuer)",
+                        self.roots
                     )))
                 }
                 other => other,
@@ -430,9 +449,20 @@ mod rustls_impl {
         }
     }
 
+    /// How the messages of [`Checked`] begin; [`super::describe`] drops the "unexpected
+    /// error: " rustls puts before them.
+    pub(super) const OURS: &str = "the server's certificate ";
+
+    /// `DnsName("db.example.com")` as rustls reports a presented name: the name.
+    fn presented_name(p: &str) -> &str {
+        p.strip_prefix("DnsName(\"")
+            .and_then(|p| p.strip_suffix("\")"))
+            .unwrap_or(p)
+    }
+
     fn shown_name(name: &ServerName<'_>) -> String {
         match name {
-            ServerName::DnsName(d) => format!("{:?}", d.as_ref()),
+            ServerName::DnsName(d) => d.as_ref().to_string(),
             ServerName::IpAddress(ip) => std::net::IpAddr::from(*ip).to_string(),
             other => format!("{other:?}"),
         }
