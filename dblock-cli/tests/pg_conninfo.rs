@@ -107,7 +107,8 @@ async fn scram_passwords_work_from_every_source_and_never_show() {
         let locks = within(dblock::Locks::connect(&u))
             .await
             .unwrap_or_else(|e| panic!("{e}"));
-        within(locks.lock("scram:job")).await.unwrap();
+        let guard = within(locks.lock("scram:job")).await.unwrap();
+        within(guard.release()).await.unwrap();
         let shown = format!("{locks:?} {:?}", dblock::Locks::builder().url(&u));
         assert!(!shown.contains(&pw), "{shown}");
     }

@@ -72,8 +72,7 @@ async fn every_sslmode_that_may_encrypt_reaches_a_tls_only_server() {
     // The control: this server refuses plain connections.
     let e = within(dblock::Locks::connect(&url(&c, "sslmode=disable")))
         .await
-        .err()
-        .expect("a plain connection to a TLS-only server");
+        .expect_err("a plain connection to a TLS-only server");
     assert!(e.is_connection(), "{e}");
     assert!(e.to_string().contains("no encryption"), "{e}");
 

@@ -14,8 +14,6 @@
 //! driver's configuration (whose `Debug` hides it): [`redact`] is how every message
 //! shows a connection string.
 
-use std::collections::HashMap;
-
 /// The keys dblock passes to tokio-postgres as they are.
 #[cfg(feature = "postgres")]
 const DRIVER_KEYS: &[&str] = &[
@@ -407,7 +405,7 @@ pub(crate) fn parse(s: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<Par
     use crate::postgres::tls::{RootCert, SslMode, TlsOptions};
     use std::path::{Path, PathBuf};
 
-    let mut map: HashMap<String, String> = HashMap::new();
+    let mut map: std::collections::HashMap<String, String> = Default::default();
     for (k, v) in pairs(s)? {
         if !DRIVER_KEYS.contains(&k.as_str()) && !OWN_KEYS.contains(&k.as_str()) {
             return Err(format!(
@@ -421,10 +419,10 @@ pub(crate) fn parse(s: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<Par
     }
     let host_given = map.contains_key("host") || map.contains_key("hostaddr");
     for (key, var) in ENV_DEFAULTS {
-        if !map.contains_key(*key) {
-            if let Some(v) = env(var) {
-                map.insert((*key).to_string(), v);
-            }
+        if !map.contains_key(*key)
+            && let Some(v) = env(var)
+        {
+            map.insert((*key).to_string(), v);
         }
     }
     let host_from_env = !host_given && (map.contains_key("host") || map.contains_key("hostaddr"));
@@ -454,10 +452,10 @@ pub(crate) fn parse(s: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<Par
         map.insert("host".into(), dir.unwrap_or("localhost").to_string());
         host_defaulted = true;
     }
-    if !map.contains_key("user") {
-        if let Some(u) = env("USER").or_else(|| env("LOGNAME")) {
-            map.insert("user".into(), u);
-        }
+    if !map.contains_key("user")
+        && let Some(u) = env("USER").or_else(|| env("LOGNAME"))
+    {
+        map.insert("user".into(), u);
     }
     if !map.contains_key("application_name") {
         let name = map

@@ -507,12 +507,12 @@ impl Plan {
                 }
                 token_at = Some(sql.push(&[&upsert]));
                 sql.push(&["COMMIT"]);
-                if scope == Scope::Session {
-                    if let Some(ms) = lease_ms {
-                        sql.push(&[&format!(
-                            "SELECT set_config('idle_session_timeout', '{ms}', false)"
-                        )]);
-                    }
+                if scope == Scope::Session
+                    && let Some(ms) = lease_ms
+                {
+                    sql.push(&[&format!(
+                        "SELECT set_config('idle_session_timeout', '{ms}', false)"
+                    )]);
                 }
                 if scope == Scope::Transaction {
                     sql.begin(false);

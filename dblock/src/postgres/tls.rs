@@ -139,6 +139,12 @@ impl Connector {
         }
     }
 
+    /// The connector maker (a copy, for the driver to consume).
+    #[allow(clippy::clone_on_copy)] // `NoTls` is Copy; the rustls maker is not.
+    fn make(&self) -> Make {
+        self.make.clone()
+    }
+
     /// Connects as `config` says, with this connector's TLS. `config`'s own sslmode must
     /// be [`SslMode::driver_mode`] of this connector's.
     ///
@@ -156,15 +162,15 @@ impl Connector {
             // libpq never uses TLS on a Unix socket, and the server would refuse it.
             let mut plain = config.clone();
             plain.ssl_mode(DriverMode::Disable);
-            return plain.connect(self.make.clone()).await;
+            return plain.connect(self.make()).await;
         }
-        match config.connect(self.make.clone()).await {
+        match config.connect(self.make()).await {
             // `allow`: the server refused a plain connection (a `hostssl`-only pg_hba, say):
             // try again with TLS, as libpq does.
             Err(e) if self.mode == SslMode::Allow && e.as_db_error().is_some() => {
                 let mut tls = config.clone();
                 tls.ssl_mode(DriverMode::Require);
-                tls.connect(self.make.clone()).await
+                tls.connect(self.make()).await
             }
             other => other,
         }
@@ -175,7 +181,7 @@ impl Connector {
     ///
     /// Cancel safe: the request is a connection of its own, closed when dropped.
     pub(crate) async fn cancel(&self, token: &CancelToken) -> Result<(), tokio_postgres::Error> {
-        token.cancel_query(self.make.clone()).await
+        token.cancel_query(self.make()).await
     }
 }
 
