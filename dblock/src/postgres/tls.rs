@@ -267,7 +267,7 @@ mod rustls_impl {
                 .map_err(|e| e.to_string())?
                 .dangerous()
                 .with_custom_certificate_verifier(verifier);
-            let config = match &opts.client_cert {
+            let mut config = match &opts.client_cert {
                 Some((cert, key)) => {
                     let certs = CertificateDer::pem_file_iter(cert)
                         .and_then(|it| it.collect::<Result<Vec<_>, _>>())
@@ -283,6 +283,8 @@ mod rustls_impl {
                 }
                 None => builder.with_no_client_auth(),
             };
+            // PostgreSQL 17 requires it for `sslnegotiation=direct`; older servers ignore it.
+            config.alpn_protocols = vec![b"postgresql".to_vec()];
             Ok(MakeRustls(Arc::new(config)))
         }
     }
