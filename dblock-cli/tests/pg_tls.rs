@@ -248,3 +248,62 @@ async fn unix_sockets_never_use_tls_whatever_the_sslmode() {
         within(guard.release()).await.unwrap();
     }
 }
+
+#[tokio::test]
+async fn sslrootcert_system_trusts_the_system_roots_and_checks_the_name() {
+    let certs = Certs::generate(SERVER_NAME, "certuser");
+    let c = tls_only_cluster(&certs, "hostssl all all 127.0.0.1/32 trust");
+    let state = tempfile::tempdir().unwrap();
+    // No sslmode: `system` makes it verify-full.
+    let system = format!(
+        "host={SERVER_NAME} hostaddr=127.0.0.1 port={} user=postgres dbname=postgres \
+         sslrootcert=system",
+        c.port
+    );
+    let args = ["run", "--db", system.as_str(), "sys:job", "--", "true"];
+    // The test's CA is in no system store: refused, saying which roots were tried.
+    let out = within(
+        dblock(state.path())
+            .env_remove("SSL_CERT_FILE")
+            .env_remove("SSL_CERT_DIR")
+            .args(args)
+            .output(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(code(&out), 69, "{out:?}");
+    assert!(
+        one_line_error(&out).contains("not signed by a certificate in the system's trusted roots"),
+        "{out:?}"
+    );
+    // With the CA made a system root (SSL_CERT_FILE, as OpenSSL reads it): accepted.
+    let out = within(
+        dblock(state.path())
+            .env("SSL_CERT_FILE", &certs.ca)
+            .env_remove("SSL_CERT_DIR")
+            .args(args)
+            .output(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(code(&out), 0, "{out:?}");
+    // And the name is still checked: 127.0.0.1 is not the certificate's name.
+    let by_ip = format!(
+        "postgres://postgres@127.0.0.1:{}/postgres?sslrootcert=system",
+        c.port
+    );
+    let out = within(
+        dblock(state.path())
+            .env("SSL_CERT_FILE", &certs.ca)
+            .env_remove("SSL_CERT_DIR")
+            .args(["run", "--db", &by_ip, "sys:job", "--", "true"])
+            .output(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(code(&out), 69, "{out:?}");
+    assert!(
+        one_line_error(&out).contains("not valid for host name 127.0.0.1"),
+        "{out:?}"
+    );
+}

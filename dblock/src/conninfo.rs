@@ -133,33 +133,37 @@ pub(crate) fn redact(s: &str) -> String {
 /// The part of a URL after `scheme://`, with the userinfo password and any
 /// `password=` query parameter replaced.
 fn redact_url_rest(rest: &str) -> String {
-    let (before_query, query) = match rest.find('?') {
-        Some(q) => (&rest[..q], Some(&rest[q + 1..])),
-        None => (rest, None),
+    // The query's secrets first, on the URL as written.
+    let rest = match rest.split_once('?') {
+        Some((head, query)) => {
+            let params: Vec<String> = query
+                .split('&')
+                .map(|kv| match kv.split_once('=') {
+                    Some((k, _)) if SECRET_KEYS.contains(&percent_decode(k).as_str()) => {
+                        format!("{k}=***")
+                    }
+                    _ => kv.to_string(),
+                })
+                .collect();
+            format!("{head}?{}", params.join("&"))
+        }
+        None => rest.to_string(),
     };
-    let authority_end = before_query.find('/').unwrap_or(before_query.len());
-    let authority = &before_query[..authority_end];
-    let mut out = match authority.rfind('@') {
-        Some(at) => match authority[..at].find(':') {
-            Some(colon) => format!("{}:***{}", &authority[..colon], &before_query[at..]),
-            None => before_query.to_string(),
-        },
-        None => before_query.to_string(),
-    };
-    if let Some(query) = query {
-        out.push('?');
-        let params: Vec<String> = query
-            .split('&')
-            .map(|kv| match kv.split_once('=') {
-                Some((k, _)) if SECRET_KEYS.contains(&percent_decode(k).as_str()) => {
-                    format!("{k}=***")
+    // Then the userinfo, which ends at the last `@` — of the whole URL when the host
+    // part has a `:`, so that a password with an unencoded `/` or `?` cannot escape.
+    // (An `@` in a query value then over-redacts, which is harmless.)
+    let host_part_end = rest.find(['/', '?']).unwrap_or(rest.len());
+    match rest.rfind('@') {
+        Some(at) if at < host_part_end || rest[..host_part_end].contains(':') => {
+            match rest[..at].find(':') {
+                Some(colon) if colon < host_part_end => {
+                    format!("{}:***{}", &rest[..colon], &rest[at..])
                 }
-                _ => kv.to_string(),
-            })
-            .collect();
-        out.push_str(&params.join("&"));
+                _ => rest,
+            }
+        }
+        _ => rest,
     }
-    out
 }
 
 /// Percent-decodes `s`; invalid escapes stay as they are. Non-UTF-8 results are
@@ -685,6 +689,12 @@ mod tests {
             ("host=h password='secret", "host=h…"),
             ("sqlite:/tmp/x.db", "sqlite:/tmp/x.db"),
             ("mysql://u:secret@h/db", "mysql://u:***@h/db"),
+            ("postgres://u:se/cret@h/db", "postgres://u:***@h/db"),
+            ("postgres://u:se?cret@h/db", "postgres://u:***@h/db"),
+            (
+                "postgres://u:secret@h/db?application_name=a@b&password=secret",
+                "postgres://u:***@b&password=***",
+            ),
         ] {
             let r = redact(given);
             assert_eq!(r, shown, "{given}");
