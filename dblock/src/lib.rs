@@ -50,6 +50,7 @@
 //! | feature    | default | what it adds |
 //! |------------|---------|--------------|
 //! | `postgres` | yes     | PostgreSQL advisory locks; locks inside your sqlx transactions |
+//! | `tls`      | yes     | TLS on dblock's own PostgreSQL connections (rustls; libpq's `sslmode`, `sslrootcert`, `sslcert`, `sslkey`) |
 //! | `sqlite`   | yes     | the embedded default: an SQLite file and byte-range locks beside it (Linux) |
 //! | `macros`   | yes     | [`migrations!`]: a directory of migrations embedded at compile time |
 
@@ -59,6 +60,7 @@
 /// stability promised).
 #[doc(hidden)]
 pub mod bench;
+mod conninfo;
 mod error;
 pub mod fencing;
 mod guard;

@@ -344,7 +344,7 @@ impl<'a> Request<'a> {
 }
 
 /// Options for a [`Locks`] handle.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Builder {
     url: Option<String>,
     #[cfg(feature = "postgres")]
@@ -352,6 +352,28 @@ pub struct Builder {
     namespace: Option<String>,
     scope: Scope,
     opts: Options,
+}
+
+// By hand: the URL may hold a password, which Debug output must not show.
+impl std::fmt::Debug for Builder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut d = f.debug_struct("Builder");
+        d.field("url", &self.url.as_deref().map(crate::error::redact_url));
+        #[cfg(feature = "postgres")]
+        d.field("sqlx_pool", &self.sqlx_pool);
+        d.field("namespace", &self.namespace)
+            .field("scope", &self.scope)
+            .field("max_connections", &self.opts.max_connections)
+            .field("acquire_timeout", &self.opts.acquire_timeout)
+            .field("check_interval", &self.opts.check_interval)
+            .field("check_timeout", &self.opts.check_timeout)
+            .field(
+                "allow_network_filesystem",
+                &self.opts.allow_network_filesystem,
+            )
+            .field("multiplex", &self.opts.multiplex)
+            .finish()
+    }
 }
 
 impl Default for Builder {

@@ -16,9 +16,14 @@ pub(crate) async fn open(url: &str, opts: &Options) -> Result<(Box<dyn RawLocks>
         url: redact_url(url),
         reason,
     };
+    // libpq's `key=value` strings name no scheme: PostgreSQL's.
+    #[cfg(feature = "postgres")]
+    if crate::conninfo::is_key_value(url) {
+        return crate::postgres::open(url, opts).await;
+    }
     let Some(colon) = url.find(':') else {
         return Err(invalid(
-            "expected postgres://…, postgresql://… or sqlite:PATH".into(),
+            "expected postgres://…, postgresql://…, key=value … or sqlite:PATH".into(),
         ));
     };
     match url[..colon].to_ascii_lowercase().as_str() {

@@ -13,6 +13,7 @@ use super::plan::Plan;
 use super::pool::Pool;
 use super::sql::first_value;
 use super::sqlx_conn::SqlxSource;
+use super::tls::Connector;
 use super::wire::QueryError;
 use crate::error::{Error, WaitingFor};
 use crate::key::{DEFAULT_NAMESPACE, NAMESPACE_SETTING};
@@ -78,11 +79,13 @@ impl PgBackend {
     pub(crate) async fn open(
         config: tokio_postgres::Config,
         shown: String,
+        tls: Connector,
         opts: &Options,
     ) -> Result<(PgBackend, String), Error> {
         let pool = Pool::new(
             config,
             shown,
+            tls,
             opts.max_connections,
             opts.acquire_timeout,
             opts.check_interval,
@@ -296,9 +299,9 @@ impl PgBackend {
     }
 
     /// The configuration of dblock's own connections, if it uses its own.
-    pub(crate) fn native_config(&self) -> Option<tokio_postgres::Config> {
+    pub(crate) fn native_config(&self) -> Option<(tokio_postgres::Config, Connector)> {
         match &self.source {
-            Source::Native(p) => Some(p.config().clone()),
+            Source::Native(p) => Some((p.config().clone(), p.tls().clone())),
             Source::Sqlx(_) => None,
         }
     }
@@ -347,7 +350,7 @@ impl RawLocks for PgBackend {
 
     fn bench_floor(&self) -> Option<Result<Arc<dyn BenchFloor>, Error>> {
         Some(match self.native_config() {
-            Some(c) => Ok(Arc::new(super::floor::Floor::new(c))),
+            Some((c, tls)) => Ok(Arc::new(super::floor::Floor::new(c, tls))),
             None => Err(Error::Unsupported(
                 "the benchmark needs a postgres:// URL, not an sqlx pool".into(),
             )),

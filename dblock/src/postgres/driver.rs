@@ -23,10 +23,7 @@ use crate::error::LossReason;
 /// no future is built or registered anew, and the timers are polled only while they
 /// can matter.
 pub(crate) async fn drive(
-    connection: tokio_postgres::Connection<
-        tokio_postgres::Socket,
-        tokio_postgres::tls::NoTlsStream,
-    >,
+    connection: tokio_postgres::Connection<tokio_postgres::Socket, super::tls::Stream>,
     client: Weak<Client>,
     link: Arc<Link>,
     outbox: Arc<Outbox>,

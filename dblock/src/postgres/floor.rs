@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::tls::Connector;
 use crate::error::Error;
 use crate::key::Key;
 use crate::raw::{BenchFloor, BoxFuture};
@@ -14,13 +15,16 @@ use crate::raw::{BenchFloor, BoxFuture};
 /// Raw connections, one per worker, opened on first use.
 pub(crate) struct Floor {
     config: tokio_postgres::Config,
+    /// Over the same TLS as dblock's connections: the floor pays what they pay.
+    tls: Connector,
     clients: tokio::sync::Mutex<Vec<Option<Arc<tokio_postgres::Client>>>>,
 }
 
 impl Floor {
-    pub(crate) fn new(config: tokio_postgres::Config) -> Floor {
+    pub(crate) fn new(config: tokio_postgres::Config, tls: Connector) -> Floor {
         Floor {
             config,
+            tls,
             clients: tokio::sync::Mutex::new(Vec::new()),
         }
     }
@@ -35,12 +39,12 @@ impl Floor {
                 Some(c) => c.clone(),
                 None => {
                     let (c, conn) =
-                        self.config
-                            .connect(tokio_postgres::NoTls)
+                        self.tls
+                            .connect(&self.config)
                             .await
                             .map_err(|e| Error::Connect {
                                 target: "the benchmark's floor".into(),
-                                message: e.to_string(),
+                                message: super::tls::describe(&e),
                             })?;
                     tokio::spawn(conn);
                     let c = Arc::new(c);

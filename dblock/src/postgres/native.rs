@@ -15,9 +15,10 @@ use std::time::Duration;
 
 use futures_util::{FutureExt, StreamExt};
 use tokio::sync::OwnedSemaphorePermit;
-use tokio_postgres::{Client, NoTls, SimpleQueryMessage, SimpleQueryStream};
+use tokio_postgres::{Client, SimpleQueryMessage, SimpleQueryStream};
 
 use super::outbox::{Outbox, send, start};
+use super::tls::Connector;
 use super::wire::{Link, LockSql, QueryError, Release, Results};
 use crate::error::LossReason;
 
@@ -51,6 +52,9 @@ pub(crate) struct NativeConn {
     pub(crate) outbox: Arc<Outbox>,
     pub(crate) permit: Option<OwnedSemaphorePermit>,
     pub(crate) pool: Weak<Idle>,
+    /// For the cancel request of [`NativeConn::abandon`], over the session's kind of
+    /// connection.
+    pub(crate) tls: Connector,
 }
 
 impl NativeConn {
@@ -203,6 +207,7 @@ impl NativeConn {
         });
         self.outbox.close_now();
         let token = self.client.cancel_token();
+        let tls = self.tls.clone();
         drop(self);
         if let Ok(h) = tokio::runtime::Handle::try_current() {
             h.spawn(async move {
@@ -211,8 +216,7 @@ impl NativeConn {
                 // on servers without client_connection_check_interval.
                 for pause in [0u64, 200, 1000] {
                     tokio::time::sleep(Duration::from_millis(pause)).await;
-                    let _ = tokio::time::timeout(Duration::from_secs(5), token.cancel_query(NoTls))
-                        .await;
+                    let _ = tokio::time::timeout(Duration::from_secs(5), tls.cancel(&token)).await;
                 }
             });
         }

@@ -4,11 +4,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::Semaphore;
-use tokio_postgres::NoTls;
 
 use super::driver::drive;
 use super::native::{Idle, NativeConn};
 use super::outbox::Outbox;
+use super::tls::Connector;
 use super::wire::Link;
 use crate::error::{Error, WaitingFor};
 
@@ -16,6 +16,7 @@ use crate::error::{Error, WaitingFor};
 pub(crate) struct PoolShared {
     config: tokio_postgres::Config,
     shown: String,
+    tls: Connector,
     idle: Arc<Idle>,
     permits: Arc<Semaphore>,
     acquire_timeout: Duration,
@@ -33,6 +34,7 @@ impl Pool {
     pub(crate) fn new(
         config: tokio_postgres::Config,
         shown: String,
+        tls: Connector,
         max: usize,
         acquire_timeout: Duration,
         check_interval: Duration,
@@ -42,6 +44,7 @@ impl Pool {
             shared: Arc::new(PoolShared {
                 config,
                 shown,
+                tls,
                 idle: Arc::new(Mutex::new(Vec::new())),
                 permits: Arc::new(Semaphore::new(max)),
                 acquire_timeout,
@@ -53,6 +56,11 @@ impl Pool {
 
     pub(crate) fn config(&self) -> &tokio_postgres::Config {
         &self.shared.config
+    }
+
+    /// How the pool's connections are opened (TLS).
+    pub(crate) fn tls(&self) -> &Connector {
+        &self.shared.tls
     }
 
     /// A connection: an idle one if there is one, else a new one. Waits at most the
@@ -128,25 +136,16 @@ impl Pool {
     }
 
     async fn connect(&self) -> Result<NativeConn, Error> {
-        let (client, connection) = self.shared.config.connect(NoTls).await.map_err(|e| {
-            let message = match e.as_db_error() {
-                Some(db) => db.message().to_string(),
-                None => {
-                    // tokio-postgres puts the useful part (refused, timed out) in the source.
-                    let mut m = e.to_string();
-                    let mut src = std::error::Error::source(&e);
-                    while let Some(s) = src {
-                        m = format!("{m}: {s}");
-                        src = s.source();
-                    }
-                    m
-                }
-            };
-            Error::Connect {
-                target: self.shared.shown.clone(),
-                message,
-            }
-        })?;
+        let shared = &self.shared;
+        let (client, connection) =
+            shared
+                .tls
+                .connect(&shared.config)
+                .await
+                .map_err(|e| Error::Connect {
+                    target: shared.shown.clone(),
+                    message: super::tls::describe(&e),
+                })?;
         // PostgreSQL 14+ can notice, while a lock request waits, that the client closed
         // its socket: a cut-off wait then ends on the server even if the cancel request
         // raced ahead of the request and was ignored.
@@ -178,6 +177,7 @@ impl Pool {
             outbox,
             permit: None,
             pool: Arc::downgrade(&self.shared.idle),
+            tls: self.shared.tls.clone(),
         })
     }
 }
