@@ -241,11 +241,12 @@ impl SqliteBackend {
                     // receiver is released by the channel.
                     let _claim = Claim { lf, offset, id };
                     tokio::select! {
-                        r = rx => match r {
-                            Ok(r) => return r.map(Some),
+                        r = rx => {
+                            if let Ok(r) = r {
+                                return r.map(Some);
+                            }
                             // The place in line was given up or moved: look again.
-                            Err(_) => {}
-                        },
+                        }
                         () = &mut expired => return Ok(None),
                     }
                 }
@@ -394,13 +395,11 @@ impl Shared {
             }
             None => false,
         };
-        if empty {
-            if let Some(slot) = table.held.remove(&offset) {
-                // Unlocking a byte this owner holds cannot fail short of a closed
-                // descriptor, which the Arc rules out. Should it fail anyway, the lock
-                // stays until the process exits: never two holders.
-                let _ = sys::unlock(&slot.desc.file, lf.flavor, offset, 1);
-            }
+        if empty && let Some(slot) = table.held.remove(&offset) {
+            // Unlocking a byte this owner holds cannot fail short of a closed
+            // descriptor, which the Arc rules out. Should it fail anyway, the lock
+            // stays until the process exits: never two holders.
+            let _ = sys::unlock(&slot.desc.file, lf.flavor, offset, 1);
         }
         drop(table);
         if lf.waiters.load(Ordering::SeqCst) > 0 {

@@ -100,10 +100,10 @@ pub(crate) fn join(
 /// Gives up request `id`'s claim on the place in line, if it still has it.
 pub(crate) fn give_up(lf: &LockFile, offset: u64, id: u64) {
     let mut table = lf.table.lock().unwrap_or_else(|p| p.into_inner());
-    if let Some(q) = table.queued.get_mut(&offset) {
-        if q.taker.as_ref().is_some_and(|t| t.id == id) {
-            q.taker = None; // drops its Arc<Shared> and channel
-        }
+    if let Some(q) = table.queued.get_mut(&offset)
+        && q.taker.as_ref().is_some_and(|t| t.id == id)
+    {
+        q.taker = None; // drops its Arc<Shared> and channel
     }
 }
 
