@@ -611,7 +611,9 @@ impl Plan {
                 }
                 token_at = Some(sql.push(&[&upsert]));
                 sql.push(&["COMMIT"]);
-                if let (Scope::Session, Some(ms)) = (scope, lease_ms) {
+                if scope == Scope::Session
+                    && let Some(ms) = lease_ms
+                {
                     sql.push(&[&format!(
                         "SELECT set_config('idle_session_timeout', '{ms}', false)"
                     )]);
