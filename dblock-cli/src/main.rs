@@ -116,8 +116,8 @@ struct RunArgs {
     #[arg(long, value_name = "URL")]
     db: Option<String>,
 
-    /// Namespace the name is keyed in (default: the PostgreSQL schema in use; "public"
-    /// on SQLite).
+    /// Namespace the name is keyed in (default: the server setting dblock.namespace if
+    /// set, else "public").
     #[arg(long, value_name = "NS")]
     namespace: Option<String>,
 

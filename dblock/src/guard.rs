@@ -184,16 +184,21 @@ impl LockGuard {
         }
     }
 
-    /// Checks with the server, now, that the lock is still held.
+    /// Checks with the server, now, that the lock is still held. On a connection that
+    /// stops answering it returns once the connection is declared lost, within
+    /// [`check_interval`](crate::Builder::check_interval) plus
+    /// [`check_timeout`](crate::Builder::check_timeout).
     ///
     /// # Errors
     ///
-    /// [`Error::LockLost`] when it is not.
+    /// [`Error::LockLost`] when it is not, including after the runtime that drove the
+    /// lock's connection has shut down (the connection went with it).
     ///
     /// # Cancel safety
     ///
-    /// Cancelling the check leaves the lock held, unless the connection was in the middle
-    /// of answering: then it is closed and the lock is lost (and reported as lost).
+    /// Cancelling the check has no effect on the lock: the check is an empty query
+    /// whose reply the connection reads and drops when no one waits for it any more, on
+    /// a connection of the lock's own and on a multiplexing handle's shared one alike.
     pub async fn check(&mut self) -> Result<(), Error> {
         match &mut self.held {
             #[cfg(feature = "postgres")]

@@ -38,8 +38,14 @@ async fn two_handles_on_one_file_exclude_each_other() {
     );
     assert!(b.try_lock("y").await.unwrap().is_none());
     drop(rs);
-    let waiter = tokio::spawn(async move { b.lock("x").await.map(drop) });
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    let mut waiter = tokio::spawn(async move { b.lock("x").await.map(drop) });
+    // Observed waiting, not slept for: it does not finish while the lock is held.
+    assert!(
+        tokio::time::timeout(Duration::from_millis(50), &mut waiter)
+            .await
+            .is_err(),
+        "the waiter waits while the lock is held"
+    );
     drop(g);
     let r = tokio::time::timeout(Duration::from_secs(5), waiter).await;
     assert!(matches!(r, Ok(Ok(Ok(())))), "{r:?}");

@@ -401,7 +401,7 @@ pub(crate) mod pg {
     ) -> Result<Vec<i64>, Error> {
         let table = pg::table(b)?;
         let armed = Armed::new(b.pinned().await?);
-        pg::wait_for_lock(&armed).await?;
+        pg::wait_for_lock(&armed, None).await?;
         q(&armed, &pg::create_table(&table)).await?;
         let records = pg::read_records(&armed, &table).await?;
         let h = history(&armed).await?;

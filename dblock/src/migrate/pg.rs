@@ -118,16 +118,32 @@ fn parse_record(row: Option<&str>) -> Result<Record, Error> {
 
 /// Waits for the migration lock, as a session lock, holding no snapshot: a short
 /// `pg_try_advisory_lock` in autocommit now and then, idle in between (see the module
-/// documentation).
-pub(crate) async fn wait_for_lock(armed: &Armed) -> Result<(), Error> {
+/// documentation). With a deadline (the caller's, when dblock waits on its behalf),
+/// gives up with [`Error::Timeout`] once it has passed; it always tries once.
+pub(crate) async fn wait_for_lock(
+    armed: &Armed,
+    deadline: Option<tokio::time::Instant>,
+) -> Result<(), Error> {
     let sql = format!("SELECT pg_try_advisory_lock({MIGRATION_LOCK_KEY})");
+    let started = tokio::time::Instant::now();
     let mut pause = POLL_FIRST;
     loop {
         let rows = q(armed, &sql).await?;
         if first_value(&rows, 0).as_deref() == Some("t") {
             return Ok(());
         }
-        tokio::time::sleep(pause).await;
+        let mut next = tokio::time::Instant::now() + pause;
+        if let Some(d) = deadline.filter(|&d| next > d) {
+            if tokio::time::Instant::now() >= d {
+                return Err(Error::Timeout {
+                    waiting_for: "the migration lock (dblock creates its fencing table under it)",
+                    after: Some(started.elapsed()),
+                });
+            }
+            // One last try at the deadline.
+            next = d;
+        }
+        tokio::time::sleep_until(next).await;
         pause = (pause * 2).min(POLL_MAX);
     }
 }
@@ -136,8 +152,12 @@ pub(crate) async fn wait_for_lock(armed: &Armed) -> Result<(), Error> {
 /// runner's way (no snapshot held, so never in the way of a CREATE INDEX CONCURRENTLY).
 /// If anything fails the connection is abandoned by the caller's [`Armed`], which
 /// releases the lock.
-pub(crate) async fn own_ddl(armed: &Armed, ddl: &str) -> Result<(), Error> {
-    wait_for_lock(armed).await?;
+pub(crate) async fn own_ddl(
+    armed: &Armed,
+    ddl: &str,
+    deadline: Option<tokio::time::Instant>,
+) -> Result<(), Error> {
+    wait_for_lock(armed, deadline).await?;
     q(armed, ddl).await?;
     let rows = q(
         armed,
@@ -255,7 +275,7 @@ impl Session {
 
     /// Waits for the migration lock holding no snapshot (see [`wait_for_lock`]).
     async fn lock(&mut self) -> Result<(), Error> {
-        wait_for_lock(&self.armed).await?;
+        wait_for_lock(&self.armed, None).await?;
         self.locked = true;
         Ok(())
     }

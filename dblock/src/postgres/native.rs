@@ -72,7 +72,12 @@ impl Pool {
     /// acquire timeout for one to come free when all are in use.
     ///
     /// Cancel safe: a connection being opened when the future is dropped is closed.
-    pub(crate) async fn get(&self) -> Result<NativeConn, Error> {
+    /// With a `deadline` (a lock request's), waits for one to come free no later than
+    /// that either.
+    pub(crate) async fn get_until(
+        &self,
+        deadline: Option<tokio::time::Instant>,
+    ) -> Result<NativeConn, Error> {
         let sem = self.shared.permits.clone();
         // A free permit is taken without awaiting: an await could yield for tokio's
         // cooperative budget.
@@ -82,7 +87,13 @@ impl Pool {
                 return Err(Error::Unsupported("the pool is closed".into()));
             }
             Err(tokio::sync::TryAcquireError::NoPermits) => {
-                let wait = self.shared.acquire_timeout;
+                let wait = match deadline {
+                    Some(d) => self
+                        .shared
+                        .acquire_timeout
+                        .min(d.saturating_duration_since(tokio::time::Instant::now())),
+                    None => self.shared.acquire_timeout,
+                };
                 match tokio::time::timeout(wait, sem.acquire_owned()).await {
                     Ok(Ok(p)) => p,
                     Ok(Err(_)) => return Err(Error::Unsupported("the pool is closed".into())),
@@ -303,6 +314,7 @@ async fn drive(
     interval: Duration,
     timeout: Duration,
 ) {
+    let _dropped = super::conn::LostOnDrop(link.clone());
     type Ping = Pin<Box<dyn Future<Output = Result<(), QueryError>> + Send>>;
     let mut connection = std::pin::pin!(connection);
     // A check in flight, and when it fails if still unanswered.
