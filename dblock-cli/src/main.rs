@@ -47,6 +47,7 @@ macro_rules! err {
 
 mod duration;
 mod migrate;
+mod notice;
 mod run;
 mod sys;
 
@@ -110,9 +111,10 @@ struct BenchArgs {
 
 #[derive(Args, Debug)]
 struct RunArgs {
-    /// Database URL: postgres://…, postgresql://…, sqlite:PATH. Default:
-    /// $DBLOCK_DATABASE_URL, then $DATABASE_URL, then
-    /// $XDG_STATE_HOME/dblock/locks.db (~/.local/state/dblock/locks.db).
+    /// Database URL: postgres://…, postgresql://…, a libpq key=value string, sqlite:PATH.
+    /// Default: $DBLOCK_DATABASE_URL, then $DATABASE_URL, then the host-local file
+    /// $XDG_STATE_HOME/dblock/locks.db (~/.local/state/dblock/locks.db), with a note on
+    /// stderr (DBLOCK_NO_DEFAULT_NOTICE=1 silences it).
     #[arg(long, value_name = "URL")]
     db: Option<String>,
 
@@ -224,6 +226,7 @@ async fn bench(args: BenchArgs) -> u8 {
         errln!("dblock: --seconds must be more than 0 and at most 3600");
         return EXIT_USAGE;
     }
+    notice::embedded_default(args.db.as_deref());
     let mut builder = dblock::Locks::builder();
     if let Some(url) = &args.db {
         builder = builder.url(url);

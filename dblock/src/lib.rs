@@ -50,12 +50,14 @@
 //! | feature    | default | what it adds |
 //! |------------|---------|--------------|
 //! | `postgres` | yes     | PostgreSQL advisory locks; locks inside your sqlx transactions |
+//! | `tls`      | yes     | TLS on dblock's own PostgreSQL connections (rustls; libpq's `sslmode`, `sslrootcert`, `sslcert`, `sslkey`) |
 //! | `sqlite`   | yes     | the embedded default: an SQLite file and byte-range locks beside it (Linux) |
 //! | `macros`   | yes     | [`migrations!`]: a directory of migrations embedded at compile time |
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod bench;
+mod conninfo;
 mod error;
 pub mod fencing;
 mod guard;

@@ -429,7 +429,7 @@ impl<'a> Request<'a> {
 }
 
 /// Options for a [`Locks`] handle.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Builder {
     url: Option<String>,
     #[cfg(feature = "postgres")]
@@ -442,6 +442,25 @@ pub struct Builder {
     pub(crate) check_timeout: Duration,
     pub(crate) allow_network_filesystem: bool,
     pub(crate) multiplex: usize,
+}
+
+// By hand: the URL may hold a password, which Debug output must not show.
+impl std::fmt::Debug for Builder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut d = f.debug_struct("Builder");
+        d.field("url", &self.url.as_deref().map(crate::error::redact_url));
+        #[cfg(feature = "postgres")]
+        d.field("sqlx_pool", &self.sqlx_pool);
+        d.field("namespace", &self.namespace)
+            .field("scope", &self.scope)
+            .field("max_connections", &self.max_connections)
+            .field("acquire_timeout", &self.acquire_timeout)
+            .field("check_interval", &self.check_interval)
+            .field("check_timeout", &self.check_timeout)
+            .field("allow_network_filesystem", &self.allow_network_filesystem)
+            .field("multiplex", &self.multiplex)
+            .finish()
+    }
 }
 
 impl Default for Builder {
@@ -599,8 +618,8 @@ impl Builder {
         };
         let (backend, namespace) = match target {
             #[cfg(feature = "postgres")]
-            Target::Postgres { config, shown } => {
-                let (b, ns) = crate::postgres::PgBackend::open(*config, shown, &self).await?;
+            Target::Postgres { config, shown, tls } => {
+                let (b, ns) = crate::postgres::PgBackend::open(*config, shown, tls, &self).await?;
                 (Backend::Postgres(b), ns)
             }
             #[cfg(feature = "sqlite")]

@@ -11,6 +11,7 @@ pub mod adoption;
 pub mod cluster;
 pub mod migrations;
 pub mod semantics;
+pub mod tls;
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU32, Ordering};

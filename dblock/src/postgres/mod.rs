@@ -31,6 +31,7 @@ mod conn;
 mod mux;
 mod native;
 mod sqlx_conn;
+pub(crate) mod tls;
 pub mod xact;
 
 use std::borrow::Cow;
@@ -103,11 +104,13 @@ impl PgBackend {
     pub(crate) async fn open(
         config: tokio_postgres::Config,
         shown: String,
+        tls: tls::Connector,
         opts: &Builder,
     ) -> Result<(PgBackend, String), Error> {
         let pool = Pool::new(
             config,
             shown,
+            tls,
             opts.max_connections,
             opts.acquire_timeout,
             opts.check_interval,
@@ -325,9 +328,9 @@ impl PgBackend {
     }
 
     /// The configuration of dblock's own connections, if it uses its own.
-    pub(crate) fn native_config(&self) -> Option<tokio_postgres::Config> {
+    pub(crate) fn native_config(&self) -> Option<(tokio_postgres::Config, tls::Connector)> {
         match &self.source {
-            Source::Native(p) => Some(p.config().clone()),
+            Source::Native(p) => Some((p.config().clone(), p.tls().clone())),
             Source::Sqlx(_) => None,
         }
     }
