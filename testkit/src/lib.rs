@@ -276,29 +276,8 @@ where
     }
 }
 
-/// `base` (a `postgres://` URL) naming database `db` instead of its own: the path is
-/// replaced, user, password, host, port and parameters are kept.
-pub fn with_database(base: &str, db: &str) -> String {
-    let (head, query) = match base.split_once('?') {
-        Some((h, q)) => (h, Some(q)),
-        None => (base, None),
-    };
-    let Some(scheme_end) = head.find("://") else {
-        panic!(
-            "DATABASE_URL must be a postgres:// URL to derive other databases' URLs from: {base}"
-        );
-    };
-    let authority_start = scheme_end + 3;
-    let path_start = head[authority_start..]
-        .find('/')
-        .map_or(head.len(), |i| authority_start + i);
-    let mut url = format!("{}/{}", &head[..path_start], percent_encode(db));
-    if let Some(q) = query {
-        url.push('?');
-        url.push_str(q);
-    }
-    url
-}
+/// `base` naming database `db` instead of its own (see [`adoption::with_database`]).
+pub use adoption::with_database;
 
 /// A database of one test's own, on the server of [`pg_url`]: for tests that take the
 /// database-wide migration lock or depend on what exists database-wide (the fencing

@@ -225,10 +225,16 @@ async fn a_release_carried_by_the_next_request_still_goes_first() {
             let at = format!("round {round}, release kind {kind}");
             drop(take_a(kind).await.unwrap());
             let b = locks.try_lock("b").await.unwrap().expect("b is free");
-            assert!(
-                other.try_lock("a").await.unwrap().is_some(),
-                "{at}: a was released"
-            );
+            // Released and awaited, not dropped: a dropped guard's release is sent
+            // without waiting, and the count below must not race it.
+            other
+                .try_lock("a")
+                .await
+                .unwrap()
+                .unwrap_or_else(|| panic!("{at}: a was released"))
+                .release()
+                .await
+                .unwrap();
             assert!(
                 other.try_lock("b").await.unwrap().is_none(),
                 "{at}: b is held"
@@ -279,14 +285,14 @@ async fn a_release_carried_by_the_next_request_still_goes_first() {
                 .await
                 .unwrap();
             assert!(r.is_none(), "{at}");
-            let a = other.try_lock("a").await.unwrap();
-            assert!(
-                a.is_some(),
-                "{at}: a was released by the failed request's message"
-            );
-            // Released and confirmed before counting: a dropped guard's release is only
-            // sent, and the count could otherwise run before it.
-            a.unwrap().release().await.unwrap();
+            other
+                .try_lock("a")
+                .await
+                .unwrap()
+                .unwrap_or_else(|| panic!("{at}: a was released by the failed request's message"))
+                .release()
+                .await
+                .unwrap();
             assert_eq!(granted().await, 1, "{at}: busy alone");
             drop(take_a(kind).await.unwrap());
             let f = locks.request("f").fenced().lock().await.unwrap();

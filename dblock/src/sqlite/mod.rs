@@ -273,7 +273,7 @@ impl SqliteBackend {
                             if let Ok(r) = r {
                                 return r.map(Some);
                             }
-                            // Err: the place in line was given up or moved: look again.
+                            // The place in line was given up or moved: look again.
                         }
                         () = &mut expired => return Ok(None),
                     }
