@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! dblock run [--db URL] [--namespace NS] [--wait DURATION | --no-wait] [--shared] NAME -- COMMAND [ARGS...]
-//! dblock key [--namespace NS] [--db mysql://…/DATABASE] NAME
+//! dblock key [--namespace NS] NAME
 //! dblock migrate [--db URL] [--ignore-missing] DIR [--dry-run]
 //! dblock migrate status [--db URL] [--ignore-missing] DIR
 //! dblock migrate baseline [--db URL] DIR [--to VERSION]
@@ -47,6 +47,7 @@ macro_rules! err {
 
 mod duration;
 mod migrate;
+mod notice;
 mod run;
 mod sys;
 
@@ -84,8 +85,7 @@ struct Cli {
 enum Command {
     /// Run COMMAND while holding the lock NAME; exit with COMMAND's status.
     Run(RunArgs),
-    /// Print the key of NAME, and where PostgreSQL shows it in pg_locks (with a
-    /// mysql:// URL: the GET_LOCK name MySQL/MariaDB show it under).
+    /// Print the key of NAME, and where PostgreSQL shows it in pg_locks.
     Key(KeyArgs),
     /// Measure lock cycles against the floor of the same work done directly.
     Bench(BenchArgs),
@@ -111,14 +111,15 @@ struct BenchArgs {
 
 #[derive(Args, Debug)]
 struct RunArgs {
-    /// Database URL: postgres://…, postgresql://…, mysql://…, mariadb://…, sqlite:PATH. Default:
-    /// $DBLOCK_DATABASE_URL, then $DATABASE_URL, then
-    /// $XDG_STATE_HOME/dblock/locks.db (~/.local/state/dblock/locks.db).
+    /// Database URL: postgres://…, postgresql://…, a libpq key=value string, sqlite:PATH.
+    /// Default: $DBLOCK_DATABASE_URL, then $DATABASE_URL, then the host-local file
+    /// $XDG_STATE_HOME/dblock/locks.db (~/.local/state/dblock/locks.db), with a note on
+    /// stderr (DBLOCK_NO_DEFAULT_NOTICE=1 silences it).
     #[arg(long, value_name = "URL")]
     db: Option<String>,
 
-    /// Namespace the name is keyed in (default: the PostgreSQL schema in use; "public"
-    /// on SQLite).
+    /// Namespace the name is keyed in (default: the server setting dblock.namespace if
+    /// set, else "public").
     #[arg(long, value_name = "NS")]
     namespace: Option<String>,
 
@@ -246,6 +247,7 @@ async fn bench(args: BenchArgs) -> u8 {
         errln!("dblock: --seconds must be more than 0 and at most 3600");
         return EXIT_USAGE;
     }
+    notice::embedded_default(args.db.as_deref());
     let mut builder = dblock::Locks::builder();
     if let Some(url) = &args.db {
         builder = builder.url(url);

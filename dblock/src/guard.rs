@@ -2,50 +2,11 @@
 
 use std::fmt;
 use std::future::Future;
-use std::time::Duration;
 
-use crate::locks::{Grant, Mode};
-use crate::{Error, Key};
-
-/// Why a held lock was lost.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum LossReason {
-    /// The lock's connection closed or failed: the server restarted or shut down, an
-    /// operator terminated the backend (`pg_terminate_backend`), the network broke.
-    ConnectionClosed {
-        /// What the driver or the server said.
-        message: String,
-    },
-    /// The connection stopped answering health checks for this long; dblock closed it.
-    Unresponsive {
-        /// How long the check went unanswered.
-        after: Duration,
-    },
-}
-
-impl fmt::Display for LossReason {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            LossReason::ConnectionClosed { message } => {
-                write!(f, "its connection closed ({message})")
-            }
-            LossReason::Unresponsive { after } => {
-                write!(f, "its connection did not answer a check for {after:?}")
-            }
-        }
-    }
-}
-
-/// The backend half of a guard.
-pub(crate) enum Held {
-    #[cfg(feature = "postgres")]
-    Postgres(crate::postgres::PgHeld),
-    #[cfg(feature = "sqlite")]
-    Sqlite(crate::sqlite::SqliteHeld),
-    #[cfg(feature = "mysql")]
-    MySql(crate::mysql::MyHeld),
-}
+use crate::error::{Error, LossReason};
+use crate::fencing::Fence;
+use crate::key::Key;
+use crate::raw::{Grant, Mode, RawHeld};
 
 /// A held lock. Dropping it releases the lock at once; [`release`](LockGuard::release)
 /// does the same and reports errors.
@@ -63,8 +24,9 @@ pub struct LockGuard {
     name: Box<str>,
     key: Key,
     mode: Mode,
-    fence: Option<crate::fencing::Fence>,
-    held: Option<Held>,
+    fence: Option<Fence>,
+    /// The backend's half: releases on drop.
+    held: Box<dyn RawHeld>,
 }
 
 impl fmt::Debug for LockGuard {
@@ -86,8 +48,8 @@ impl LockGuard {
             mode,
             fence: grant
                 .fence
-                .map(|(token, table)| crate::fencing::Fence::new(name, key, token, table)),
-            held: Some(grant.held),
+                .map(|(token, table)| Fence::new(name, key, token, table)),
+            held: grant.held,
         }
     }
 
@@ -110,13 +72,13 @@ impl LockGuard {
     /// ([`Request::fenced`](crate::Request::fenced)): greater than every earlier grant's
     /// token for this name.
     pub fn fencing_token(&self) -> Option<i64> {
-        self.fence.as_ref().map(crate::fencing::Fence::token)
+        self.fence.as_ref().map(Fence::token)
     }
 
     /// The fence of this grant, to check in the transaction that makes the writes the
     /// lock protects (see [`fencing`](crate::fencing)); `None` unless a token was asked
     /// for.
-    pub fn fence(&self) -> Option<&crate::fencing::Fence> {
+    pub fn fence(&self) -> Option<&Fence> {
         self.fence.as_ref()
     }
 
@@ -124,15 +86,7 @@ impl LockGuard {
     /// connection has been seen to close or stop answering. A lock can be lost a moment
     /// before this notices; fencing tokens guard writes against that window.
     pub fn is_held(&self) -> bool {
-        match &self.held {
-            #[cfg(feature = "postgres")]
-            Some(Held::Postgres(h)) => h.loss().is_none(),
-            #[cfg(feature = "sqlite")]
-            Some(Held::Sqlite(_)) => true,
-            #[cfg(feature = "mysql")]
-            Some(Held::MySql(h)) => h.loss().is_none(),
-            None => false,
-        }
+        self.held.loss().is_none()
     }
 
     /// A future that resolves, with the reason, when the lock is lost; it never
@@ -163,42 +117,26 @@ impl LockGuard {
     ///
     /// Dropping the future has no effect on the lock.
     pub fn lost(&self) -> impl Future<Output = LossReason> + Send + 'static {
-        let watch: Option<std::pin::Pin<Box<dyn Future<Output = LossReason> + Send>>> =
-            match &self.held {
-                #[cfg(feature = "postgres")]
-                Some(Held::Postgres(h)) => Some(Box::pin(h.watch_loss())),
-                #[cfg(feature = "mysql")]
-                Some(Held::MySql(h)) => Some(Box::pin(h.watch_loss())),
-                _ => None,
-            };
-        async move {
-            match watch {
-                Some(w) => w.await,
-                None => std::future::pending().await,
-            }
-        }
+        self.held.lost()
     }
 
-    /// Checks with the server, now, that the lock is still held.
+    /// Checks with the server, now, that the lock is still held. On a connection that
+    /// stops answering it returns once the connection is declared lost, within
+    /// [`check_interval`](crate::Builder::check_interval) plus
+    /// [`check_timeout`](crate::Builder::check_timeout).
     ///
     /// # Errors
     ///
-    /// [`Error::LockLost`] when it is not.
+    /// [`Error::LockLost`] when it is not, including after the runtime that drove the
+    /// lock's connection has shut down (the connection went with it).
     ///
     /// # Cancel safety
     ///
-    /// Cancelling the check leaves the lock held, unless the connection was in the middle
-    /// of answering: then it is closed and the lock is lost (and reported as lost).
+    /// Cancelling the check has no effect on the lock: the check is an empty query
+    /// whose reply the connection reads and drops when no one waits for it any more, on
+    /// a connection of the lock's own and on a multiplexing handle's shared one alike.
     pub async fn check(&mut self) -> Result<(), Error> {
-        match &mut self.held {
-            #[cfg(feature = "postgres")]
-            Some(Held::Postgres(h)) => h.check().await,
-            #[cfg(feature = "sqlite")]
-            Some(Held::Sqlite(_)) => Ok(()),
-            #[cfg(feature = "mysql")]
-            Some(Held::MySql(h)) => h.check().await,
-            None => Err(Error::Unsupported("the guard was already released".into())),
-        }
+        self.held.check().await
     }
 
     /// Releases the lock now and waits for the database to confirm it.
@@ -212,19 +150,8 @@ impl LockGuard {
     ///
     /// Cancelling the release still releases: the connection is closed if the reply
     /// had not arrived.
-    pub async fn release(mut self) -> Result<(), Error> {
-        match self.held.take() {
-            #[cfg(feature = "postgres")]
-            Some(Held::Postgres(h)) => h.release().await,
-            #[cfg(feature = "sqlite")]
-            Some(Held::Sqlite(h)) => {
-                h.release();
-                Ok(())
-            }
-            #[cfg(feature = "mysql")]
-            Some(Held::MySql(h)) => h.release().await,
-            None => Ok(()),
-        }
+    pub async fn release(self) -> Result<(), Error> {
+        self.held.release().await
     }
 }
 

@@ -5,90 +5,13 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::guard::{Held, LockGuard};
-use crate::key::{check_name, check_namespace};
-use crate::target::Target;
-use crate::{Error, Key};
-
-/// Whether a lock excludes everyone, or only exclusive holders.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub enum Mode {
-    /// One holder at a time (a writer).
-    #[default]
-    Exclusive,
-    /// Any number of shared holders at once, and no exclusive holder (readers).
-    Shared,
-}
-
-/// How long a PostgreSQL lock lives on its connection. The embedded backend has one
-/// kind of lock and ignores this.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub enum Scope {
-    /// A transaction-scoped advisory lock (`pg_advisory_xact_lock`): the guard keeps a
-    /// transaction open on its connection and ends it to release. Works behind PgBouncer
-    /// in transaction pooling mode. The default.
-    #[default]
-    Transaction,
-    /// A session-scoped advisory lock (`pg_advisory_lock`), released by
-    /// `pg_advisory_unlock`. No transaction stays open while it is held, but it is lost
-    /// or leaked behind a transaction-pooling PgBouncer.
-    Session,
-}
-
-/// How long a request waits for a lock someone else holds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Wait {
-    /// Until it is granted.
-    Forever,
-    /// Not at all.
-    Try,
-    /// Until this instant.
-    Until(Instant),
-}
-
-impl Wait {
-    /// The instant after which to give up, if any.
-    pub(crate) fn deadline(self) -> Option<Instant> {
-        match self {
-            Wait::Forever => None,
-            Wait::Try => Some(Instant::now()),
-            Wait::Until(t) => Some(t),
-        }
-    }
-}
-
-/// One request as the backends see it: the name checked and keyed.
-#[derive(Debug, Clone)]
-pub(crate) struct Req<'a> {
-    pub(crate) namespace: &'a str,
-    pub(crate) name: &'a str,
-    pub(crate) key: Key,
-    pub(crate) mode: Mode,
-    pub(crate) scope: Scope,
-    pub(crate) wait: Wait,
-    pub(crate) fenced: bool,
-    pub(crate) lease: Option<Duration>,
-}
-
-/// A grant as a backend returns it.
-pub(crate) struct Grant {
-    pub(crate) held: Held,
-    /// The fencing token, and the fencing table as SQL names it.
-    pub(crate) fence: Option<(i64, Arc<str>)>,
-}
-
-/// What a handle talks to.
-pub(crate) enum Backend {
-    #[cfg(feature = "postgres")]
-    Postgres(crate::postgres::PgBackend),
-    #[cfg(feature = "sqlite")]
-    Sqlite(crate::sqlite::SqliteBackend),
-    #[cfg(feature = "mysql")]
-    MySql(crate::mysql::MyBackend),
-}
+use crate::error::{Error, WaitingFor};
+use crate::guard::LockGuard;
+use crate::key::{Key, check_name, check_namespace};
+use crate::raw::{Mode, Options, RawLocks, Req, Scope, Wait};
 
 pub(crate) struct Inner {
-    pub(crate) backend: Backend,
+    pub(crate) backend: Box<dyn RawLocks>,
     pub(crate) namespace: String,
     pub(crate) scope: Scope,
 }
@@ -220,16 +143,9 @@ impl Locks {
         &self.inner.namespace
     }
 
-    /// `"postgres"`, `"sqlite"` or `"mysql"`.
+    /// `"postgres"` or `"sqlite"`.
     pub fn backend_name(&self) -> &'static str {
-        match &self.inner.backend {
-            #[cfg(feature = "postgres")]
-            Backend::Postgres(_) => "postgres",
-            #[cfg(feature = "sqlite")]
-            Backend::Sqlite(_) => "sqlite",
-            #[cfg(feature = "mysql")]
-            Backend::MySql(_) => "mysql",
-        }
+        self.inner.backend.name()
     }
 
     /// The key `name` maps to in this handle's namespace.
@@ -355,9 +271,16 @@ impl<'a> Request<'a> {
     /// its process paused): the server ends the holder's session, and so frees the lock,
     /// once the session has been idle for `lease`. A live holder never is: its
     /// connection is checked every [`check_interval`](Builder::check_interval), which
-    /// keeps the session busy. PostgreSQL and MySQL (the embedded backend's locks end
-    /// with their process); `lease` must be at least twice the check interval, and on
-    /// MySQL at least a second (its `wait_timeout` counts whole seconds).
+    /// keeps the session busy. PostgreSQL only (the embedded backend's locks end with
+    /// their process).
+    ///
+    /// A holder cut off from the server must learn that it lost the lock before the
+    /// server can grant it to anyone else, so `lease` must be at least
+    /// `2 × check_interval + check_timeout`, plus a tenth of that (7.7 s with the
+    /// defaults; see
+    /// [`Builder::check_interval`] and [`Builder::check_timeout`]); a shorter lease is
+    /// refused with [`Error::Unsupported`]. Leases beyond the server's limit for its idle
+    /// timeouts (2³¹ − 1 ms, about 24.8 days) are capped to it.
     ///
     /// Implemented with the server's own idle timeouts for the lock's session
     /// (`idle_in_transaction_session_timeout` for a transaction-scoped lock,
@@ -380,9 +303,10 @@ impl<'a> Request<'a> {
     pub async fn lock(self) -> Result<LockGuard, Error> {
         match self.acquire(Wait::Forever).await? {
             Some(guard) => Ok(guard),
-            // A server-side lock_timeout configured by an administrator ended the wait.
+            // Not expected: dblock sets lock_timeout for each slice of the wait and asks
+            // again when it ends; kept for a server that answers otherwise.
             None => Err(Error::Timeout {
-                waiting_for: crate::error::SERVER_LOCK_TIMEOUT,
+                waiting_for: WaitingFor::LockServerLockTimeout,
                 after: None,
             }),
         }
@@ -403,10 +327,14 @@ impl<'a> Request<'a> {
 
     /// Waits at most `timeout`; `Ok(None)` if the lock was not granted in time. The wait
     /// ends on the server too (PostgreSQL's `lock_timeout`), not only in this process.
+    /// Every other wait dblock makes for the request ends by then as well: for a pooled
+    /// connection, and for the migration lock under which a fenced request's first use
+    /// creates the fencing table.
     ///
     /// # Errors
     ///
-    /// As [`Locks::lock`].
+    /// As [`Locks::lock`]; [`Error::Timeout`] when the deadline passed in one of those
+    /// other waits.
     ///
     /// # Cancel safety
     ///
@@ -437,20 +365,13 @@ impl<'a> Request<'a> {
             fenced: self.fenced,
             lease: self.lease,
         };
-        let grant = match &inner.backend {
-            #[cfg(feature = "postgres")]
-            Backend::Postgres(b) => b.acquire(&req).await?,
-            #[cfg(feature = "sqlite")]
-            Backend::Sqlite(b) => b.acquire(&req).await?,
-            #[cfg(feature = "mysql")]
-            Backend::MySql(b) => b.acquire(&req).await?,
-        };
+        let grant = inner.backend.acquire(&req).await?;
         Ok(grant.map(|g| LockGuard::new(self.name, req.key, self.mode, g)))
     }
 }
 
 /// Options for a [`Locks`] handle.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Builder {
     url: Option<String>,
     #[cfg(feature = "postgres")]
@@ -459,12 +380,31 @@ pub struct Builder {
     sqlx_mysql_pool: Option<sqlx::MySqlPool>,
     namespace: Option<String>,
     scope: Scope,
-    pub(crate) max_connections: usize,
-    pub(crate) acquire_timeout: Duration,
-    pub(crate) check_interval: Duration,
-    pub(crate) check_timeout: Duration,
-    pub(crate) allow_network_filesystem: bool,
-    pub(crate) multiplex: usize,
+    opts: Options,
+}
+
+// By hand: the URL may hold a password, which Debug output must not show.
+impl std::fmt::Debug for Builder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut d = f.debug_struct("Builder");
+        d.field("url", &self.url.as_deref().map(crate::error::redact_url));
+        #[cfg(feature = "postgres")]
+        d.field("sqlx_pool", &self.sqlx_pool);
+        #[cfg(feature = "mysql")]
+        d.field("sqlx_mysql_pool", &self.sqlx_mysql_pool);
+        d.field("namespace", &self.namespace)
+            .field("scope", &self.scope)
+            .field("max_connections", &self.opts.max_connections)
+            .field("acquire_timeout", &self.opts.acquire_timeout)
+            .field("check_interval", &self.opts.check_interval)
+            .field("check_timeout", &self.opts.check_timeout)
+            .field(
+                "allow_network_filesystem",
+                &self.opts.allow_network_filesystem,
+            )
+            .field("multiplex", &self.opts.multiplex)
+            .finish()
+    }
 }
 
 impl Default for Builder {
@@ -477,12 +417,7 @@ impl Default for Builder {
             sqlx_mysql_pool: None,
             namespace: None,
             scope: Scope::Transaction,
-            max_connections: 64,
-            acquire_timeout: Duration::from_secs(30),
-            check_interval: Duration::from_secs(1),
-            check_timeout: Duration::from_secs(5),
-            allow_network_filesystem: false,
-            multiplex: 0,
+            opts: Options::default(),
         }
     }
 }
@@ -513,10 +448,11 @@ impl Builder {
         self
     }
 
-    /// The namespace names are keyed in. Defaults to the PostgreSQL schema in use
-    /// (`current_schema()`, read once when the handle is built), so two deployments in
-    /// two schemas of one database never collide; on the embedded backend, to
-    /// [`DEFAULT_NAMESPACE`](crate::DEFAULT_NAMESPACE).
+    /// The namespace names are keyed in. Unset, on PostgreSQL the server setting
+    /// [`NAMESPACE_SETTING`](crate::NAMESPACE_SETTING) if it is set, else (and on the
+    /// embedded backend) [`DEFAULT_NAMESPACE`](crate::DEFAULT_NAMESPACE) — never the
+    /// schema in use, which depends on `search_path` and on which schemas exist. Two
+    /// deployments sharing one database set a namespace each.
     pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
         self.namespace = Some(namespace.into());
         self
@@ -533,17 +469,19 @@ impl Builder {
     /// waiting lock pins one; requests beyond wait for one to come free (see
     /// [`acquire_timeout`](Builder::acquire_timeout)).
     pub fn max_connections(mut self, n: usize) -> Self {
-        self.max_connections = n.max(1);
+        self.opts.max_connections = n.max(1);
         self
     }
 
     /// How long a request waits for one of dblock's connections to come free when all
     /// [`max_connections`](Builder::max_connections) are in use: 30 seconds unless set,
     /// then [`Error::Timeout`]. This bounds the wait for a *connection*; the wait for the
-    /// lock itself is the request's (see [`Request::try_lock_for`]). A handle on an sqlx
-    /// pool uses that pool's `acquire_timeout` instead.
+    /// lock itself is the request's (see [`Request::try_lock_for`]), and a request with a
+    /// deadline of its own waits for a connection no longer than that either (a
+    /// `try_lock` not at all). A handle on an sqlx pool uses that pool's
+    /// `acquire_timeout` instead.
     pub fn acquire_timeout(mut self, timeout: Duration) -> Self {
-        self.acquire_timeout = timeout;
+        self.opts.acquire_timeout = timeout;
         self
     }
 
@@ -552,14 +490,14 @@ impl Builder {
     /// dblock's own connections a connection the server closes is noticed at once
     /// regardless; on connections borrowed from an sqlx pool, at the next check.
     pub fn check_interval(mut self, interval: Duration) -> Self {
-        self.check_interval = interval.max(Duration::from_millis(10));
+        self.opts.check_interval = interval.max(Duration::from_millis(10));
         self
     }
 
     /// How long a check may go unanswered before the lock is declared lost and its
     /// connection closed; five seconds unless set.
     pub fn check_timeout(mut self, timeout: Duration) -> Self {
-        self.check_timeout = timeout.max(Duration::from_millis(10));
+        self.opts.check_timeout = timeout.max(Duration::from_millis(10));
         self
     }
 
@@ -586,7 +524,7 @@ impl Builder {
     /// # Ok(()) }
     /// ```
     pub fn multiplex(mut self, n: usize) -> Self {
-        self.multiplex = n.min(64);
+        self.opts.multiplex = n.min(64);
         self
     }
 
@@ -594,7 +532,7 @@ impl Builder {
     /// where byte-range locks may not exclude across hosts. Off unless set: such file
     /// systems are refused with [`Error::UnsupportedFilesystem`].
     pub fn allow_network_filesystem(mut self, allow: bool) -> Self {
-        self.allow_network_filesystem = allow;
+        self.opts.allow_network_filesystem = allow;
         self
     }
 
@@ -613,18 +551,18 @@ impl Builder {
         }
         #[cfg(feature = "postgres")]
         if let Some(pool) = self.sqlx_pool.clone() {
-            let (b, ns) = crate::postgres::PgBackend::from_sqlx(pool, &self).await?;
-            return self.finish(Backend::Postgres(b), ns);
+            let (b, ns) = crate::postgres::from_sqlx(pool, &self.opts).await?;
+            return self.finish(b, ns);
         }
         #[cfg(feature = "mysql")]
         if let Some(pool) = self.sqlx_mysql_pool.clone() {
-            let b = crate::mysql::MyBackend::from_sqlx(pool, &self).await?;
-            return self.finish(Backend::MySql(b), crate::DEFAULT_NAMESPACE.to_string());
+            let (b, ns) = crate::mysql::from_sqlx(pool, &self.opts).await?;
+            return self.finish(b, ns);
         }
-        let target = match self.url.clone().or_else(crate::target::url_from_env) {
-            Some(url) => Target::parse(&url)?,
+        let (backend, namespace) = match self.url.clone().or_else(crate::target::url_from_env) {
+            Some(url) => crate::target::open(&url, &self.opts).await?,
             #[cfg(feature = "sqlite")]
-            None => Target::default_embedded()?,
+            None => crate::target::open_default(&self.opts)?,
             #[cfg(not(feature = "sqlite"))]
             None => {
                 return Err(Error::InvalidUrl {
@@ -633,27 +571,10 @@ impl Builder {
                 });
             }
         };
-        let (backend, namespace) = match target {
-            #[cfg(feature = "postgres")]
-            Target::Postgres { config, shown } => {
-                let (b, ns) = crate::postgres::PgBackend::open(*config, shown, &self).await?;
-                (Backend::Postgres(b), ns)
-            }
-            #[cfg(feature = "sqlite")]
-            Target::Sqlite { path } => (
-                Backend::Sqlite(crate::sqlite::SqliteBackend::open(path, &self)?),
-                crate::DEFAULT_NAMESPACE.to_string(),
-            ),
-            #[cfg(feature = "mysql")]
-            Target::MySql { options, shown } => (
-                Backend::MySql(crate::mysql::MyBackend::open(*options, shown, &self).await?),
-                crate::DEFAULT_NAMESPACE.to_string(),
-            ),
-        };
         self.finish(backend, namespace)
     }
 
-    fn finish(self, backend: Backend, default_namespace: String) -> Result<Locks, Error> {
+    fn finish(self, backend: Box<dyn RawLocks>, default_namespace: String) -> Result<Locks, Error> {
         let namespace = self.namespace.unwrap_or(default_namespace);
         check_namespace(&namespace)?;
         Ok(Locks {

@@ -3,7 +3,9 @@
 use sqlx::{MySql, MySqlConnection, MySqlPool};
 
 use super::map_sqlx;
-use crate::{Error, Key};
+use crate::error::Error;
+use crate::key::Key;
+use crate::raw::LatestGrant;
 
 /// The DDL of the fencing table (InnoDB: transactional, so a check's shared row lock
 /// holds the next grant's increment until the checking transaction ends).
@@ -35,7 +37,7 @@ pub(crate) async fn next_token(conn: &mut MySqlConnection, row: &FenceRow) -> Re
     .bind(row.key.as_i64())
     .bind(&row.namespace)
     .bind(&row.name)
-    .bind(crate::fencing::holder_id())
+    .bind(crate::raw::holder_id())
     .execute(&mut *conn)
     .await
     .map_err(map_sqlx)?;
@@ -60,21 +62,16 @@ pub(crate) async fn latest_locked(
 }
 
 /// The latest fenced grant of `key`, if any.
-pub(crate) async fn latest_grant(
-    pool: &MySqlPool,
-    key: Key,
-) -> Result<Option<crate::leader::LeaderInfo>, Error> {
+pub(crate) async fn latest_grant(pool: &MySqlPool, key: Key) -> Result<Option<LatestGrant>, Error> {
     let row: Option<(String, i64, String)> =
         sqlx::query_as("SELECT holder, token, granted_at FROM dblock_fencing WHERE `key` = ?")
             .bind(key.as_i64())
             .fetch_optional(pool)
             .await
             .map_err(map_sqlx)?;
-    Ok(
-        row.map(|(holder, token, elected_at)| crate::leader::LeaderInfo {
-            holder,
-            token,
-            elected_at,
-        }),
-    )
+    Ok(row.map(|(holder, token, granted_at)| LatestGrant {
+        holder,
+        token,
+        granted_at,
+    }))
 }

@@ -17,9 +17,8 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
 
 use super::{FOREVER_SECS, MyBackend, map_sqlx};
-use crate::guard::Held;
-use crate::locks::{Grant, Req, Wait};
-use crate::{Error, LossReason};
+use crate::error::{Error, LossReason};
+use crate::raw::{BoxFuture, Grant, RawHeld, Req, Wait};
 
 /// How long a killed wait may take to return before its connection is dropped
 /// unanswered.
@@ -79,6 +78,24 @@ impl MyHeld {
 }
 
 // Dropping a MyHeld drops its sender: the task sees the channel close and releases.
+
+impl RawHeld for MyHeld {
+    fn loss(&self) -> Option<LossReason> {
+        MyHeld::loss(self)
+    }
+
+    fn lost(&self) -> BoxFuture<'static, LossReason> {
+        Box::pin(self.watch_loss())
+    }
+
+    fn check(&mut self) -> BoxFuture<'_, Result<(), Error>> {
+        Box::pin(MyHeld::check(self))
+    }
+
+    fn release(self: Box<Self>) -> BoxFuture<'static, Result<(), Error>> {
+        Box::pin(MyHeld::release(*self))
+    }
+}
 
 fn task_gone() -> LossReason {
     LossReason::ConnectionClosed {
@@ -158,8 +175,8 @@ impl Job {
         let (cmds, cmd_rx) = mpsc::unbounded_channel();
         let (loss_tx, loss) = watch::channel(None);
         let grant = Grant {
-            held: Held::MySql(MyHeld { cmds, loss }),
-            fence: token.map(|t| (t, std::sync::Arc::from(crate::fencing::TABLE))),
+            held: Box::new(MyHeld { cmds, loss }),
+            fence: token.map(|t| (t, std::sync::Arc::from(crate::raw::FENCING_TABLE))),
         };
         // If the request's future is gone, the grant comes back and drops here, which
         // closes the command channel: `hold` then releases at once.

@@ -22,11 +22,47 @@ use sqlx::pool::PoolConnection;
 use sqlx::{AssertSqlSafe, MySql, Row};
 
 use super::{MyBackend, map_sqlx};
-use crate::locks::{Mode, Req, Scope, Wait};
-use crate::migrate::{
-    Applied, MIGRATION_LOCK_KEY, Migration, Record, Report, failed, millis, plan,
-};
-use crate::{Error, Key, LockGuard};
+use crate::error::{Error, WaitingFor};
+use crate::key::Key;
+use crate::migrate::adopt::History;
+use crate::migrate::plan::{Applied, MIGRATION_LOCK_KEY, Record, Report, failed, millis, plan};
+use crate::migrate::set::Migration;
+use crate::raw::{BoxFuture, MigrationTarget, Mode, RawHeld, Req, Scope, Wait};
+
+impl MigrationTarget for MyBackend {
+    fn run_script<'a>(&'a self, ddl: &'a str) -> BoxFuture<'a, Result<(), Error>> {
+        Box::pin(run_script(self, ddl))
+    }
+
+    fn records(&self) -> BoxFuture<'_, Result<Option<Vec<Record>>, Error>> {
+        Box::pin(records(self))
+    }
+
+    fn run<'a>(
+        &'a self,
+        set: &'a [Migration],
+        ignore_missing: bool,
+        on_applied: &'a mut (dyn FnMut(&Applied) + Send),
+    ) -> BoxFuture<'a, Result<Report, Error>> {
+        Box::pin(run(self, set, ignore_missing, on_applied))
+    }
+
+    /// Other tools' histories are not read on MySQL (yet): none.
+    fn history(&self) -> BoxFuture<'_, Result<History, Error>> {
+        Box::pin(std::future::ready(Ok(History::default())))
+    }
+
+    fn baseline<'a>(
+        &'a self,
+        set: &'a [Migration],
+        to: Option<i64>,
+    ) -> BoxFuture<'a, Result<Vec<i64>, Error>> {
+        let _ = (set, to);
+        Box::pin(std::future::ready(Err(Error::Unsupported(
+            "migrate baseline is not implemented on MySQL yet".into(),
+        ))))
+    }
+}
 
 const CREATE_TABLE: &str = "CREATE TABLE IF NOT EXISTS dblock_migrations (\
      version BIGINT NOT NULL PRIMARY KEY, \
@@ -38,8 +74,8 @@ const CREATE_TABLE: &str = "CREATE TABLE IF NOT EXISTS dblock_migrations (\
 
 const NOW: &str = "DATE_FORMAT(UTC_TIMESTAMP(3), '%Y-%m-%dT%H:%i:%s.%fZ')";
 
-/// Waits for the migration lock: held until the guard drops.
-async fn lock(b: &MyBackend) -> Result<LockGuard, Error> {
+/// Waits for the migration lock: held until the returned half-guard drops.
+async fn lock(b: &MyBackend) -> Result<Box<dyn RawHeld>, Error> {
     let key = Key::from_i64(MIGRATION_LOCK_KEY);
     let req = Req {
         namespace: crate::DEFAULT_NAMESPACE,
@@ -52,9 +88,9 @@ async fn lock(b: &MyBackend) -> Result<LockGuard, Error> {
         lease: None,
     };
     match super::lock::acquire(b, &req).await? {
-        Some(grant) => Ok(LockGuard::new(req.name, key, Mode::Exclusive, grant)),
+        Some(grant) => Ok(grant.held),
         None => Err(Error::Timeout {
-            waiting_for: "the migration lock",
+            waiting_for: WaitingFor::MigrationLock,
             after: None,
         }),
     }

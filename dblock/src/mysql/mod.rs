@@ -86,6 +86,7 @@
 //! so committed before the grant returns.
 
 pub(crate) mod fence;
+mod floor;
 mod lock;
 pub(crate) mod migrate;
 
@@ -96,10 +97,33 @@ use sha2::{Digest, Sha256};
 use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
 use sqlx::{ConnectOptions, MySqlPool};
 
-use crate::locks::{Builder, Grant, Mode, Req};
-use crate::{Error, Key};
+use crate::error::{Error, WaitingFor};
+use crate::key::Key;
+use crate::raw::{
+    BenchFloor, BoxFuture, FencingStore, Grant, LatestGrant, MigrationTarget, Mode, Options,
+    RawLocks, Req,
+};
 
-pub(crate) use lock::MyHeld;
+/// Opens dblock's own connections on a `mysql://` or `mariadb://` URL; the default
+/// namespace is [`DEFAULT_NAMESPACE`](crate::DEFAULT_NAMESPACE).
+pub(crate) async fn open(url: &str, opts: &Options) -> Result<(Box<dyn RawLocks>, String), Error> {
+    let shown = crate::error::redact_url(url);
+    let options = parse_url(url).map_err(|reason| Error::InvalidUrl {
+        url: shown.clone(),
+        reason,
+    })?;
+    let b = MyBackend::open(options, shown, opts).await?;
+    Ok((Box::new(b), crate::DEFAULT_NAMESPACE.to_string()))
+}
+
+/// A handle on the caller's sqlx pool.
+pub(crate) async fn from_sqlx(
+    pool: MySqlPool,
+    opts: &Options,
+) -> Result<(Box<dyn RawLocks>, String), Error> {
+    let b = MyBackend::from_sqlx(pool, opts).await?;
+    Ok((Box::new(b), crate::DEFAULT_NAMESPACE.to_string()))
+}
 
 /// The `GET_LOCK` name of `key` on database `database`: `dblock:` + the first 8 hex
 /// digits of SHA-256 of the database name + `:` + the key as 16 hex digits. Fixed for
@@ -177,7 +201,7 @@ impl MyBackend {
     pub(crate) async fn open(
         options: MySqlConnectOptions,
         shown: String,
-        opts: &Builder,
+        opts: &Options,
     ) -> Result<MyBackend, Error> {
         let Some(database) = options.get_database().map(Arc::<str>::from) else {
             return Err(Error::InvalidUrl {
@@ -218,7 +242,7 @@ impl MyBackend {
     }
 
     /// Borrows connections from the caller's pool.
-    pub(crate) async fn from_sqlx(pool: MySqlPool, opts: &Builder) -> Result<MyBackend, Error> {
+    pub(crate) async fn from_sqlx(pool: MySqlPool, opts: &Options) -> Result<MyBackend, Error> {
         let database: Option<String> = sqlx::query_scalar("SELECT DATABASE()")
             .fetch_one(&pool)
             .await
@@ -233,7 +257,7 @@ impl MyBackend {
         Ok(MyBackend::new(pool, database.into(), opts, false))
     }
 
-    fn new(pool: MySqlPool, database: Arc<str>, opts: &Builder, own: bool) -> MyBackend {
+    fn new(pool: MySqlPool, database: Arc<str>, opts: &Options, own: bool) -> MyBackend {
         MyBackend {
             pool,
             control: tokio::sync::OnceCell::new(),
@@ -251,7 +275,7 @@ impl MyBackend {
     }
 
     /// Takes the lock `req` asks for: see [`lock`] for the protocol.
-    pub(crate) async fn acquire(&self, req: &Req<'_>) -> Result<Option<Grant>, Error> {
+    async fn take(&self, req: &Req<'_>) -> Result<Option<Grant>, Error> {
         if req.mode == Mode::Shared {
             return Err(Error::Unsupported(
                 "MySQL and MariaDB named locks (GET_LOCK) have no shared mode; dblock \
@@ -304,12 +328,49 @@ impl MyBackend {
     }
 
     /// The latest fenced grant of `key`, from the fencing table.
-    pub(crate) async fn latest_grant(
-        &self,
-        key: Key,
-    ) -> Result<Option<crate::leader::LeaderInfo>, Error> {
+    async fn latest(&self, key: Key) -> Result<Option<LatestGrant>, Error> {
         self.ensure_fence_table().await?;
         fence::latest_grant(&self.pool, key).await
+    }
+}
+
+impl RawLocks for MyBackend {
+    fn name(&self) -> &'static str {
+        "mysql"
+    }
+
+    fn acquire<'a>(&'a self, req: &'a Req<'a>) -> BoxFuture<'a, Result<Option<Grant>, Error>> {
+        Box::pin(self.take(req))
+    }
+
+    fn has_leases(&self) -> bool {
+        true
+    }
+
+    fn fencing(&self) -> Option<&dyn FencingStore> {
+        Some(self)
+    }
+
+    fn migrations(&self) -> Option<&dyn MigrationTarget> {
+        Some(self)
+    }
+
+    fn bench_floor(&self) -> Option<Result<Arc<dyn BenchFloor>, Error>> {
+        Some(match self.own {
+            true => Ok(Arc::new(floor::Floor::new(
+                (*self.pool.connect_options()).clone(),
+                self.database.clone(),
+            ))),
+            false => Err(Error::Unsupported(
+                "the benchmark needs a mysql:// URL, not an sqlx pool".into(),
+            )),
+        })
+    }
+}
+
+impl FencingStore for MyBackend {
+    fn latest_grant(&self, key: Key) -> BoxFuture<'_, Result<Option<LatestGrant>, Error>> {
+        Box::pin(self.latest(key))
     }
 }
 
@@ -334,7 +395,7 @@ pub(crate) fn map_sqlx(e: sqlx::Error) -> Error {
             }
         }
         sqlx::Error::PoolTimedOut => Error::Timeout {
-            waiting_for: "a free connection in the pool",
+            waiting_for: WaitingFor::SqlxPoolConnection,
             after: None,
         },
         sqlx::Error::Io(e) => Error::ConnectionLost {

@@ -78,26 +78,26 @@ pub async fn try_lock(
         .map_err(map_sqlx)
 }
 
-/// The schema in use on `conn` (`current_schema()`): the namespace a [`Locks`](crate::Locks)
-/// handle on the same database uses by default.
+/// The namespace a [`Locks`](crate::Locks) handle on the same connection settings uses
+/// by default: the setting [`NAMESPACE_SETTING`](crate::NAMESPACE_SETTING) if set and
+/// not empty, else [`DEFAULT_NAMESPACE`](crate::DEFAULT_NAMESPACE).
 ///
 /// # Errors
 ///
-/// [`Error::InvalidNamespace`] when no schema of the search path exists; connection and
-/// server errors.
+/// Connection and server errors.
 ///
 /// # Cancel safety
 ///
 /// A read; cancelling it has no effect on the database.
 pub async fn current_namespace(conn: &mut PgConnection) -> Result<String, Error> {
-    let schema: Option<String> = sqlx::query_scalar("SELECT current_schema()::text")
+    let ns: Option<String> = sqlx::query_scalar("SELECT current_setting($1, true)")
+        .bind(crate::NAMESPACE_SETTING)
         .fetch_one(conn)
         .await
         .map_err(map_sqlx)?;
-    schema.ok_or(Error::InvalidNamespace {
-        namespace: String::new(),
-        reason: "no schema of the search_path exists",
-    })
+    Ok(ns
+        .filter(|ns| !ns.is_empty())
+        .unwrap_or_else(|| crate::DEFAULT_NAMESPACE.to_string()))
 }
 
 /// Maps an sqlx error to dblock's: SQLSTATEs by kind, broken connections to
@@ -115,7 +115,7 @@ pub fn map_sqlx(e: sqlx::Error) -> Error {
             message: e.to_string(),
         },
         sqlx::Error::PoolTimedOut => Error::Timeout {
-            waiting_for: "a connection from the sqlx pool",
+            waiting_for: crate::error::WaitingFor::SqlxPoolConnection,
             after: None,
         },
         other => Error::Database {
