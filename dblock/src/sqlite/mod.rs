@@ -77,7 +77,7 @@
 //! replacement. Locks granted *before* it stay on the old file, where later requests no
 //! longer see them: [`LockGuard::check`](crate::LockGuard::check) and
 //! [`LockGuard::is_held`](crate::LockGuard::is_held) report such a lock as lost
-//! ([`LossReason::LockFileReplaced`](crate::LossReason::LockFileReplaced)), and fencing
+//! ([`LossReason::LockFileReplaced`]), and fencing
 //! tokens (kept in the database, not the lock file) still reject its writes.
 
 //!
