@@ -159,6 +159,12 @@ struct KeyArgs {
     #[arg(long, value_name = "NS", default_value = dblock::DEFAULT_NAMESPACE)]
     namespace: String,
 
+    /// A mysql:// or mariadb:// URL: print the named lock (GET_LOCK name) NAME is on
+    /// that URL's database instead of where pg_locks shows the key. Nothing is
+    /// connected to.
+    #[arg(long, value_name = "URL")]
+    db: Option<String>,
+
     /// The lock name.
     #[arg(value_name = "NAME")]
     name: String,
@@ -203,8 +209,23 @@ fn main() -> ExitCode {
 }
 
 fn key(args: &KeyArgs) -> u8 {
-    match dblock::Key::new(&args.namespace, &args.name) {
-        Ok(key) => {
+    let database = match args.db.as_deref().map(dblock::mysql::database_of_url) {
+        None => None,
+        Some(Ok(db)) => Some(db),
+        Some(Err(e)) => {
+            errln!("dblock: {}", crate::one_line(&e));
+            return exit_code(&e);
+        }
+    };
+    match (dblock::Key::new(&args.namespace, &args.name), database) {
+        (Ok(key), Some(database)) => {
+            let name = dblock::mysql::lock_name(&database, key);
+            outln!("key       {key}");
+            outln!("mysql     {name}   (database {database})");
+            outln!("query     SELECT IS_USED_LOCK('{name}');");
+            0
+        }
+        (Ok(key), None) => {
             let (classid, objid) = key.pg_locks_ids();
             outln!("key       {key}");
             outln!("pg_locks  classid={classid} objid={objid} objsubid=1");
@@ -214,7 +235,7 @@ fn key(args: &KeyArgs) -> u8 {
             );
             0
         }
-        Err(e) => {
+        (Err(e), _) => {
             errln!("dblock: {}", crate::one_line(&e));
             exit_code(&e)
         }

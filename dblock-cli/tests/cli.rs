@@ -9,7 +9,7 @@
 use std::process::{Output, Stdio};
 use std::time::{Duration, Instant};
 
-use dblock_testkit::{PgSchema, SqliteDb, exit_code as code, one_line_error, signal};
+use dblock_testkit::{MyDb, PgSchema, SqliteDb, exit_code as code, one_line_error, signal};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::Command;
 
@@ -231,7 +231,8 @@ async fn usage_errors_exit_64_with_one_line() {
     let p = state.path();
     for args in [
         vec!["run", "", "--", "true"], // empty name
-        vec!["run", "--db", "mysql://root@localhost/x", "n", "--", "true"], // unknown scheme
+        vec!["run", "--db", "http://localhost/x", "n", "--", "true"], // unknown scheme
+        vec!["run", "--db", "mysql://root@localhost", "n", "--", "true"], // no database
         vec!["run", "--db", "sqlite::memory:", "n", "--", "true"],
         vec!["run", "n", "true"],                                    // no --
         vec!["run", "--wait", "5", "n", "--", "true"],               // no unit
@@ -539,6 +540,69 @@ async fn bench_json_reports_every_workload_with_its_floor() {
     }
     let out = run(db.dir.path(), &["bench", "--db", &db.url, "--seconds", "0"]).await;
     assert_eq!(code(&out), 64);
+}
+
+/// `run`, `key` and `bench` with a mysql:// URL: the run holds the lock `key` names (as
+/// the server shows it), with a fencing token; a second run is refused; `--shared` is a
+/// usage error; the benchmark reports every workload beside its floor.
+#[tokio::test]
+async fn run_key_and_bench_work_with_a_mysql_url() {
+    let db = MyDb::new("cli_mysql").await;
+    let state = tempfile::tempdir().unwrap();
+    let (mut child, first) = start(
+        &db.url,
+        state.path(),
+        "visible",
+        "echo token=$DBLOCK_FENCING_TOKEN; sleep 100",
+    )
+    .await;
+    assert_eq!(first, "token=1");
+    let out = run(state.path(), &["key", "--db", &db.url, "visible"]).await;
+    assert_eq!(code(&out), 0, "{out:?}");
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains(&db.lock_name("visible")), "{text}");
+    let query = text
+        .lines()
+        .find_map(|l| l.strip_prefix("query     "))
+        .unwrap();
+    let holder: Option<i64> =
+        dblock::sqlx::query_scalar(dblock::sqlx::AssertSqlSafe(query.to_string()))
+            .fetch_one(db.admin())
+            .await
+            .unwrap();
+    assert!(holder.is_some(), "{query} shows the run's session");
+    let out = run(
+        state.path(),
+        &["run", "--db", &db.url, "--no-wait", "visible", "--", "true"],
+    )
+    .await;
+    assert_eq!(code(&out), 75);
+    let out = run(
+        state.path(),
+        &["run", "--db", &db.url, "--shared", "other", "--", "true"],
+    )
+    .await;
+    assert_eq!(code(&out), 64);
+    assert!(one_line_error(&out).contains("shared"));
+    child.start_kill().unwrap();
+    child.wait().await.unwrap();
+    assert!(db.eventually_free(&db.lock_name("visible"), 10).await);
+
+    let out = run(
+        state.path(),
+        &["bench", "--db", &db.url, "--seconds", "0.2", "--json"],
+    )
+    .await;
+    assert_eq!(code(&out), 0, "{out:?}");
+    let rows: Vec<serde_json::Value> =
+        serde_json::from_str(String::from_utf8(out.stdout).unwrap().trim()).unwrap();
+    assert_eq!(rows.len(), 3);
+    for r in &rows {
+        assert_eq!(r["backend"], "mysql");
+        for field in ["ops_per_sec", "p50_us", "floor_ops_per_sec"] {
+            assert!(r[field].as_f64().unwrap() > 0.0, "{field} in {r}");
+        }
+    }
 }
 
 /// Output to a pipe whose reader has gone is dropped, not a panic.

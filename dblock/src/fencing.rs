@@ -165,6 +165,29 @@ impl Fence {
         let latest = crate::sqlite::fence::check(tx, self.key).await?;
         self.stale(latest)
     }
+
+    /// Checks, inside `tx` on MySQL or MariaDB, that this is still the latest grant of
+    /// the name, and holds the name's fencing row (`LOCK IN SHARE MODE`) until `tx`
+    /// ends, so that no newer grant can be made before `tx` commits. Call it just before
+    /// committing the writes it protects; `tx` must be on the database of the lock's
+    /// handle (the fencing table is `dblock_fencing` there).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::StaleToken`] when a newer grant exists (roll `tx` back); database errors.
+    ///
+    /// # Cancel safety
+    ///
+    /// If cancelled, `tx` may hold the row lock until it ends; nothing else changes.
+    #[cfg(feature = "mysql")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
+    pub async fn check_mysql(
+        &self,
+        tx: &mut sqlx::Transaction<'_, sqlx::MySql>,
+    ) -> Result<(), Error> {
+        let latest = crate::mysql::fence::latest_locked(tx, self.key).await?;
+        self.stale(latest)
+    }
 }
 
 /// The table that keeps the latest token of every fenced name: on PostgreSQL in the

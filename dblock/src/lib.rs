@@ -52,6 +52,7 @@
 //! | `postgres` | yes     | PostgreSQL advisory locks; locks inside your sqlx transactions |
 //! | `tls`      | yes     | TLS on dblock's own PostgreSQL connections (rustls; libpq's `sslmode`, `sslrootcert`, `sslcert`, `sslkey`) |
 //! | `sqlite`   | yes     | the embedded default: an SQLite file and byte-range locks beside it (Linux) |
+//! | `mysql`    | yes     | MySQL 8 / MariaDB 10.6+ named locks (`GET_LOCK`): see [`mysql`] |
 //! | `macros`   | yes     | [`migrations!`]: a directory of migrations embedded at compile time |
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
@@ -68,6 +69,9 @@ mod key;
 pub mod leader;
 mod locks;
 pub mod migrate;
+#[cfg(feature = "mysql")]
+#[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
+pub mod mysql;
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub mod postgres;
@@ -112,4 +116,7 @@ mod docs_doctests {
     struct Choosing;
     #[doc = include_str!("../../docs/errors.md")]
     struct Errors;
+    #[cfg(feature = "mysql")]
+    #[doc = include_str!("../../docs/mysql.md")]
+    struct MySql;
 }

@@ -111,6 +111,33 @@ impl Locks {
         Builder::default().sqlx_pool(pool).build().await
     }
 
+    /// A handle on the caller's sqlx MySQL / MariaDB pool: dblock borrows a connection
+    /// from it for each held or waiting lock (so size the pool for that) and returns it,
+    /// holding nothing, on release. The pool's connections must have a database
+    /// selected. See [`mysql`](crate::mysql) for lock names and behaviour.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// let pool = dblock::sqlx::MySqlPool::connect("mysql://app@db/app").await?;
+    /// let locks = dblock::Locks::from_sqlx_mysql_pool(pool).await?;
+    /// let _guard = locks.lock("autoland:7").await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// Connection and server errors of the first connection; [`Error::Unsupported`]
+    /// when its connections have no database selected.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancelling it returns the borrowed connection; nothing is left behind.
+    #[cfg(feature = "mysql")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
+    pub async fn from_sqlx_mysql_pool(pool: sqlx::MySqlPool) -> Result<Locks, Error> {
+        Builder::default().sqlx_mysql_pool(pool).build().await
+    }
+
     /// The namespace every name of this handle is keyed in.
     pub fn namespace(&self) -> &str {
         &self.inner.namespace
@@ -349,6 +376,8 @@ pub struct Builder {
     url: Option<String>,
     #[cfg(feature = "postgres")]
     sqlx_pool: Option<sqlx::PgPool>,
+    #[cfg(feature = "mysql")]
+    sqlx_mysql_pool: Option<sqlx::MySqlPool>,
     namespace: Option<String>,
     scope: Scope,
     opts: Options,
@@ -361,6 +390,8 @@ impl std::fmt::Debug for Builder {
         d.field("url", &self.url.as_deref().map(crate::error::redact_url));
         #[cfg(feature = "postgres")]
         d.field("sqlx_pool", &self.sqlx_pool);
+        #[cfg(feature = "mysql")]
+        d.field("sqlx_mysql_pool", &self.sqlx_mysql_pool);
         d.field("namespace", &self.namespace)
             .field("scope", &self.scope)
             .field("max_connections", &self.opts.max_connections)
@@ -382,6 +413,8 @@ impl Default for Builder {
             url: None,
             #[cfg(feature = "postgres")]
             sqlx_pool: None,
+            #[cfg(feature = "mysql")]
+            sqlx_mysql_pool: None,
             namespace: None,
             scope: Scope::Transaction,
             opts: Options::default(),
@@ -403,6 +436,15 @@ impl Builder {
     #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
     pub fn sqlx_pool(mut self, pool: sqlx::PgPool) -> Self {
         self.sqlx_pool = Some(pool);
+        self
+    }
+
+    /// Borrow connections from this sqlx MySQL / MariaDB pool instead of opening
+    /// dblock's own (see [`Locks::from_sqlx_mysql_pool`]); the URL is then ignored.
+    #[cfg(feature = "mysql")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
+    pub fn sqlx_mysql_pool(mut self, pool: sqlx::MySqlPool) -> Self {
+        self.sqlx_mysql_pool = Some(pool);
         self
     }
 
@@ -510,6 +552,11 @@ impl Builder {
         #[cfg(feature = "postgres")]
         if let Some(pool) = self.sqlx_pool.clone() {
             let (b, ns) = crate::postgres::from_sqlx(pool, &self.opts).await?;
+            return self.finish(b, ns);
+        }
+        #[cfg(feature = "mysql")]
+        if let Some(pool) = self.sqlx_mysql_pool.clone() {
+            let (b, ns) = crate::mysql::from_sqlx(pool, &self.opts).await?;
             return self.finish(b, ns);
         }
         let (backend, namespace) = match self.url.clone().or_else(crate::target::url_from_env) {

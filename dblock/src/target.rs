@@ -31,6 +31,12 @@ pub(crate) async fn open(url: &str, opts: &Options) -> Result<(Box<dyn RawLocks>
         "postgres" | "postgresql" => crate::postgres::open(url, opts).await,
         #[cfg(feature = "sqlite")]
         "sqlite" => crate::sqlite::open(url, opts),
+        #[cfg(feature = "mysql")]
+        "mysql" | "mariadb" => crate::mysql::open(url, opts).await,
+        #[cfg(not(feature = "mysql"))]
+        "mysql" | "mariadb" => Err(invalid(
+            "this build of dblock has no MySQL support (cargo feature \"mysql\")".into(),
+        )),
         #[cfg(not(feature = "postgres"))]
         "postgres" | "postgresql" => Err(invalid(
             "this build of dblock has no PostgreSQL support (cargo feature \"postgres\")".into(),
@@ -40,7 +46,8 @@ pub(crate) async fn open(url: &str, opts: &Options) -> Result<(Box<dyn RawLocks>
             "this build of dblock has no SQLite support (cargo feature \"sqlite\")".into(),
         )),
         other => Err(invalid(format!(
-            "unknown scheme {other:?}: expected postgres://…, postgresql://… or sqlite:PATH"
+            "unknown scheme {other:?}: expected postgres://…, postgresql://…, mysql://…, \
+             mariadb://… or sqlite:PATH"
         ))),
     }
 }
@@ -99,7 +106,7 @@ mod tests {
     #[test]
     fn bad_urls_are_typed_errors() {
         for u in [
-            "mysql://root@localhost/test",
+            "mysql://root@localhost",
             "http://x",
             "nonsense",
             "",

@@ -611,7 +611,7 @@ async fn an_unreachable_server_is_a_connect_error() {
     let r = Locks::connect(&missing).await;
     assert!(matches!(r, Err(Error::Connect { .. })), "{r:?}");
     for bad in [
-        "mysql://root@localhost/x",
+        "mysql://root@localhost",
         "postgres://h:notaport/x",
         "sqlite::memory:",
     ] {

@@ -1,10 +1,10 @@
-//! Exclusion across real OS processes, on PostgreSQL and on the embedded SQLite file.
+//! Exclusion across real OS processes, on PostgreSQL, MySQL/MariaDB and the embedded
+//! SQLite file: one source, every backend (`every_backend!`).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use dblock_testkit::{PgSchema, SqliteDb};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
@@ -48,7 +48,9 @@ async fn counter_run(url: &str, procs: usize, iterations: u32, locked: bool) -> 
     (n, overlaps)
 }
 
-async fn exclusion_across_processes(url: &str) {
+/// 8 processes × 50 read–sleep–write increments of one file, under the lock and
+/// (the control) without it.
+async fn eight_processes_never_overlap(url: &str) {
     let (n, overlaps) = counter_run(url, 8, 50, true).await;
     assert_eq!((n, overlaps), (400, 0), "with the lock: exact, no overlap");
     // The control: the same work without the lock loses updates, so the test can fail.
@@ -58,18 +60,6 @@ async fn exclusion_across_processes(url: &str) {
         n < 400 && overlaps > 0,
         "the control must race: counter {n}, overlaps {overlaps}"
     );
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn eight_processes_never_overlap_on_postgres() {
-    let s = PgSchema::new("procs").await;
-    exclusion_across_processes(&s.url).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn eight_processes_never_overlap_on_sqlite() {
-    let db = SqliteDb::new();
-    exclusion_across_processes(&db.url).await;
 }
 
 async fn spawn_reporting(
@@ -118,14 +108,7 @@ async fn a_killed_holder_frees_the_lock_for_a_waiter(url: &str) {
     assert!(waiter.wait().await.unwrap().success());
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_killed_holder_frees_the_lock_for_a_waiter_on_postgres() {
-    let s = PgSchema::new("killed").await;
-    a_killed_holder_frees_the_lock_for_a_waiter(&s.url).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_killed_holder_frees_the_lock_for_a_waiter_on_sqlite() {
-    let db = SqliteDb::new();
-    a_killed_holder_frees_the_lock_for_a_waiter(&db.url).await;
-}
+dblock_testkit::every_backend!(
+    eight_processes_never_overlap,
+    a_killed_holder_frees_the_lock_for_a_waiter,
+);

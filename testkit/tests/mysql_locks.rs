@@ -1,0 +1,372 @@
+//! Named locks on MySQL / MariaDB (`MYSQL_URL`): the shared semantics, and each trap of
+//! `GET_LOCK` with a test of its own.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::time::{Duration, Instant};
+
+use dblock::{Error, Locks};
+use dblock_testkit::{MyDb, semantics};
+
+const T: Duration = Duration::from_secs(10);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_exclusive_lock_has_one_holder_at_a_time() {
+    let db = MyDb::new("excl").await;
+    semantics::an_exclusive_lock_has_one_holder_at_a_time(&db.locks().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn try_lock_reports_a_held_lock_as_none() {
+    let db = MyDb::new("try").await;
+    semantics::try_lock_reports_a_held_lock_as_none(&db.locks().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deadline_wait_gives_up_or_gets_the_lock() {
+    let db = MyDb::new("deadline").await;
+    semantics::a_deadline_wait_gives_up_or_gets_the_lock(&db.locks().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tasks_of_one_process_exclude_each_other() {
+    let db = MyDb::new("tasks").await;
+    semantics::tasks_of_one_process_exclude_each_other(&db.locks().await, |l| l.request("t")).await;
+}
+
+/// The lock name is the documented one, and the server shows it held by the guard's
+/// own connection: in `IS_USED_LOCK`, and in MariaDB's `METADATA_LOCK_INFO` (the
+/// plugin is loaded for the test) or MySQL's `performance_schema.metadata_locks`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_documented_lock_name_is_what_the_server_shows() {
+    let db = MyDb::new("name").await;
+    let locks = db.locks().await;
+    let name = db.lock_name("autoland:7");
+    assert_eq!(
+        name,
+        dblock::mysql::lock_name(&db.name, locks.key("autoland:7").unwrap())
+    );
+    assert!(name.len() <= 64 && name.starts_with("dblock:"), "{name}");
+    assert_eq!(db.holder(&name).await, None);
+    let g = locks.lock("autoland:7").await.unwrap();
+    let holder = db.holder(&name).await.expect("IS_USED_LOCK shows a holder");
+
+    let version: String = sqlx::query_scalar("SELECT VERSION()")
+        .fetch_one(db.admin())
+        .await
+        .unwrap();
+    let shown: Vec<(u64, String)> = if version.contains("MariaDB") {
+        let loaded: i64 = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM information_schema.PLUGINS \
+             WHERE PLUGIN_NAME = 'METADATA_LOCK_INFO' AND PLUGIN_STATUS = 'ACTIVE'",
+        )
+        .fetch_one(db.admin())
+        .await
+        .unwrap();
+        if loaded == 0 {
+            // Another test may be installing it at the same moment: either succeeds.
+            let _ = sqlx::raw_sql("INSTALL SONAME 'metadata_lock_info'")
+                .execute(db.admin())
+                .await;
+        }
+        sqlx::query_as(
+            "SELECT CAST(THREAD_ID AS UNSIGNED), TABLE_SCHEMA \
+             FROM information_schema.METADATA_LOCK_INFO \
+             WHERE LOCK_TYPE = 'User lock' AND TABLE_SCHEMA = ?",
+        )
+        .bind(&name)
+        .fetch_all(db.admin())
+        .await
+        .unwrap()
+    } else {
+        sqlx::query_as(
+            "SELECT t.PROCESSLIST_ID, m.OBJECT_NAME FROM performance_schema.metadata_locks m \
+             JOIN performance_schema.threads t ON t.THREAD_ID = m.OWNER_THREAD_ID \
+             WHERE m.OBJECT_TYPE = 'USER LEVEL LOCK' AND m.OBJECT_NAME = ?",
+        )
+        .bind(&name)
+        .fetch_all(db.admin())
+        .await
+        .unwrap()
+    };
+    assert_eq!(shown, vec![(holder, name.clone())], "on {version}");
+    g.release().await.unwrap();
+    assert_eq!(db.holder(&name).await, None, "released and confirmed");
+}
+
+/// `GET_LOCK` is re-entrant per session; two guards of one process must still exclude
+/// each other, each on a session of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_guards_of_one_process_exclude_each_other() {
+    let db = MyDb::new("reentrant").await;
+    let locks = db.locks().await;
+    let name = db.lock_name("r");
+    let g = locks.lock("r").await.unwrap();
+    let first = db.holder(&name).await.unwrap();
+    assert!(locks.try_lock("r").await.unwrap().is_none(), "same handle");
+    let other = db.locks().await;
+    assert!(
+        other.try_lock("r").await.unwrap().is_none(),
+        "another handle"
+    );
+    assert!(
+        locks
+            .try_lock_for("r", Duration::from_millis(200))
+            .await
+            .unwrap()
+            .is_none(),
+        "a wait too"
+    );
+    assert_eq!(
+        db.holder(&name).await,
+        Some(first),
+        "still the first session"
+    );
+    drop(g);
+    let again = tokio::time::timeout(T, locks.lock("r"))
+        .await
+        .unwrap()
+        .unwrap();
+    let second = db.holder(&name).await.unwrap();
+    // The first connection may be reused from the pool, but it holds the lock once:
+    // one release frees it.
+    again.release().await.unwrap();
+    assert_eq!(db.holder(&name).await, None, "one release undoes one grant");
+    let _ = second;
+}
+
+/// `GET_LOCK` counts whole seconds: a 150 ms deadline must still end the wait after
+/// 150 ms, not a second (MariaDB would round 0.15 up to 1).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sub_second_deadlines_are_honoured() {
+    let db = MyDb::new("subsec").await;
+    let locks = db.locks().await;
+    let _g = locks.lock("s").await.unwrap();
+    for ms in [1u64, 50, 150, 400] {
+        let t = Instant::now();
+        let r = locks
+            .try_lock_for("s", Duration::from_millis(ms))
+            .await
+            .unwrap();
+        let took = t.elapsed();
+        assert!(r.is_none());
+        assert!(
+            took >= Duration::from_millis(ms),
+            "{ms} ms: gave up early, {took:?}"
+        );
+        // Not a timing benchmark: the bound only tells "the deadline" from "a second".
+        assert!(
+            took < Duration::from_millis(ms + 800),
+            "{ms} ms deadline took {took:?}: rounded up to seconds?"
+        );
+    }
+}
+
+/// Named locks have no shared mode: `shared()` is refused with a typed error, never
+/// taken exclusively.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shared_requests_are_refused_with_a_typed_error() {
+    let db = MyDb::new("shared").await;
+    let locks = db.locks().await;
+    for r in [
+        locks.request("rw").shared().try_lock().await.map(|_| ()),
+        locks.request("rw").shared().lock().await.map(|_| ()),
+    ] {
+        match r {
+            Err(Error::Unsupported(m)) => assert!(m.contains("shared"), "{m}"),
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(db.holder(&db.lock_name("rw")).await, None, "nothing taken");
+}
+
+/// Dropping an acquisition at any point — while waiting behind a holder, or while the
+/// grant is on its way — leaves nothing held and no wait running on the server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_acquisition_leaves_nothing_held() {
+    let db = MyDb::new("cancel").await;
+    let locks = db.locks().await;
+    let name = db.lock_name("c");
+    // Deterministic spread of cancellation points, 0 to ~3 ms, then longer.
+    let mut seed = 0x2545_f491_u64;
+    let mut next = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    let mut cut = 0;
+    for i in 0..80 {
+        // Timers tick in milliseconds, shorter than an acquisition takes here: cut most
+        // acquisitions after a random number of polls instead, the task that runs the
+        // lock's connection progressing in between.
+        let granted = match i % 4 {
+            3 => tokio::time::timeout(Duration::from_millis(1 + next() % 5), locks.lock("c"))
+                .await
+                .is_ok(),
+            _ => polled(locks.lock("c"), next() % 60).await,
+        };
+        if !granted {
+            cut += 1;
+        }
+        // Dropped (cut off) or granted and dropped: either way the lock comes free.
+        assert!(db.eventually_free(&name, 10).await, "round {i}: still held");
+    }
+    eprintln!("{cut} of 80 acquisitions on a free lock were cut off");
+    assert!(
+        cut > 10,
+        "the cancellation points must fall inside acquisitions"
+    );
+    // Behind a holder on another handle: every wait is cut off mid-GET_LOCK.
+    let holder = db.locks().await;
+    let g = holder.lock("c").await.unwrap();
+    let id = db.holder(&name).await.unwrap();
+    for _ in 0..20 {
+        let after = Duration::from_millis(1 + next() % 30);
+        assert!(
+            tokio::time::timeout(after, locks.lock("c")).await.is_err(),
+            "granted while held"
+        );
+    }
+    // No killed wait lingers on the server…
+    let lingering = || async {
+        let n: i64 = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM information_schema.PROCESSLIST \
+             WHERE INFO LIKE 'SELECT CAST(GET_LOCK(%' AND DB = ?",
+        )
+        .bind(&db.name)
+        .fetch_one(db.admin())
+        .await
+        .unwrap();
+        n == 0
+    };
+    assert!(
+        dblock_testkit::eventually(10, &mut || lingering()).await,
+        "waits still running on the server"
+    );
+    assert_eq!(db.holder(&name).await, Some(id));
+    // …so when the holder lets go, nobody holds it.
+    g.release().await.unwrap();
+    assert!(db.eventually_free(&name, 10).await);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(db.holder(&name).await, None, "a ghost waiter took it");
+}
+
+/// Polls `fut` at most `polls` times, yielding to the runtime in between; drops it
+/// unfinished otherwise. Returns whether it finished.
+async fn polled<F: std::future::Future>(fut: F, polls: u64) -> bool {
+    let mut fut = std::pin::pin!(fut);
+    for _ in 0..polls {
+        let ready =
+            std::future::poll_fn(|cx| std::task::Poll::Ready(fut.as_mut().poll(cx).is_ready()))
+                .await;
+        if ready {
+            return true;
+        }
+        tokio::task::yield_now().await;
+    }
+    false
+}
+
+/// `KILL CONNECTION` of the holder's session is noticed: `lost()` resolves, `is_held`
+/// turns false, `release` reports the loss, and the lock is free for others.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_connection_is_noticed_as_a_lost_lock() {
+    let db = MyDb::new("lost").await;
+    let locks = Locks::builder()
+        .url(&db.url)
+        .check_interval(Duration::from_millis(50))
+        .build()
+        .await
+        .unwrap();
+    let name = db.lock_name("l");
+    let mut g = locks.lock("l").await.unwrap();
+    g.check().await.unwrap();
+    assert!(g.is_held());
+    let lost = g.lost();
+    db.kill_connection(db.holder(&name).await.unwrap()).await;
+    let reason = tokio::time::timeout(T, lost).await.expect("loss noticed");
+    eprintln!("lost: {reason}");
+    assert!(!g.is_held());
+    assert!(matches!(g.check().await, Err(Error::LockLost { .. })));
+    assert!(matches!(g.release().await, Err(Error::LockLost { .. })));
+    let other = db.locks().await;
+    assert!(
+        other.try_lock("l").await.unwrap().is_some(),
+        "free for others"
+    );
+}
+
+/// `check()` asks the server, so a loss is reported even before the periodic check.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_reports_a_loss_at_once() {
+    let db = MyDb::new("check").await;
+    let locks = Locks::builder()
+        .url(&db.url)
+        .check_interval(Duration::from_secs(3600))
+        .build()
+        .await
+        .unwrap();
+    let name = db.lock_name("k");
+    let mut g = locks.lock("k").await.unwrap();
+    db.kill_connection(db.holder(&name).await.unwrap()).await;
+    assert!(matches!(g.check().await, Err(Error::LockLost { .. })));
+    assert!(!g.is_held());
+}
+
+/// A handle on the caller's sqlx pool excludes dblock's own connections and returns its
+/// connections holding nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handle_on_an_sqlx_pool_takes_the_same_locks() {
+    let db = MyDb::new("pool").await;
+    let pool = sqlx::mysql::MySqlPoolOptions::new()
+        .max_connections(3)
+        .connect(&db.url)
+        .await
+        .unwrap();
+    let from_pool = Locks::from_sqlx_mysql_pool(pool.clone()).await.unwrap();
+    assert_eq!(from_pool.backend_name(), "mysql");
+    let own = db.locks().await;
+    let g = from_pool.lock("p").await.unwrap();
+    assert!(own.try_lock("p").await.unwrap().is_none());
+    g.release().await.unwrap();
+    let g = own.lock("p").await.unwrap();
+    assert!(from_pool.try_lock("p").await.unwrap().is_none());
+    drop(g);
+    assert!(db.eventually_free(&db.lock_name("p"), 10).await);
+    semantics::tasks_of_one_process_exclude_each_other(&from_pool, |l| l.request("t")).await;
+    // No pooled connection still holds a lock.
+    let held: i64 = sqlx::query_scalar("SELECT COUNT(IS_USED_LOCK(?))")
+        .bind(db.lock_name("t"))
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(held, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_is_a_typed_error() {
+    let db = MyDb::new("bad").await;
+    let locks = db.locks().await;
+    for bad in ["", "a\0b", &"x".repeat(2000)] {
+        assert!(
+            matches!(locks.try_lock(bad).await, Err(Error::InvalidName { .. })),
+            "{bad:?}"
+        );
+    }
+    // Long names map to a 32-character lock name.
+    let long = "é".repeat(500);
+    let g = locks.try_lock(&long).await.unwrap().unwrap();
+    assert!(db.holder(&db.lock_name(&long)).await.is_some());
+    drop(g);
+    for url in [
+        "mysql://root@127.0.0.1:3306",
+        "mariadb://root@127.0.0.1:notaport/test",
+    ] {
+        assert!(
+            matches!(Locks::connect(url).await, Err(Error::InvalidUrl { .. })),
+            "{url}"
+        );
+    }
+    let r = Locks::connect("mysql://root@127.0.0.1:1/test").await;
+    assert!(matches!(r, Err(Error::Connect { .. })), "{:?}", r.err());
+}
