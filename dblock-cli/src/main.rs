@@ -8,7 +8,7 @@
 //! ```
 //!
 //! Exit codes: COMMAND's own status (128+N when signal N ended it); 64 usage errors
-//! (including a bad name or URL); 69 the database cannot be reached or fails; 70 the
+//! (including a bad name or URL, and what a transaction-pooling pooler cannot do); 69 the database cannot be reached or fails; 70 the
 //! lock was lost while COMMAND ran; 75 the lock was not obtained.
 //!
 //! `dblock migrate`: 0 when everything is applied (including nothing to do); 65 for a
@@ -316,7 +316,8 @@ fn exit_code(e: &dblock::Error) -> u8 {
         dblock::Error::InvalidName { .. }
         | dblock::Error::InvalidNamespace { .. }
         | dblock::Error::InvalidUrl { .. }
-        | dblock::Error::Unsupported(_) => EXIT_USAGE,
+        | dblock::Error::Unsupported(_)
+        | dblock::Error::BehindPooler { .. } => EXIT_USAGE,
         dblock::Error::LockLost { .. } => EXIT_LOST,
         _ => EXIT_UNAVAILABLE,
     }

@@ -83,12 +83,32 @@ pub async fn run(args: RunArgs) -> u8 {
     if let Some(ns) = &args.namespace {
         builder = builder.namespace(ns);
     }
+    // `--wait` bounds everything before the lock is held, opening the handle included:
+    // behind a saturated pooler even that waits in the pooler's queue.
+    let deadline = match (args.no_wait, args.wait) {
+        (false, Some(d)) => tokio::time::Instant::now().checked_add(d),
+        _ => None,
+    };
+    let build = async {
+        match deadline {
+            Some(t) => tokio::time::timeout_at(t, builder.build()).await.ok(),
+            None => Some(builder.build().await),
+        }
+    };
     let locks = tokio::select! {
-        r = builder.build() => match r {
-            Ok(l) => l,
-            Err(e) => {
+        r = build => match r {
+            Some(Ok(l)) => l,
+            Some(Err(e)) => {
                 errln!("dblock: {}", one_line(&e));
                 return exit_code(&e);
+            }
+            None => {
+                errln!(
+                    "dblock: lock {name:?} not obtained within {} (the database did not \
+                     answer in time)",
+                    show(args.wait.unwrap_or_default())
+                );
+                return EXIT_NOT_OBTAINED;
             }
         },
         r = next_signal(&mut signals) => return 128 + r.signal as u8,
@@ -103,8 +123,9 @@ pub async fn run(args: RunArgs) -> u8 {
     let acquire = async {
         if args.no_wait {
             req.try_lock().await
-        } else if let Some(d) = args.wait {
-            req.try_lock_for(d).await
+        } else if let Some(t) = deadline {
+            req.try_lock_for(t.saturating_duration_since(tokio::time::Instant::now()))
+                .await
         } else {
             req.lock().await.map(Some)
         }

@@ -191,6 +191,19 @@ impl Locks {
         &self.inner.namespace
     }
 
+    /// What lies between this handle and PostgreSQL, as detected or declared (see
+    /// [`Builder::pooler`]); [`Pooler::None`](crate::postgres::Pooler::None) on the
+    /// embedded backend.
+    #[cfg(feature = "postgres")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+    pub fn pooler(&self) -> crate::postgres::Pooler {
+        match &self.inner.backend {
+            Backend::Postgres(b) => b.pooler.0,
+            #[cfg(feature = "sqlite")]
+            Backend::Sqlite(_) => crate::postgres::Pooler::None,
+        }
+    }
+
     /// `"postgres"` or `"sqlite"`.
     pub fn backend_name(&self) -> &'static str {
         match &self.inner.backend {
@@ -429,6 +442,8 @@ pub struct Builder {
     pub(crate) check_timeout: Duration,
     pub(crate) allow_network_filesystem: bool,
     pub(crate) multiplex: usize,
+    #[cfg(feature = "postgres")]
+    pub(crate) pooler: crate::postgres::Pooler,
 }
 
 impl Default for Builder {
@@ -445,6 +460,8 @@ impl Default for Builder {
             check_timeout: Duration::from_secs(5),
             allow_network_filesystem: false,
             multiplex: 0,
+            #[cfg(feature = "postgres")]
+            pooler: crate::postgres::Pooler::Detect,
         }
     }
 }
@@ -551,6 +568,19 @@ impl Builder {
         self
     }
 
+    /// What lies between dblock and PostgreSQL: a connection pooler in transaction or
+    /// session mode, or none. Detected unless set (see
+    /// [`postgres::pooler`](crate::postgres::pooler) for how, and its limits); a
+    /// `pooler=…` parameter in the URL sets it too. Behind a transaction pooler,
+    /// session-scoped locks and migrations are refused with
+    /// [`Error::BehindPooler`].
+    #[cfg(feature = "postgres")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+    pub fn pooler(mut self, pooler: crate::postgres::Pooler) -> Self {
+        self.pooler = pooler;
+        self
+    }
+
     /// Opens the handle.
     ///
     /// # Errors
@@ -560,7 +590,7 @@ impl Builder {
     /// # Cancel safety
     ///
     /// As [`Locks::connect`].
-    pub async fn build(self) -> Result<Locks, Error> {
+    pub async fn build(#[allow(unused_mut)] mut self) -> Result<Locks, Error> {
         if let Some(ns) = &self.namespace {
             check_namespace(ns)?;
         }
@@ -570,6 +600,21 @@ impl Builder {
             return self.finish(Backend::Postgres(b), ns);
         }
         let target = match self.url.clone().or_else(crate::target::url_from_env) {
+            #[cfg(feature = "postgres")]
+            Some(url) => {
+                // dblock's own `pooler=` parameter, which the driver would refuse.
+                let (url, declared) = crate::postgres::pooler::split_url(&url).map_err(|reason| {
+                    Error::InvalidUrl {
+                        url: crate::error::redact_url(&url),
+                        reason,
+                    }
+                })?;
+                if let Some(p) = declared {
+                    self.pooler = p;
+                }
+                Target::parse(&url)?
+            }
+            #[cfg(not(feature = "postgres"))]
             Some(url) => Target::parse(&url)?,
             #[cfg(feature = "sqlite")]
             None => Target::default_embedded()?,

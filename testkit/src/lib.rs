@@ -9,6 +9,7 @@
 
 pub mod cluster;
 pub mod migrations;
+pub mod pgbouncer;
 pub mod semantics;
 
 use std::path::PathBuf;

@@ -136,21 +136,30 @@ pub(crate) async fn wait_for_lock(armed: &Armed) -> Result<(), Error> {
 /// runner's way (no snapshot held, so never in the way of a CREATE INDEX CONCURRENTLY).
 /// If anything fails the connection is abandoned by the caller's [`Armed`], which
 /// releases the lock.
+///
+/// The lock is a transaction-scoped one taken with `pg_try_advisory_xact_lock` in a
+/// transaction that then runs the DDL and commits: everything on one server session
+/// even through a transaction-pooling pooler, which a session lock would not be.
 pub(crate) async fn own_ddl(armed: &Armed, ddl: &str) -> Result<(), Error> {
-    wait_for_lock(armed).await?;
-    q(armed, ddl).await?;
-    let rows = q(
-        armed,
-        &format!("SELECT pg_advisory_unlock({MIGRATION_LOCK_KEY})"),
-    )
-    .await?;
-    match first_value(&rows, 0).as_deref() {
-        Some("t") => Ok(()),
-        _ => Err(Error::LockLost {
-            reason: crate::LossReason::ConnectionClosed {
-                message: "the session no longer held the migration lock".into(),
-            },
-        }),
+    let attempt =
+        format!("BEGIN ISOLATION LEVEL READ COMMITTED; SELECT pg_try_advisory_xact_lock({MIGRATION_LOCK_KEY})");
+    let mut pause = POLL_FIRST;
+    loop {
+        let rows = q(armed, &attempt).await?;
+        if first_value(&rows, 1).as_deref() == Some("t") {
+            break;
+        }
+        // Idle, holding nothing, between attempts.
+        q(armed, "ROLLBACK").await?;
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(POLL_MAX);
+    }
+    match q(armed, &format!("{ddl}; COMMIT")).await {
+        Ok(_) => Ok(()),
+        Err(e) => {
+            let _ = q(armed, "ROLLBACK").await;
+            Err(e)
+        }
     }
 }
 
@@ -169,6 +178,12 @@ pub(crate) async fn run(
     ignore_missing: bool,
     on_applied: &mut (dyn FnMut(&Applied) + Send),
 ) -> Result<Report, Error> {
+    b.refuse_behind_pooler(
+        "a migration run",
+        "it holds the migration lock across many transactions, and runs statements outside \
+         any; run migrations through a URL that reaches PostgreSQL directly, or through a \
+         session-pooling port (say so with pooler=session)",
+    )?;
     let table = table(b)?;
     let mut s = Session {
         armed: Armed::new(b.pinned().await?),

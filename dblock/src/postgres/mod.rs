@@ -30,6 +30,7 @@
 mod conn;
 mod mux;
 mod native;
+pub mod pooler;
 mod sqlx_conn;
 pub mod xact;
 
@@ -44,6 +45,8 @@ use crate::{Error, Key, LossReason};
 
 pub(crate) use conn::{Armed, Conn, LockSql, QueryError, Release, Results};
 use native::Pool;
+pub use pooler::Pooler;
+use pooler::Known;
 use sqlx_conn::SqlxSource;
 
 /// Where a backend's connections come from.
@@ -84,6 +87,11 @@ pub(crate) struct PgBackend {
     pub(crate) schema: Option<String>,
     /// Set once the fencing table is known to exist: its qualified name.
     fence_ready: tokio::sync::OnceCell<Arc<str>>,
+    /// What lies between dblock and the server ([`Pooler::Detect`] resolved), and how
+    /// that is known.
+    pub(crate) pooler: (Pooler, Known),
+    /// `inet_server_port()` as the first connection saw it (`None` on a Unix socket).
+    server_port: Option<u16>,
 }
 
 impl PgBackend {
@@ -101,6 +109,7 @@ impl PgBackend {
             opts.acquire_timeout,
             opts.check_interval,
             opts.check_timeout,
+            opts.pooler,
         );
         let mux = (opts.multiplex > 0).then(|| mux::Mux::new(pool.clone(), opts.multiplex));
         let (mut b, ns) = PgBackend::finish_open(Source::Native(pool.clone()), false, opts).await?;
@@ -109,6 +118,9 @@ impl PgBackend {
             pool.close_idle();
         }
         b.mux = mux;
+        if let Some(route) = pool.route() {
+            b.set_pooler(route);
+        }
         Ok((b, ns))
     }
 
@@ -128,7 +140,46 @@ impl PgBackend {
                     .into(),
             ));
         }
-        PgBackend::finish_open(source, true, opts).await
+        let (mut b, ns) = PgBackend::finish_open(source, true, opts).await?;
+        if opts.pooler != Pooler::Detect {
+            b.set_pooler((opts.pooler, Known::Declared));
+        } else if b.server_port.is_some_and(|p| Some(p) != b.sqlx_port()) {
+            b.set_pooler((Pooler::Transaction, Known::Port));
+        }
+        Ok((b, ns))
+    }
+
+    /// Records what lies between dblock and the server.
+    fn set_pooler(&mut self, route: (Pooler, Known)) {
+        self.pooler = route;
+        if route.0 != Pooler::None {
+            // Set per request (SET LOCAL) rather than on the session.
+            self.check_disconnect = self.version >= 140_000;
+        }
+    }
+
+    /// The TCP port the sqlx pool connects to (`None` for a Unix socket).
+    fn sqlx_port(&self) -> Option<u16> {
+        match &self.source {
+            Source::Sqlx(s) => {
+                let o = s.pool.connect_options();
+                (!o.get_host().starts_with('/')).then(|| o.get_port())
+            }
+            Source::Native(_) => None,
+        }
+    }
+
+    /// Refuses, before anything is taken, what cannot work through a
+    /// transaction-pooling pooler.
+    pub(crate) fn refuse_behind_pooler(&self, what: &'static str, fix: &'static str) -> Result<(), Error> {
+        match self.pooler {
+            (p, how) if !p.keeps_sessions() => Err(Error::BehindPooler {
+                what,
+                how: how.describe(),
+                fix,
+            }),
+            _ => Ok(()),
+        }
     }
 
     async fn finish_open(
@@ -139,7 +190,10 @@ impl PgBackend {
         let armed = Armed::new(source.get().await?);
         let rows = armed
             .conn()
-            .query("SELECT current_schema(); SELECT current_setting('server_version_num')")
+            .query(
+                "SELECT current_schema(); SELECT current_setting('server_version_num'); \
+                 SELECT inet_server_port()",
+            )
             .await
             .map_err(QueryError::into_error)?;
         armed.disarm().recycle();
@@ -147,6 +201,7 @@ impl PgBackend {
         let version: u32 = first_value(&rows, 1)
             .and_then(|v| v.parse().ok())
             .unwrap_or(0);
+        let server_port = first_value(&rows, 2).and_then(|v| v.parse().ok());
         let namespace = match &schema {
             Some(s) => s.clone(),
             None => {
@@ -167,6 +222,8 @@ impl PgBackend {
                 check_timeout: opts.check_timeout,
                 schema,
                 fence_ready: tokio::sync::OnceCell::new(),
+                pooler: (Pooler::None, Known::Declared),
+                server_port,
             },
             namespace,
         ))
@@ -188,6 +245,14 @@ impl PgBackend {
                 ));
             }
         }
+        if req.scope == Scope::Session {
+            self.refuse_behind_pooler(
+                "a session-scoped lock",
+                "the pooler would hand the session, and the lock with it, to another client; \
+                 use transaction-scoped locks (the default), or a URL that reaches PostgreSQL \
+                 directly or through a session-pooling port (say so with pooler=session)",
+            )?;
+        }
         let fence_table = match req.fenced {
             true => Some(self.fence_table().await?.clone()),
             false => None,
@@ -201,7 +266,20 @@ impl PgBackend {
             }
         }
         let deadline = req.wait.deadline();
-        let conn = self.source.get().await?;
+        // Behind a pooler a request may sit in the pooler's queue, which the server's
+        // lock_timeout does not count: the deadline is kept here too.
+        let queued_bound = match (self.pooler.0, req.wait) {
+            (Pooler::None, _) => None,
+            (_, Wait::Until(d)) => Some(d + POOLER_GRACE),
+            _ => None,
+        };
+        let conn = match queued_bound {
+            Some(b) => match tokio::time::timeout_at(b, self.source.get()).await {
+                Ok(c) => c?,
+                Err(_) => return Ok(None),
+            },
+            None => self.source.get().await?,
+        };
         let plan = Plan::new(
             req,
             fence_table.as_deref(),
@@ -214,8 +292,15 @@ impl PgBackend {
             // backstop for a server that stops answering.
             Some(d) => {
                 let request = armed.conn().lock_query(&plan.sql, plan.wanted());
-                match tokio::time::timeout_at(d + BACKSTOP, request).await {
+                match tokio::time::timeout_at(queued_bound.unwrap_or(d + BACKSTOP), request)
+                    .await
+                {
                     Ok(r) => r,
+                    // Not granted by the deadline, counting the pooler's queue.
+                    Err(_) if queued_bound.is_some() => {
+                        drop(armed); // abandons: cancels, closes
+                        return Ok(None);
+                    }
                     Err(_) => {
                         drop(armed); // abandons: cancels on the server, closes
                         return Err(Error::Timeout {
@@ -360,6 +445,11 @@ impl PgBackend {
 /// How long past a deadline the client waits for the server's own lock_timeout to
 /// answer before giving the connection up.
 const BACKSTOP: Duration = Duration::from_secs(2);
+
+/// Behind a pooler, how long past a deadline the client waits for the server's answer
+/// before it gives the request up (the server's own lock_timeout normally answers at
+/// the deadline; a request still queued in the pooler never would).
+const POOLER_GRACE: Duration = Duration::from_millis(100);
 
 const LOCK_NOT_AVAILABLE: &str = "55P03";
 

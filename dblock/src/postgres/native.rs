@@ -23,6 +23,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_postgres::{Client, NoTls, SimpleQueryMessage, SimpleQueryStream};
 
 use super::conn::{Link, LockSql, QueryError, Release, Results};
+use super::pooler::{Known, Pooler};
 use crate::{Error, LossReason};
 
 /// The pool's settings and idle connections.
@@ -34,6 +35,9 @@ pub(crate) struct PoolShared {
     acquire_timeout: Duration,
     check_interval: Duration,
     check_timeout: Duration,
+    /// What lies between dblock and the server: declared, or found on the first
+    /// connection (see [`super::pooler`]).
+    route: std::sync::OnceLock<(Pooler, Known)>,
 }
 
 /// A small LIFO pool of dblock's own connections.
@@ -50,7 +54,12 @@ impl Pool {
         acquire_timeout: Duration,
         check_interval: Duration,
         check_timeout: Duration,
+        declared: Pooler,
     ) -> Pool {
+        let route = std::sync::OnceLock::new();
+        if declared != Pooler::Detect {
+            let _ = route.set((declared, Known::Declared));
+        }
         Pool {
             shared: Arc::new(PoolShared {
                 config,
@@ -60,8 +69,15 @@ impl Pool {
                 acquire_timeout,
                 check_interval,
                 check_timeout,
+                route,
             }),
         }
+    }
+
+    /// What lies between dblock and the server, once known (after the first connection
+    /// unless declared).
+    pub(crate) fn route(&self) -> Option<(Pooler, Known)> {
+        self.shared.route.get().copied()
     }
 
     pub(crate) fn config(&self) -> &tokio_postgres::Config {
@@ -168,7 +184,17 @@ impl Pool {
             self.shared.check_interval,
             self.shared.check_timeout,
         ));
-        if major >= 14 {
+        let route = match self.shared.route.get() {
+            Some((r, _)) => *r,
+            None => {
+                let r = detect(&client).await;
+                let _ = self.shared.route.set(r);
+                r.0
+            }
+        };
+        // A session-level SET would stay on a pooler's server connection for its next
+        // client: behind a pooler, requests set it for their own transaction instead.
+        if major >= 14 && route == Pooler::None {
             // Best effort: a server that refuses it still works, with cancel requests only.
             let _ = client
                 .batch_execute("SET client_connection_check_interval = 250")
@@ -181,6 +207,24 @@ impl Pool {
             permit: None,
             pool: Arc::downgrade(&self.shared),
         })
+    }
+}
+
+/// Whether a pooler stands between dblock and the server: the process id the
+/// connection was given (the cancel key) is then the pooler's, not `pg_backend_pid()`.
+/// A detected pooler is taken to pool transactions (see [`super::pooler`]).
+async fn detect(client: &Client) -> (Pooler, Known) {
+    let announced = super::pooler::announced_pid(client.cancel_token()).await;
+    let server = match client.simple_query("SELECT pg_backend_pid()").await {
+        Ok(msgs) => msgs.iter().find_map(|m| match m {
+            SimpleQueryMessage::Row(r) => r.get(0).and_then(|v| v.parse::<i32>().ok()),
+            _ => None,
+        }),
+        Err(_) => None,
+    };
+    match (announced, server) {
+        (Some(a), Some(s)) if a != s => (Pooler::Transaction, Known::CancelKey),
+        _ => (Pooler::None, Known::Declared),
     }
 }
 

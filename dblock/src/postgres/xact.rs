@@ -15,8 +15,11 @@
 //! cannot be released earlier. Within one transaction a second request for a key it
 //! already holds succeeds at once (PostgreSQL's locks are re-entrant per session), so do
 //! not share one transaction between tasks that must exclude each other.
+//!
+//! These helpers send plain simple-protocol queries, so they work through a
+//! transaction-pooling pooler that does not support prepared statements.
 
-use sqlx::{PgConnection, Postgres, Transaction};
+use sqlx::{AssertSqlSafe, PgConnection, Postgres, Row, Transaction};
 
 use crate::{Error, Key, Mode};
 
@@ -50,12 +53,11 @@ pub async fn lock_mode(
     mode: Mode,
 ) -> Result<(), Error> {
     let sql = match mode {
-        Mode::Exclusive => "SELECT pg_advisory_xact_lock($1)",
-        Mode::Shared => "SELECT pg_advisory_xact_lock_shared($1)",
+        Mode::Exclusive => "SELECT pg_advisory_xact_lock",
+        Mode::Shared => "SELECT pg_advisory_xact_lock_shared",
     };
     let conn: &mut PgConnection = tx;
-    sqlx::query(sql)
-        .bind(key.as_i64())
+    sqlx::raw_sql(simple(sql, key))
         .execute(conn)
         .await
         .map_err(map_sqlx)?;
@@ -77,15 +79,15 @@ pub async fn try_lock(
     mode: Mode,
 ) -> Result<bool, Error> {
     let sql = match mode {
-        Mode::Exclusive => "SELECT pg_try_advisory_xact_lock($1)",
-        Mode::Shared => "SELECT pg_try_advisory_xact_lock_shared($1)",
+        Mode::Exclusive => "SELECT pg_try_advisory_xact_lock",
+        Mode::Shared => "SELECT pg_try_advisory_xact_lock_shared",
     };
     let conn: &mut PgConnection = tx;
-    sqlx::query_scalar::<_, bool>(sql)
-        .bind(key.as_i64())
+    let row = sqlx::raw_sql(simple(sql, key))
         .fetch_one(conn)
         .await
-        .map_err(map_sqlx)
+        .map_err(map_sqlx)?;
+    row.try_get::<bool, _>(0).map_err(map_sqlx)
 }
 
 /// The schema in use on `conn` (`current_schema()`): the namespace a [`Locks`](crate::Locks)
@@ -100,14 +102,23 @@ pub async fn try_lock(
 ///
 /// A read; cancelling it has no effect on the database.
 pub async fn current_namespace(conn: &mut PgConnection) -> Result<String, Error> {
-    let schema: Option<String> = sqlx::query_scalar("SELECT current_schema()::text")
+    let row = sqlx::raw_sql("SELECT current_schema()::text")
         .fetch_one(conn)
         .await
         .map_err(map_sqlx)?;
+    let schema: Option<String> = row.try_get(0).map_err(map_sqlx)?;
     schema.ok_or(Error::InvalidNamespace {
         namespace: String::new(),
         reason: "no schema of the search_path exists",
     })
+}
+
+/// `f(key)` as one simple-protocol statement: no server-side prepared statement, which
+/// a transaction-pooling pooler (PgBouncer before 1.21, or without
+/// `max_prepared_statements`) would leave on a server connection for another client,
+/// or not find on the next one. The key is an integer, written in decimal.
+fn simple(f: &str, key: Key) -> AssertSqlSafe<String> {
+    AssertSqlSafe(format!("{f}({})", key.as_i64()))
 }
 
 /// Maps an sqlx error to dblock's: SQLSTATEs by kind, broken connections to
