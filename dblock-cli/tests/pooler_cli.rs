@@ -62,7 +62,11 @@ impl TempDb {
         let name = format!("dblock_{tag}_{}", std::process::id());
         let admin = admin_connect(&pg_url()).await;
         admin
-            .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE); CREATE DATABASE {name}"))
+            .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+            .await
+            .unwrap();
+        admin
+            .batch_execute(&format!("CREATE DATABASE {name}"))
             .await
             .unwrap();
         TempDb { name }
@@ -108,7 +112,7 @@ async fn eight_migrate_processes_through_pgbouncer() {
         ),
         (
             "0003_index.sql".into(),
-            "-- no-transaction\nCREATE INDEX CONCURRENTLY items_v ON items (v);\n\
+            "-- dblock:no-transaction\nCREATE INDEX CONCURRENTLY items_v ON items (v);\n\
              INSERT INTO migration_log VALUES ('0003');\n"
                 .into(),
         ),
