@@ -276,3 +276,56 @@ async fn a_lost_lock_is_noticed_through_the_pooler() {
     }
 }
 
+
+/// Handles on the caller's sqlx pool through a transaction pooler: detected (the port
+/// differs from the server's), session locks refused, transaction locks exclusive; and
+/// the `xact` helpers work in the caller's transactions with no server-side prepared
+/// statement (which PgBouncer 1.18 would leave on a server connection for the next
+/// client: `prepared statement "sqlx_s_1" already exists`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlx_pool_handles_and_xact_helpers_work_through_a_transaction_pooler() {
+    use dblock::postgres::xact;
+    let s = PgSchema::new("pgb_sqlx").await;
+    let (_b, url) = bouncer(&s, PoolMode::Transaction, 2);
+    let pool = bounded(
+        10,
+        sqlx::postgres::PgPoolOptions::new()
+            .max_connections(4)
+            .connect(&url),
+    )
+    .await
+    .unwrap();
+    let locks = bounded(10, dblock::Locks::from_sqlx_pool(pool.clone()))
+        .await
+        .unwrap();
+    assert_eq!(locks.pooler(), Pooler::Transaction, "detected by port");
+    let e = bounded(10, locks.request("s").scope(Scope::Session).try_lock())
+        .await
+        .unwrap_err();
+    assert!(matches!(e, Error::BehindPooler { .. }), "{e:?}");
+    let g = bounded(10, locks.lock("t")).await.unwrap();
+    let other = bounded(10, dblock::Locks::connect(&url)).await.unwrap();
+    assert!(bounded(10, other.try_lock("t")).await.unwrap().is_none());
+    drop(g);
+
+    let key = locks.key("x").unwrap();
+    for round in 0..6 {
+        let mut tx = bounded(10, pool.begin()).await.unwrap();
+        bounded(10, xact::lock(&mut tx, key)).await.unwrap();
+        assert!(
+            bounded(10, xact::try_lock(&mut tx, key, dblock::Mode::Exclusive))
+                .await
+                .unwrap(),
+            "round {round}: re-entrant in its own transaction"
+        );
+        // Another client cannot take it meanwhile.
+        assert!(
+            bounded(10, other.try_lock("x")).await.unwrap().is_none(),
+            "round {round}"
+        );
+        let ns = bounded(10, xact::current_namespace(&mut tx)).await.unwrap();
+        assert_eq!(ns, s.name);
+        bounded(10, tx.commit()).await.unwrap();
+    }
+    assert!(bounded(10, other.try_lock("x")).await.unwrap().is_some());
+}
