@@ -5,6 +5,7 @@
 //! dblock key [--namespace NS] NAME
 //! dblock migrate [--db URL] [--ignore-missing] DIR [--dry-run]
 //! dblock migrate status [--db URL] [--ignore-missing] DIR
+//! dblock setup [--db URL] [--schema SCHEMA] [--grant ROLE]...
 //! ```
 //!
 //! Exit codes: COMMAND's own status (128+N when signal N ended it); 64 usage errors
@@ -44,6 +45,7 @@ macro_rules! err {
 mod duration;
 mod migrate;
 mod run;
+mod setup;
 mod sys;
 
 use std::ffi::OsString;
@@ -87,6 +89,9 @@ enum Command {
     /// Apply the migrations in DIR the database lacks, under the database-wide
     /// migration lock; `migrate status DIR` shows where each stands.
     Migrate(migrate::MigrateArgs),
+    /// Create dblock's fencing table once, as the schema's owner, and grant roles that
+    /// may not create tables what fenced locks and leader election need.
+    Setup(setup::SetupArgs),
 }
 
 #[derive(Args, Debug)]
@@ -192,6 +197,7 @@ fn main() -> ExitCode {
         // process) is what its parent-death signal follows.
         Command::Run(args) => block_on(false, run::run(args)),
         Command::Migrate(args) => migrate::main(args),
+        Command::Setup(args) => block_on(false, setup::setup(args)),
     };
     ExitCode::from(code)
 }
@@ -319,6 +325,8 @@ fn exit_code(e: &dblock::Error) -> u8 {
         | dblock::Error::Unsupported(_)
         | dblock::Error::BehindPooler { .. } => EXIT_USAGE,
         dblock::Error::LockLost { .. } => EXIT_LOST,
+        // A role without a privilege: as for a server that refuses, with the fix named.
+        dblock::Error::PermissionDenied { .. } => EXIT_UNAVAILABLE,
         _ => EXIT_UNAVAILABLE,
     }
 }

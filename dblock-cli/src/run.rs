@@ -114,20 +114,37 @@ pub async fn run(args: RunArgs) -> u8 {
         r = next_signal(&mut signals) => return 128 + r.signal as u8,
     };
 
-    let mut req = locks.request(name);
-    if args.shared {
-        req = req.shared();
-    } else if !args.no_fencing {
-        req = req.fenced();
-    }
+    let take = |fenced: bool| {
+        let mut req = locks.request(name);
+        if args.shared {
+            req = req.shared();
+        } else if fenced {
+            req = req.fenced();
+        }
+        async move {
+            if args.no_wait {
+                req.try_lock().await
+            } else if let Some(t) = deadline {
+                req.try_lock_for(t.saturating_duration_since(tokio::time::Instant::now()))
+                    .await
+            } else {
+                req.lock().await.map(Some)
+            }
+        }
+    };
     let acquire = async {
-        if args.no_wait {
-            req.try_lock().await
-        } else if let Some(t) = deadline {
-            req.try_lock_for(t.saturating_duration_since(tokio::time::Instant::now()))
-                .await
-        } else {
-            req.lock().await.map(Some)
+        let fenced = !args.shared && !args.no_fencing;
+        match take(fenced).await {
+            // A role that may not create dblock's fencing table still gets its lock:
+            // without a token, said once, with the command that enables tokens.
+            Err(dblock::Error::PermissionDenied { message, fix }) if fenced => {
+                errln!(
+                    "dblock: note: running without a fencing token (DBLOCK_FENCING_TOKEN \
+                     unset): {message}; {fix}; --no-fencing silences this"
+                );
+                take(false).await
+            }
+            other => other,
         }
     };
     let guard = tokio::select! {

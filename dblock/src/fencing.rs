@@ -137,13 +137,23 @@ impl Fence {
         &self,
         tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
     ) -> Result<(), Error> {
-        let sql = format!("SELECT token FROM {} WHERE key = $1 FOR SHARE", self.table);
+        use sqlx::Row;
+        // One simple-protocol statement (the key is an integer): no server-side prepared
+        // statement, which a transaction-pooling pooler may not carry.
+        let sql = format!(
+            "SELECT token FROM {} WHERE key = {} FOR SHARE",
+            self.table,
+            self.key.as_i64()
+        );
         let conn: &mut sqlx::PgConnection = tx;
-        let latest: Option<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
-            .bind(self.key.as_i64())
+        let row = sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
             .fetch_optional(conn)
             .await
             .map_err(crate::postgres::xact::map_sqlx)?;
+        let latest: Option<i64> = match row {
+            Some(r) => Some(r.try_get(0).map_err(crate::postgres::xact::map_sqlx)?),
+            None => None,
+        };
         self.stale(latest)
     }
 

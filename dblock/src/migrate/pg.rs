@@ -170,6 +170,8 @@ struct Session {
     locked: bool,
     /// `client_connection_check_interval` was set and must be reset.
     checking: bool,
+    /// The role the run connects as, for permission errors.
+    role: String,
 }
 
 pub(crate) async fn run(
@@ -189,6 +191,7 @@ pub(crate) async fn run(
         armed: Armed::new(b.pinned().await?),
         locked: false,
         checking: false,
+        role: b.role.clone(),
     };
     let res = s
         .apply_pending(&table, set, ignore_missing, on_applied)
@@ -225,6 +228,12 @@ impl Session {
         }
         self.lock().await?;
         // Only now, under the lock: the table, then what is applied.
+        let schema = table.split('.').next().unwrap_or(table).trim_matches('"');
+        let fix = format!(
+            "run dblock migrate as a role that may create objects in schema {schema:?} (its \
+             owner), or have the owner run once: GRANT CREATE ON SCHEMA \"{schema}\" TO {}",
+            self.role
+        );
         q(
             &self.armed,
             &format!(
@@ -236,7 +245,8 @@ impl Session {
                  duration_ms bigint NOT NULL)"
             ),
         )
-        .await?;
+        .await
+        .map_err(|e| crate::postgres::owner_needed(e, &fix))?;
         let records = read_records(&self.armed, table).await?;
         let pending = plan(set, &records, ignore_missing)?;
         let mut report = Report {

@@ -31,6 +31,7 @@ mod conn;
 mod mux;
 mod native;
 pub mod pooler;
+mod setup;
 mod sqlx_conn;
 pub mod xact;
 
@@ -46,6 +47,8 @@ use crate::{Error, Key, LossReason};
 pub(crate) use conn::{Armed, Conn, LockSql, QueryError, Release, Results};
 use native::Pool;
 pub use pooler::Pooler;
+pub(crate) use setup::owner_needed;
+pub use setup::setup;
 use pooler::Known;
 use sqlx_conn::SqlxSource;
 
@@ -92,6 +95,9 @@ pub(crate) struct PgBackend {
     pub(crate) pooler: (Pooler, Known),
     /// `inet_server_port()` as the first connection saw it (`None` on a Unix socket).
     server_port: Option<u16>,
+    /// The role the handle connects as (`current_user`), for the setup command that
+    /// permission errors name.
+    pub(crate) role: String,
 }
 
 impl PgBackend {
@@ -192,7 +198,7 @@ impl PgBackend {
             .conn()
             .query(
                 "SELECT current_schema(); SELECT current_setting('server_version_num'); \
-                 SELECT inet_server_port()",
+                 SELECT inet_server_port(); SELECT current_user",
             )
             .await
             .map_err(QueryError::into_error)?;
@@ -202,6 +208,7 @@ impl PgBackend {
             .and_then(|v| v.parse().ok())
             .unwrap_or(0);
         let server_port = first_value(&rows, 2).and_then(|v| v.parse().ok());
+        let role = first_value(&rows, 3).unwrap_or_default();
         let namespace = match &schema {
             Some(s) => s.clone(),
             None => {
@@ -224,6 +231,7 @@ impl PgBackend {
                 fence_ready: tokio::sync::OnceCell::new(),
                 pooler: (Pooler::None, Known::Declared),
                 server_port,
+                role,
             },
             namespace,
         ))
@@ -254,7 +262,12 @@ impl PgBackend {
             )?;
         }
         let fence_table = match req.fenced {
-            true => Some(self.fence_table().await?.clone()),
+            true => Some(
+                self.fence_table()
+                    .await
+                    .map_err(|e| self.fencing_permission(e))?
+                    .clone(),
+            ),
             false => None,
         };
         if let Some(mux) = self.mux.as_ref().filter(|_| mux::Mux::applies(req)) {
@@ -350,7 +363,11 @@ impl PgBackend {
                         after: None,
                     });
                 }
-                Err(Error::from_sqlstate(&code, message))
+                let e = Error::from_sqlstate(&code, message);
+                Err(match req.fenced {
+                    true => self.fencing_permission(e),
+                    false => e,
+                })
             }
             Err(e @ QueryError::Lost { .. }) => Err(e.into_error()),
         }
