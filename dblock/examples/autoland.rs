@@ -1,7 +1,7 @@
 //! Four processes land five proposals; each proposal is landed exactly once.
 //!
 //! ```text
-//! cargo run --example autoland                    # the embedded default (no server)
+//! cargo run --example autoland                    # embedded (a temporary lock file, no server)
 //! DATABASE_URL=postgres://… cargo run --example autoland
 //! ```
 //!
@@ -45,27 +45,36 @@ async fn worker(id: &str, landed: &Path) -> Result<(), Box<dyn std::error::Error
 }
 
 async fn coordinator() -> Result<(), Box<dyn std::error::Error>> {
-    let locks = dblock::Locks::from_env().await?;
+    let dir = std::env::temp_dir().join(format!("dblock-autoland-{}", std::process::id()));
+    let landed_dir = dir.join("landed");
+    std::fs::create_dir_all(&landed_dir)?;
+    // With no database configured, the example uses an embedded lock file of its own in a
+    // temporary directory (removed at the end) rather than your real default,
+    // ~/.local/state/dblock/locks.db, which `dblock run` uses.
+    let url = match dblock::url_from_env() {
+        Some(url) => url,
+        None => format!("sqlite:{}", dir.join("locks.db").display()),
+    };
+    let locks = dblock::Locks::connect(&url).await?;
     let where_ = match dblock::url_from_env() {
         Some(_) => "the database in DBLOCK_DATABASE_URL/DATABASE_URL".to_string(),
         None => format!(
-            "the embedded default, {}",
-            dblock::default_sqlite_path()?.display()
+            "a temporary embedded lock file, {}-locks",
+            dir.join("locks.db").display()
         ),
     };
     println!(
         "{WORKERS} processes land {PROPOSALS} proposals, locking on {where_} ({})",
         locks.backend_name()
     );
-    let dir = std::env::temp_dir().join(format!("dblock-autoland-{}", std::process::id()));
-    std::fs::create_dir_all(&dir)?;
     let exe = std::env::current_exe()?;
     let mut children = Vec::new();
     for id in 1..=WORKERS {
         children.push(
             tokio::process::Command::new(&exe)
                 .env("AUTOLAND_WORKER", id.to_string())
-                .env("AUTOLAND_DIR", &dir)
+                .env("AUTOLAND_DIR", &landed_dir)
+                .env("DBLOCK_DATABASE_URL", &url)
                 .spawn()?,
         );
     }
@@ -75,7 +84,7 @@ async fn coordinator() -> Result<(), Box<dyn std::error::Error>> {
             return Err(format!("a worker failed: {status}").into());
         }
     }
-    let landed = std::fs::read_dir(&dir)?.count();
+    let landed = std::fs::read_dir(&landed_dir)?.count();
     std::fs::remove_dir_all(&dir)?;
     println!("{landed} of {PROPOSALS} proposals landed, each exactly once");
     if landed as u32 != PROPOSALS {

@@ -81,7 +81,27 @@ pub use target::{URL_ENV_VARS, default_sqlite_path, url_from_env};
 #[cfg_attr(docsrs, doc(cfg(feature = "macros")))]
 pub use dblock_macros::migrations;
 
+/// The sqlx that dblock's public API takes and returns (0.9): name its types through this
+/// re-export — `dblock::sqlx::PgPool` — so that an application on another sqlx version
+/// still compiles (two sqlx versions' `Pool<Postgres>` are different types).
+pub use sqlx;
+
 /// The README's examples, compiled as doctests so they stay true.
 #[cfg(doctest)]
 #[doc = include_str!("../../README.md")]
 struct ReadmeDoctests;
+
+/// The examples of the reference pages in `docs/`, compiled as doctests too.
+#[cfg(doctest)]
+mod docs_doctests {
+    #[doc = include_str!("../../docs/locks-and-loss.md")]
+    struct LocksAndLoss;
+    #[doc = include_str!("../../docs/migrations.md")]
+    struct Migrations;
+    #[doc = include_str!("../../docs/how-it-works.md")]
+    struct HowItWorks;
+    #[doc = include_str!("../../docs/choosing.md")]
+    struct Choosing;
+    #[doc = include_str!("../../docs/errors.md")]
+    struct Errors;
+}

@@ -605,7 +605,7 @@ async fn a_lock_inside_a_sqlx_transaction_ends_with_the_transaction() {
     let locks = s.locks().await;
     let key = locks.key("autoland:7").unwrap();
     let mut tx = pool.begin().await.unwrap();
-    xact::lock(&mut tx, key).await.unwrap();
+    xact::lock(&mut tx, key, Mode::Exclusive).await.unwrap();
     assert!(
         locks.try_lock("autoland:7").await.unwrap().is_none(),
         "held by the transaction"
@@ -643,9 +643,12 @@ async fn a_deadlock_between_transactions_is_a_typed_error() {
     );
     let mut t1 = pool.begin().await.unwrap();
     let mut t2 = pool.begin().await.unwrap();
-    xact::lock(&mut t1, a).await.unwrap();
-    xact::lock(&mut t2, b).await.unwrap();
-    let (r1, r2) = tokio::join!(xact::lock(&mut t1, b), xact::lock(&mut t2, a));
+    xact::lock(&mut t1, a, Mode::Exclusive).await.unwrap();
+    xact::lock(&mut t2, b, Mode::Exclusive).await.unwrap();
+    let (r1, r2) = tokio::join!(
+        xact::lock(&mut t1, b, Mode::Exclusive),
+        xact::lock(&mut t2, a, Mode::Exclusive)
+    );
     let deadlocks = [&r1, &r2]
         .iter()
         .filter(|r| matches!(r, Err(Error::Deadlock { .. })))
@@ -671,7 +674,12 @@ async fn a_full_lock_table_is_a_typed_error() {
     let mut tx = pool.begin().await.unwrap();
     let mut err = None;
     for i in 0..100_000 {
-        if let Err(e) = xact::lock(&mut tx, Key::new("public", &format!("k{i}")).unwrap()).await {
+        if let Err(e) = xact::lock(
+            &mut tx,
+            Key::new("public", &format!("k{i}")).unwrap(),
+            Mode::Exclusive,
+        )
+        .await {
             err = Some((i, e));
             break;
         }

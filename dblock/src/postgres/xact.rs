@@ -1,15 +1,21 @@
 //! Locks inside your own sqlx transaction, released with it: the hub seed's use.
 //!
 //! ```no_run
-//! # async fn demo(pool: sqlx::PgPool, locks: dblock::Locks) -> Result<(), dblock::Error> {
-//! use dblock::postgres::xact;
+//! # async fn demo(pool: sqlx::PgPool) -> Result<(), dblock::Error> {
+//! use dblock::{Key, Mode, postgres::xact};
 //! let mut tx = pool.begin().await.map_err(xact::map_sqlx)?;
 //! // One landing of proposal 7 at a time, across every process: held until `tx` ends.
-//! xact::lock(&mut tx, locks.key("autoland:7")?).await?;
+//! // The key needs no connection: the namespace and the name are enough.
+//! xact::lock(&mut tx, Key::new("public", "autoland:7")?, Mode::Exclusive).await?;
 //! // … the checks and the landing, in `tx` …
 //! tx.commit().await.map_err(xact::map_sqlx)?;
 //! # Ok(()) }
 //! ```
+//!
+//! Both helpers take the lock's [`Mode`]: [`lock`] waits, [`try_lock`] answers at once.
+//! Each is one statement, and neither needs a [`Locks`](crate::Locks) handle; the key of
+//! a name is [`Key::new`]`(namespace, name)`, with the namespace your handles use (see
+//! [`Locks::namespace`](crate::Locks::namespace)).
 //!
 //! The lock belongs to the transaction: it is released by `COMMIT` or `ROLLBACK`, and
 //! cannot be released earlier. Within one transaction a second request for a key it
@@ -23,7 +29,8 @@ use sqlx::{AssertSqlSafe, PgConnection, Postgres, Row, Transaction};
 
 use crate::{Error, Key, Mode};
 
-/// Waits for the lock `key` inside `tx`; it is held until `tx` commits or rolls back.
+/// Waits for the lock `key` in `mode` inside `tx`; it is held until `tx` commits or
+/// rolls back.
 ///
 /// # Errors
 ///
@@ -34,24 +41,7 @@ use crate::{Error, Key, Mode};
 ///
 /// If cancelled, the lock may still be granted to `tx` a moment later; it is then
 /// released with `tx`, like everything else the transaction did.
-pub async fn lock(tx: &mut Transaction<'_, Postgres>, key: Key) -> Result<(), Error> {
-    lock_mode(tx, key, Mode::Exclusive).await
-}
-
-/// Waits for the lock `key` in `mode` inside `tx`.
-///
-/// # Errors
-///
-/// As [`lock`].
-///
-/// # Cancel safety
-///
-/// As [`lock`].
-pub async fn lock_mode(
-    tx: &mut Transaction<'_, Postgres>,
-    key: Key,
-    mode: Mode,
-) -> Result<(), Error> {
+pub async fn lock(tx: &mut Transaction<'_, Postgres>, key: Key, mode: Mode) -> Result<(), Error> {
     let sql = match mode {
         Mode::Exclusive => "SELECT pg_advisory_xact_lock",
         Mode::Shared => "SELECT pg_advisory_xact_lock_shared",
