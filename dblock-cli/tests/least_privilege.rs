@@ -64,7 +64,9 @@ async fn a_role_that_cannot_create_tables_locks_and_runs_and_setup_enables_fenci
     let g = bounded(10, locks.lock("a")).await.unwrap();
     assert!(bounded(10, locks.try_lock("a")).await.unwrap().is_none());
     drop(g);
-    let r1 = bounded(10, locks.request("r").shared().lock()).await.unwrap();
+    let r1 = bounded(10, locks.request("r").shared().lock())
+        .await
+        .unwrap();
     let r2 = bounded(10, locks.request("r").shared().try_lock())
         .await
         .unwrap();
@@ -135,10 +137,8 @@ async fn a_role_that_cannot_create_tables_locks_and_runs_and_setup_enables_fenci
     );
 
     // Migrations need CREATE: refused with the grant that fixes it.
-    let dir = dblock_testkit::migrations::MigrationDir::new(&[(
-        "0001_t.sql",
-        "CREATE TABLE t (x int);",
-    )]);
+    let dir =
+        dblock_testkit::migrations::MigrationDir::new(&[("0001_t.sql", "CREATE TABLE t (x int);")]);
     let out = dblock(&["migrate", "--db", &url, dir.path().to_str().unwrap()]).await;
     assert_eq!(exit_code(&out), 69, "{out:?}");
     let line = dblock_testkit::one_line_error(&out);
@@ -147,20 +147,16 @@ async fn a_role_that_cannot_create_tables_locks_and_runs_and_setup_enables_fenci
     // The owner's one-time setup (run twice: idempotent)…
     for _ in 0..2 {
         let out = dblock(&[
-            "setup",
-            "--db",
-            &owner_url,
-            "--schema",
-            &s.name,
-            "--grant",
-            &role,
+            "setup", "--db", &owner_url, "--schema", &s.name, "--grant", &role,
         ])
         .await;
         assert_eq!(exit_code(&out), 0, "{out:?}");
     }
     // …and fencing, leader election and `dblock run`'s token work for the role.
     let locks = bounded(10, dblock::Locks::connect(&url)).await.unwrap();
-    let g = bounded(10, locks.request("f").fenced().lock()).await.unwrap();
+    let g = bounded(10, locks.request("f").fenced().lock())
+        .await
+        .unwrap();
     assert_eq!(g.fencing_token(), Some(1));
     drop(g);
     let election = dblock::leader::Election::new(&locks, "leader");

@@ -86,7 +86,10 @@ impl TempDb {
     async fn drop_now(self) {
         let admin = admin_connect(&pg_url()).await;
         let _ = admin
-            .batch_execute(&format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name))
+            .batch_execute(&format!(
+                "DROP DATABASE IF EXISTS {} WITH (FORCE)",
+                self.name
+            ))
             .await;
     }
 }

@@ -149,9 +149,7 @@ pub enum Error {
     /// connected through a pooler that hands each transaction to any server connection
     /// (see [`postgres::pooler`](crate::postgres::pooler)): it was refused before
     /// anything was taken.
-    #[error(
-        "{what} cannot work through a transaction-pooling connection pooler ({how}): {fix}"
-    )]
+    #[error("{what} cannot work through a transaction-pooling connection pooler ({how}): {fix}")]
     BehindPooler {
         /// What was refused.
         what: &'static str,

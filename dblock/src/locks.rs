@@ -603,12 +603,13 @@ impl Builder {
             #[cfg(feature = "postgres")]
             Some(url) => {
                 // dblock's own `pooler=` parameter, which the driver would refuse.
-                let (url, declared) = crate::postgres::pooler::split_url(&url).map_err(|reason| {
-                    Error::InvalidUrl {
-                        url: crate::error::redact_url(&url),
-                        reason,
-                    }
-                })?;
+                let (url, declared) =
+                    crate::postgres::pooler::split_url(&url).map_err(|reason| {
+                        Error::InvalidUrl {
+                            url: crate::error::redact_url(&url),
+                            reason,
+                        }
+                    })?;
                 if let Some(p) = declared {
                     self.pooler = p;
                 }

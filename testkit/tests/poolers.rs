@@ -119,7 +119,11 @@ async fn session_locks_are_refused_through_a_transaction_pooler() {
     let locks = bounded(10, dblock::Locks::connect(&url)).await.unwrap();
     assert_eq!(locks.pooler(), Pooler::Transaction, "detected");
     let direct = bounded(10, s.locks()).await;
-    assert_eq!(direct.pooler(), Pooler::None, "a direct connection is not a pooler");
+    assert_eq!(
+        direct.pooler(),
+        Pooler::None,
+        "a direct connection is not a pooler"
+    );
 
     let e = bounded(10, locks.request("s").scope(Scope::Session).lock())
         .await
@@ -156,17 +160,38 @@ async fn session_locks_are_refused_through_a_transaction_pooler() {
 
     // Transaction-scoped locks (the default), fenced ones included, work: exclusion is
     // kept, and the guard's transaction pins one server connection.
-    let g = bounded(10, locks.request("t").fenced().lock()).await.unwrap();
+    let g = bounded(10, locks.request("t").fenced().lock())
+        .await
+        .unwrap();
     let other = bounded(10, dblock::Locks::connect(&url)).await.unwrap();
     assert!(bounded(10, other.try_lock("t")).await.unwrap().is_none());
     let held = s.advisory(locks.key("t").unwrap()).await;
     assert_eq!(held.len(), 1, "{held:?}");
     bounded(10, g.release()).await.unwrap();
-    let g2 = bounded(10, other.request("t").fenced().try_lock()).await.unwrap();
+    let g2 = bounded(10, other.request("t").fenced().try_lock())
+        .await
+        .unwrap();
     assert!(g2.is_some(), "free once released");
     drop(g2);
+    // Leader election (fenced, leased, transaction-scoped) through the pooler.
+    let election = dblock::leader::Election::new(&locks, "leader");
+    let term = bounded(10, election.campaign()).await.unwrap();
+    let rival = dblock::leader::Election::new(&other, "leader");
     assert!(
-        eventually(10, &mut || async { s.advisory_of_sessions().await.is_empty() }).await,
+        tokio::time::timeout(Duration::from_millis(500), rival.campaign())
+            .await
+            .is_err(),
+        "one leader at a time"
+    );
+    bounded(10, term.resign()).await.unwrap();
+    let term2 = bounded(10, rival.campaign()).await.unwrap();
+    assert!(term2.token() > 0);
+    drop(term2);
+    assert!(
+        eventually(10, &mut || async {
+            s.advisory_of_sessions().await.is_empty()
+        })
+        .await,
         "nothing left held"
     );
 }
@@ -223,10 +248,12 @@ async fn deadlines_count_the_time_queued_in_the_pooler() {
     let t0 = Instant::now();
     let r = bounded(10, locks.try_lock_for("free-name", Duration::from_secs(1))).await;
     let took = t0.elapsed();
-    assert!(matches!(r, Ok(None)), "not granted within the deadline: {r:?}");
+    assert!(
+        matches!(r, Ok(None)),
+        "not granted within the deadline: {r:?}"
+    );
     eprintln!("try_lock_for(1 s) with the pool saturated returned after {took:?}");
     assert!(took < Duration::from_secs(3), "returned after {took:?}");
-
 }
 
 /// PgBouncer's own errors reach the caller in PgBouncer's words.
@@ -276,7 +303,6 @@ async fn a_lost_lock_is_noticed_through_the_pooler() {
     }
 }
 
-
 /// Handles on the caller's sqlx pool through a transaction pooler: detected (the port
 /// differs from the server's), session locks refused, transaction locks exclusive; and
 /// the `xact` helpers work in the caller's transactions with no server-side prepared
@@ -311,7 +337,9 @@ async fn sqlx_pool_handles_and_xact_helpers_work_through_a_transaction_pooler() 
     let key = locks.key("x").unwrap();
     for round in 0..6 {
         let mut tx = bounded(10, pool.begin()).await.unwrap();
-        bounded(10, xact::lock(&mut tx, key)).await.unwrap();
+        bounded(10, xact::lock(&mut tx, key, dblock::Mode::Exclusive))
+            .await
+            .unwrap();
         assert!(
             bounded(10, xact::try_lock(&mut tx, key, dblock::Mode::Exclusive))
                 .await
@@ -328,4 +356,18 @@ async fn sqlx_pool_handles_and_xact_helpers_work_through_a_transaction_pooler() 
         bounded(10, tx.commit()).await.unwrap();
     }
     assert!(bounded(10, other.try_lock("x")).await.unwrap().is_some());
+
+    // A fence checked in the caller's transactions, again and again (each check was a
+    // prepared statement once).
+    let g = bounded(10, locks.request("fenced").fenced().lock())
+        .await
+        .unwrap();
+    let fence = g.fence().unwrap().clone();
+    for round in 0..6 {
+        let mut tx = bounded(10, pool.begin()).await.unwrap();
+        bounded(10, fence.check_postgres(&mut tx))
+            .await
+            .unwrap_or_else(|e| panic!("round {round}: {e}"));
+        bounded(10, tx.commit()).await.unwrap();
+    }
 }

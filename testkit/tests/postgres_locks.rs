@@ -679,7 +679,8 @@ async fn a_full_lock_table_is_a_typed_error() {
             Key::new("public", &format!("k{i}")).unwrap(),
             Mode::Exclusive,
         )
-        .await {
+        .await
+        {
             err = Some((i, e));
             break;
         }

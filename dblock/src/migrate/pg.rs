@@ -141,8 +141,9 @@ pub(crate) async fn wait_for_lock(armed: &Armed) -> Result<(), Error> {
 /// transaction that then runs the DDL and commits: everything on one server session
 /// even through a transaction-pooling pooler, which a session lock would not be.
 pub(crate) async fn own_ddl(armed: &Armed, ddl: &str) -> Result<(), Error> {
-    let attempt =
-        format!("BEGIN ISOLATION LEVEL READ COMMITTED; SELECT pg_try_advisory_xact_lock({MIGRATION_LOCK_KEY})");
+    let attempt = format!(
+        "BEGIN ISOLATION LEVEL READ COMMITTED; SELECT pg_try_advisory_xact_lock({MIGRATION_LOCK_KEY})"
+    );
     let mut pause = POLL_FIRST;
     loop {
         let rows = q(armed, &attempt).await?;

@@ -46,10 +46,10 @@ use crate::{Error, Key, LossReason};
 
 pub(crate) use conn::{Armed, Conn, LockSql, QueryError, Release, Results};
 use native::Pool;
+use pooler::Known;
 pub use pooler::Pooler;
 pub(crate) use setup::owner_needed;
 pub use setup::setup;
-use pooler::Known;
 use sqlx_conn::SqlxSource;
 
 /// Where a backend's connections come from.
@@ -177,7 +177,11 @@ impl PgBackend {
 
     /// Refuses, before anything is taken, what cannot work through a
     /// transaction-pooling pooler.
-    pub(crate) fn refuse_behind_pooler(&self, what: &'static str, fix: &'static str) -> Result<(), Error> {
+    pub(crate) fn refuse_behind_pooler(
+        &self,
+        what: &'static str,
+        fix: &'static str,
+    ) -> Result<(), Error> {
         match self.pooler {
             (p, how) if !p.keeps_sessions() => Err(Error::BehindPooler {
                 what,
@@ -305,9 +309,7 @@ impl PgBackend {
             // backstop for a server that stops answering.
             Some(d) => {
                 let request = armed.conn().lock_query(&plan.sql, plan.wanted());
-                match tokio::time::timeout_at(queued_bound.unwrap_or(d + BACKSTOP), request)
-                    .await
-                {
+                match tokio::time::timeout_at(queued_bound.unwrap_or(d + BACKSTOP), request).await {
                     Ok(r) => r,
                     // Not granted by the deadline, counting the pooler's queue.
                     Err(_) if queued_bound.is_some() => {
@@ -611,12 +613,12 @@ impl Plan {
                 }
                 token_at = Some(sql.push(&[&upsert]));
                 sql.push(&["COMMIT"]);
-                if scope == Scope::Session {
-                    if let Some(ms) = lease_ms {
-                        sql.push(&[&format!(
-                            "SELECT set_config('idle_session_timeout', '{ms}', false)"
-                        )]);
-                    }
+                if scope == Scope::Session
+                    && let Some(ms) = lease_ms
+                {
+                    sql.push(&[&format!(
+                        "SELECT set_config('idle_session_timeout', '{ms}', false)"
+                    )]);
                 }
                 if scope == Scope::Transaction {
                     sql.begin(false);

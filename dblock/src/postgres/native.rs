@@ -507,10 +507,10 @@ impl NativeConn {
         {
             let mut waiting = self.outbox.lock();
             // One holder at a time, so never two; were there, the first goes first.
-            if let Some(earlier) = waiting.take() {
-                if !queue(&self.client, earlier.sql()) {
-                    return false;
-                }
+            if let Some(earlier) = waiting.take()
+                && !queue(&self.client, earlier.sql())
+            {
+                return false;
             }
             *waiting = Some(release);
         }

@@ -274,13 +274,24 @@ mod tests {
                 Some(Pooler::Transaction)
             )
         );
-        let (u, p) = split_url("postgresql://h/db?pooler=Session").unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!((u.as_ref(), p), ("postgresql://h/db", Some(Pooler::Session)));
-        let (u, p) = split_url("postgres://h/db?application_name=x").unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!((u.as_ref(), p), ("postgres://h/db?application_name=x", None));
+        let (u, p) =
+            split_url("postgresql://h/db?pooler=Session").unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            (u.as_ref(), p),
+            ("postgresql://h/db", Some(Pooler::Session))
+        );
+        let (u, p) =
+            split_url("postgres://h/db?application_name=x").unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            (u.as_ref(), p),
+            ("postgres://h/db?application_name=x", None)
+        );
         let (u, p) =
             split_url("host=h port=6432 pooler=none dbname=x").unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!((u.as_ref(), p), ("host=h port=6432 dbname=x", Some(Pooler::None)));
+        assert_eq!(
+            (u.as_ref(), p),
+            ("host=h port=6432 dbname=x", Some(Pooler::None))
+        );
         assert!(split_url("postgres://h/db?pooler=sometimes").is_err());
         assert_eq!(
             split_url("sqlite:/tmp/x.db").map(|(u, p)| (u.into_owned(), p)),

@@ -77,7 +77,9 @@ pub async fn setup(locks: &Locks, schema: Option<&str>, grant_to: &[&str]) -> Re
             ),
         )
     };
-    crate::migrate::pg::own_ddl(&armed, &ddl).await.map_err(fix)?;
+    crate::migrate::pg::own_ddl(&armed, &ddl)
+        .await
+        .map_err(fix)?;
     for role in grant_to {
         let grantee = match role.eq_ignore_ascii_case("public") {
             true => "PUBLIC".to_string(),
@@ -128,12 +130,13 @@ impl PgBackend {
     pub(crate) fn fencing_permission(&self, e: Error) -> Error {
         let schema = self.schema.as_deref().unwrap_or("public");
         match e {
-            Error::Database { code: Some(c), message } if c == INSUFFICIENT_PRIVILEGE => {
-                Error::PermissionDenied {
-                    message: format!("{message} (fencing tokens need dblock's table)"),
-                    fix: setup_command(schema, &self.role),
-                }
-            }
+            Error::Database {
+                code: Some(c),
+                message,
+            } if c == INSUFFICIENT_PRIVILEGE => Error::PermissionDenied {
+                message: format!("{message} (fencing tokens need dblock's table)"),
+                fix: setup_command(schema, &self.role),
+            },
             other => other,
         }
     }
