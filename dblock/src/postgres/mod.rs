@@ -28,6 +28,7 @@
 //! simple-protocol message.
 
 mod conn;
+pub mod health;
 mod mux;
 mod native;
 pub mod pooler;

@@ -48,7 +48,7 @@ pub(crate) struct Pool {
 
 impl Pool {
     pub(crate) fn new(
-        config: tokio_postgres::Config,
+        mut config: tokio_postgres::Config,
         shown: String,
         max: usize,
         acquire_timeout: Duration,
@@ -56,6 +56,7 @@ impl Pool {
         check_timeout: Duration,
         declared: Pooler,
     ) -> Pool {
+        super::health::apply(&mut config);
         let route = std::sync::OnceLock::new();
         if declared != Pooler::Detect {
             let _ = route.set((declared, Known::Declared));
@@ -118,6 +119,16 @@ impl Pool {
             };
             match idle {
                 Some(mut c) if c.usable() => {
+                    // Idle a while: checked before it carries a request, so a peer that
+                    // went away silently costs a check, not a request lost in the void.
+                    // A connection used more recently goes out as it is (no round trip
+                    // on the hot path).
+                    if c.idle_since.elapsed() >= self.shared.check_interval
+                        && !c.alive(self.shared.check_timeout).await
+                    {
+                        c.abandon();
+                        continue;
+                    }
                     c.permit = Some(permit);
                     return Ok(c);
                 }
@@ -201,6 +212,7 @@ impl Pool {
                 .await;
         }
         Ok(NativeConn {
+            idle_since: std::time::Instant::now(),
             client,
             link,
             outbox,
@@ -417,6 +429,8 @@ async fn drive(
 
 /// One of dblock's connections, checked out of the pool.
 pub(crate) struct NativeConn {
+    /// When it was last returned to the pool.
+    idle_since: std::time::Instant,
     client: Arc<Client>,
     link: Arc<Link>,
     outbox: Arc<Outbox>,
@@ -431,6 +445,16 @@ impl NativeConn {
 
     pub(crate) fn link(&self) -> &Arc<Link> {
         &self.link
+    }
+
+    /// Whether the connection answers an empty query within `timeout`.
+    ///
+    /// Cancel safe: dropped mid-way, the connection is dropped with it (closed).
+    async fn alive(&self, timeout: Duration) -> bool {
+        matches!(
+            tokio::time::timeout(timeout, self.query("")).await,
+            Ok(Ok(_))
+        )
     }
 
     /// Sends a simple query (one or more statements) and waits for every result.
@@ -557,6 +581,7 @@ impl NativeConn {
         if !self.usable() {
             return;
         }
+        self.idle_since = std::time::Instant::now();
         if let Some(pool) = self.pool.upgrade() {
             let mut idle = pool.idle.lock().unwrap_or_else(|p| p.into_inner());
             idle.push(self);
