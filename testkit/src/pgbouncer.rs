@@ -47,6 +47,9 @@ pub struct Options {
     pub search_path: Option<String>,
     /// Extra `[pgbouncer]` settings.
     pub settings: Vec<(String, String)>,
+    /// Send the server connections to this port instead of the tests' server (a port
+    /// where nothing listens, to see PgBouncer's login errors).
+    pub server_port: Option<u16>,
 }
 
 impl Options {
@@ -56,11 +59,17 @@ impl Options {
             pool_size,
             search_path: None,
             settings: Vec::new(),
+            server_port: None,
         }
     }
 
     pub fn search_path(mut self, schema: &str) -> Options {
         self.search_path = Some(schema.to_string());
+        self
+    }
+
+    pub fn server_port(mut self, port: u16) -> Options {
+        self.server_port = Some(port);
         self
     }
 
@@ -91,6 +100,7 @@ impl PgBouncer {
             (Some(tokio_postgres::config::Host::Tcp(h)), p) => (h.clone(), *p.unwrap_or(&5432)),
             _ => ("127.0.0.1".to_string(), 5432),
         };
+        let port = opts.server_port.unwrap_or(port);
         let dir = tempfile::Builder::new()
             .prefix("dblock-pgbouncer-")
             .tempdir()

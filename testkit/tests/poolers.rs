@@ -272,6 +272,26 @@ async fn pgbouncer_errors_reach_the_caller_in_its_words() {
     let text = e.to_string();
     eprintln!("{text}");
     assert!(text.contains("query_wait_timeout"), "{e:?}");
+
+    // A server PgBouncer cannot log in to: its own words, not "connection closed".
+    let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let dead_port = dead.local_addr().unwrap().port();
+    drop(dead);
+    let b = PgBouncer::with(
+        Options::new(PoolMode::Transaction, 1)
+            .server_port(dead_port)
+            .set("server_login_retry", "1")
+            .set("query_wait_timeout", "3"),
+    );
+    let e = bounded(20, dblock::Locks::connect(&b.test_url()))
+        .await
+        .unwrap_err();
+    let text = e.to_string();
+    eprintln!("{text}");
+    assert!(
+        text.contains("query_wait_timeout") || text.contains("server_login_retry"),
+        "{e:?}"
+    );
 }
 
 /// A lock whose server connection is terminated is reported lost, through the pooler
