@@ -6,6 +6,9 @@
 //! dblock migrate [--db URL] [--ignore-missing] DIR [--dry-run]
 //! dblock migrate status [--db URL] [--ignore-missing] DIR
 //! dblock setup [--db URL] [--schema SCHEMA] [--grant ROLE]...
+//! dblock migrate baseline [--db URL] DIR [--to VERSION]
+//! dblock migrate revert [--db URL] DIR [--to VERSION]
+//! dblock migrate new NAME [DIR]
 //! ```
 //!
 //! Exit codes: COMMAND's own status (128+N when signal N ended it); 64 usage errors
@@ -14,7 +17,8 @@
 //!
 //! `dblock migrate`: 0 when everything is applied (including nothing to do); 65 for a
 //! migration set that cannot be applied (a malformed file name, an edited migration,
-//! applied versions DIR lacks); 69 when the database cannot be reached or a migration
+//! applied versions DIR lacks, another tool's history that cannot be adopted as it
+//! stands, a file that is not a regular file); 69 when the database cannot be reached or a migration
 //! fails on it.
 
 /// `println!` that never panics: output to a closed pipe (the reader went away) is

@@ -1,6 +1,7 @@
-//! `dblock migrate`: apply a directory of migrations, list what a run would apply, or
-//! show where each migration stands. The work is the library's (`dblock::migrate`);
-//! this is arguments, output and exit codes.
+//! `dblock migrate`: apply a directory of migrations, list what a run would apply, show
+//! where each migration stands, adopt another tool's history, revert, or write the next
+//! file. The work is the library's (`dblock::migrate`); this is arguments, output and
+//! exit codes.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -15,13 +16,18 @@ use crate::{EXIT_BAD_MIGRATIONS, exit_code};
 #[command(
     args_conflicts_with_subcommands = true,
     subcommand_negates_reqs = true,
-    after_help = "DIR holds VERSION_NAME.sql files (0001_create_users.sql), applied in \
-                  version order, each in a transaction with its row in dblock_migrations; \
-                  a file whose first line is `-- dblock:no-transaction` runs statement by \
-                  statement outside one (CREATE INDEX CONCURRENTLY).\n\n\
+    after_help = "DIR holds VERSION_NAME.sql files (0001_create_users.sql; sqlx-cli's \
+                  directories as they are, with .up.sql/.down.sql pairs and timestamp \
+                  versions; Flyway's V1__name.sql), applied in version order, each in a \
+                  transaction with its row in dblock_migrations; a file whose first line \
+                  is `-- dblock:no-transaction` or sqlx's `-- no-transaction` runs \
+                  statement by statement outside one (CREATE INDEX CONCURRENTLY). On a \
+                  database sqlx migrated, what _sqlx_migrations records is adopted (each \
+                  file's checksum verified), never applied again.\n\n\
                   Exit: 0 everything is applied; 65 the migration set cannot be applied \
-                  (a malformed file, an edited migration, versions DIR lacks); 69 the \
-                  database cannot be reached or a migration failed on it."
+                  (a malformed file, an edited migration, versions DIR lacks, another \
+                  tool's history that cannot be adopted as it stands); 69 the database \
+                  cannot be reached or a migration failed on it."
 )]
 pub struct MigrateArgs {
     #[command(subcommand)]
@@ -30,7 +36,9 @@ pub struct MigrateArgs {
     #[command(flatten)]
     target: Target,
 
-    /// List the migrations a run would apply, and change nothing (no lock, no table).
+    /// List the migrations a run would apply (and which run outside a transaction),
+    /// warn about statements that cannot run inside one, and change nothing (no lock,
+    /// no table).
     #[arg(long)]
     dry_run: bool,
 }
@@ -40,6 +48,38 @@ enum Action {
     /// Show each migration of DIR and of the database: applied, pending, edited since
     /// it was applied, or unknown to DIR. Exits 65 when a run would refuse.
     Status(Target),
+    /// Adopt a database another tool migrated: record migrations as applied without
+    /// running them. Without --to, the versions sqlx's _sqlx_migrations records (files
+    /// that differ from what sqlx applied are accepted as they are, and named); with
+    /// --to VERSION, every migration of DIR up to VERSION.
+    Baseline(Bounded),
+    /// Revert the latest applied migration with its .down.sql (or with --to VERSION,
+    /// every applied migration above VERSION, newest first). PostgreSQL only.
+    Revert(Bounded),
+    /// Write the next migration file into DIR in the directory's own naming (the next
+    /// timestamp or number; an .up.sql/.down.sql pair for a reversible directory).
+    New(NewArgs),
+}
+
+#[derive(Args, Debug)]
+struct Bounded {
+    #[command(flatten)]
+    target: Target,
+
+    /// The version to stop at (see the command's description).
+    #[arg(long, value_name = "VERSION")]
+    to: Option<i64>,
+}
+
+#[derive(Args, Debug)]
+struct NewArgs {
+    /// What the migration does, as its file name will say it ("add users email").
+    #[arg(value_name = "NAME")]
+    name: String,
+
+    /// The directory of migrations (created if missing).
+    #[arg(value_name = "DIR", default_value = "migrations")]
+    dir: PathBuf,
 }
 
 #[derive(Args, Debug)]
@@ -62,14 +102,28 @@ struct Target {
 
 pub fn main(args: MigrateArgs) -> u8 {
     crate::block_on(false, async {
+        let dir = match &args.action {
+            Some(Action::Status(t)) => t.dir.clone(),
+            Some(Action::Baseline(b) | Action::Revert(b)) => b.target.dir.clone(),
+            Some(Action::New(n)) => Some(n.dir.clone()),
+            None => args.target.dir.clone(),
+        };
         let res = match args.action {
             Some(Action::Status(target)) => status(&target).await,
+            Some(Action::Baseline(b)) => baseline(&b).await,
+            Some(Action::Revert(b)) => revert(&b).await,
+            Some(Action::New(n)) => new(&n),
             None => apply(&args.target, args.dry_run).await,
         };
         match res {
             Ok(code) => code,
             Err(e) => {
-                errln!("dblock: {}", crate::one_line(&e));
+                let mut line = crate::one_line(&e);
+                if let (dblock::Error::ForeignHistory { .. }, Some(dir)) = (&e, &dir) {
+                    // The command that adopts, with the directory as given.
+                    line = line.replace(" DIR", &format!(" {}", dir.display()));
+                }
+                errln!("dblock: {line}");
                 if e.is_bad_migration_set() {
                     EXIT_BAD_MIGRATIONS
                 } else {
@@ -93,9 +147,21 @@ async fn open(target: &Target) -> Result<(Migrations, dblock::Locks, &Path), dbl
 
 async fn apply(target: &Target, dry_run: bool) -> Result<u8, dblock::Error> {
     let (set, locks, _) = open(target).await?;
-    let runner = set.runner(&locks).ignore_missing(target.ignore_missing);
+    let runner = || set.runner(&locks).ignore_missing(target.ignore_missing);
+    let pending = runner().dry_run().await?;
+    // Before anything runs: statements that cannot run in the transaction they would
+    // run in.
+    let version = runner().server_version_num().await?;
+    for m in &pending {
+        for h in m.transaction_hazards(version) {
+            errln!(
+                "dblock: warning: {}: {h}; make `-- no-transaction` (or `{}`) its first line",
+                m.file_name(),
+                dblock::migrate::NO_TRANSACTION_HEADER
+            );
+        }
+    }
     if dry_run {
-        let pending = runner.dry_run().await?;
         let already = set.len() - pending.len();
         for m in &pending {
             let how = if m.no_transaction() {
@@ -105,20 +171,100 @@ async fn apply(target: &Target, dry_run: bool) -> Result<u8, dblock::Error> {
             };
             out(&format!("pending  {}{how}", m.file_name()));
         }
+        let outside = pending.iter().filter(|m| m.no_transaction()).count();
+        let outside = match outside {
+            0 => String::new(),
+            n => format!(" ({n} outside a transaction)"),
+        };
         out(&match pending.len() {
             0 => format!("nothing to do: {already} already applied (dry run)"),
-            n => format!("{n} pending, {already} already applied (dry run: nothing changed)"),
+            n => format!(
+                "{n} pending{outside}, {already} already applied (dry run: nothing changed)"
+            ),
         });
         return Ok(0);
     }
-    let report = runner
+    let report = runner()
         .on_applied(|m| out(&format!("applied  {}  ({})", m.file_name, show(m.duration))))
         .run()
         .await?;
+    let adopted = match report.adopted {
+        0 => String::new(),
+        n => format!(" ({n} adopted from _sqlx_migrations)"),
+    };
     out(&match report.applied.len() {
-        0 => format!("nothing to do: {} already applied", report.already_applied),
-        n => format!("{n} applied, {} already applied", report.already_applied),
+        0 => format!(
+            "nothing to do: {} already applied{adopted}",
+            report.already_applied
+        ),
+        n => format!(
+            "{n} applied, {} already applied{adopted}",
+            report.already_applied
+        ),
     });
+    Ok(0)
+}
+
+async fn baseline(b: &Bounded) -> Result<u8, dblock::Error> {
+    let (set, locks, _) = open(&b.target).await?;
+    // Named before adopting: the files that differ from what sqlx applied.
+    let status = set.runner(&locks).status().await?;
+    let differing: Vec<i64> = status
+        .entries
+        .iter()
+        .filter(|e| e.state == State::Edited && e.recorded_by.is_some())
+        .map(|e| e.version)
+        .collect();
+    let adopted = set.runner(&locks).baseline(b.to).await?;
+    for m in &adopted {
+        let note = if differing.contains(&m.version()) {
+            "  (differs from what sqlx applied: accepted as it is now)"
+        } else {
+            ""
+        };
+        out(&format!("adopted  {}{note}", m.file_name()));
+    }
+    out(&format!(
+        "{} adopted: recorded as applied without running them",
+        adopted.len()
+    ));
+    Ok(0)
+}
+
+async fn revert(b: &Bounded) -> Result<u8, dblock::Error> {
+    let (set, locks, _) = open(&b.target).await?;
+    let reverted = set
+        .runner(&locks)
+        .on_applied(|m| out(&format!("reverted {}  ({})", m.file_name, show(m.duration))))
+        .revert(b.to)
+        .await?;
+    out(&match reverted.len() {
+        0 => "nothing to revert".to_string(),
+        n => format!("{n} reverted"),
+    });
+    Ok(0)
+}
+
+fn new(n: &NewArgs) -> Result<u8, dblock::Error> {
+    let io = |context: String| move |source| dblock::Error::Io { context, source };
+    std::fs::create_dir_all(&n.dir).map_err(io(format!("creating {}", n.dir.display())))?;
+    let set = Migrations::from_dir(&n.dir)?;
+    for name in set.new_file_names(&n.name)? {
+        let path = n.dir.join(&name);
+        let body = if name.ends_with(".down.sql") {
+            "-- Revert the migration of the .up.sql beside this file.\n"
+        } else {
+            "-- Add the migration here.\n"
+        };
+        // create_new: never overwrite a file that appeared meanwhile.
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .and_then(|mut f| f.write_all(body.as_bytes()))
+            .map_err(io(format!("creating {}", path.display())))?;
+        out(&path.display().to_string());
+    }
     Ok(0)
 }
 
@@ -142,11 +288,18 @@ async fn status(target: &Target) -> Result<u8, dblock::Error> {
     for e in &status.entries {
         let when = e.applied_at.as_deref().unwrap_or_default();
         let took = e.duration.map(show).unwrap_or_default();
+        let by = match e.recorded_by {
+            Some(tool) if e.state == State::Applied => {
+                format!("  (by {tool}; adopted by the next run)")
+            }
+            Some(tool) if e.state == State::Edited => format!("  (by {tool})"),
+            _ => String::new(),
+        };
         let line = match e.state {
-            State::Applied => format!("applied  {:width$}  {when}  {took}", label(e)),
+            State::Applied => format!("applied  {:width$}  {when}  {took}{by}", label(e)),
             State::Pending => format!("pending  {}", label(e)),
             State::Edited => format!(
-                "edited   {:width$}  {when}  the file changed since it was applied",
+                "edited   {:width$}  {when}  the file changed since it was applied{by}",
                 label(e)
             ),
             State::Unknown => format!(
@@ -168,6 +321,16 @@ async fn status(target: &Target) -> Result<u8, dblock::Error> {
     .map(|s| format!("{} {s}", status.count(s)))
     .collect();
     out(&counts.join(", "));
+    if let Some(why) = &status.foreign {
+        errln!(
+            "dblock: a run would refuse: {}",
+            why.split_whitespace()
+                .collect::<Vec<_>>()
+                .join(" ")
+                .replace(" DIR", &format!(" {}", dir.display()))
+        );
+        return Ok(EXIT_BAD_MIGRATIONS);
+    }
     if status.would_refuse() {
         errln!(
             "dblock: a run would refuse: {} edited since applied, {} applied but not in {} \

@@ -211,7 +211,7 @@ async fn dry_run_lists_what_would_run_and_changes_nothing_and_status_shows_each_
     assert_eq!(
         stdout(&out),
         "pending  0001_a.sql\npending  0002_i.sql  (no transaction)\n\
-         2 pending, 0 already applied (dry run: nothing changed)\n"
+         2 pending (1 outside a transaction), 0 already applied (dry run: nothing changed)\n"
     );
     assert!(!s.has_relation("a").await);
     assert!(

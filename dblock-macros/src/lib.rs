@@ -63,14 +63,23 @@ fn expand(input: TokenStream) -> Result<TokenStream, String> {
             continue;
         }
         let path = entry.path();
-        if std::fs::metadata(&path).is_ok_and(|m| m.is_dir()) {
-            continue;
-        }
         let shown = format!("{}/{lossy}", rel.trim_end_matches('/'));
+        match std::fs::metadata(&path) {
+            Ok(m) if m.is_dir() => continue,
+            // A FIFO would hang the compiler in include_str!, a device fill its memory.
+            Ok(m) if !m.is_file() => {
+                return Err(format!(
+                    "{shown}: refused: not a regular file (a FIFO, device or socket); \
+                     migrations are read from regular files only"
+                ));
+            }
+            _ => {}
+        }
         let Some(name) = file_name.to_str() else {
             return Err(format!("{shown}: the file name is not UTF-8"));
         };
         let version = parse_file_name(name).map_err(|reason| format!("{shown}: {reason}"))?;
+        // A pair shares its version: duplicates are looked for among ups and downs apart.
         let Some(abs) = path.to_str() else {
             return Err(format!("{}: the path is not UTF-8", path.display()));
         };
@@ -80,7 +89,7 @@ fn expand(input: TokenStream) -> Result<TokenStream, String> {
     if let Some(w) = files.windows(2).find(|w| w[0].0 == w[1].0) {
         return Err(format!(
             "{} and {} have the same version {}; each version must be unique",
-            w[0].1, w[1].1, w[0].0
+            w[0].1, w[1].1, w[0].0.0
         ));
     }
     let mut items = String::new();
@@ -144,22 +153,35 @@ fn string_literal(src: &str) -> Option<String> {
     Some(out)
 }
 
-/// The version of a file name following dblock's rule, or what is wrong with it.
+/// The version of a file name following dblock's rule, and whether it is the
+/// `.down.sql` of a pair; or what is wrong with it.
 ///
 /// Kept in step with `dblock::migrate`'s own check (which runs again on the embedded
-/// set): `VERSION_NAME.sql`, VERSION one or more ASCII digits (at most 2^63 − 1), NAME
-/// one or more ASCII letters, digits, `_` or `-`.
-fn parse_file_name(file_name: &str) -> Result<i64, String> {
-    const RULE: &str = "expected VERSION_NAME.sql: digits, one underscore, then letters, \
-                        digits, _ or - (e.g. 0001_create_users.sql)";
+/// set): `VERSION_NAME.sql`, `VERSION_NAME.up.sql` / `.down.sql` or `VVERSION__NAME.sql`,
+/// VERSION one or more ASCII digits (at most 2^63 − 1), NAME one or more ASCII letters,
+/// digits, `_` or `-`.
+fn parse_file_name(file_name: &str) -> Result<(i64, bool), String> {
+    const RULE: &str = "expected VERSION_NAME.sql (digits, one underscore, then letters, \
+                        digits, _ or -, e.g. 0001_create_users.sql), VERSION_NAME.up.sql \
+                        with VERSION_NAME.down.sql, or VVERSION__NAME.sql";
     let stem = file_name
         .strip_suffix(".sql")
         .ok_or(format!("the extension must be .sql in lowercase; {RULE}"))?;
-    let digits = stem.bytes().take_while(u8::is_ascii_digit).count();
-    let (number, rest) = stem.split_at(digits);
-    let name = rest.strip_prefix('_').unwrap_or_default();
-    let well_formed = digits > 0
-        && rest.starts_with('_')
+    let (number, name, down) = if let Some(rest) = stem.strip_prefix('V') {
+        let (number, name) = rest.split_once("__").unwrap_or(("", ""));
+        (number, name, false)
+    } else {
+        let (stem, down) = match (stem.strip_suffix(".up"), stem.strip_suffix(".down")) {
+            (Some(s), _) => (s, false),
+            (_, Some(s)) => (s, true),
+            _ => (stem, false),
+        };
+        let digits = stem.bytes().take_while(u8::is_ascii_digit).count();
+        let (number, rest) = stem.split_at(digits);
+        (number, rest.strip_prefix('_').unwrap_or_default(), down)
+    };
+    let well_formed = !number.is_empty()
+        && number.bytes().all(|b| b.is_ascii_digit())
         && !name.is_empty()
         && name
             .chars()
@@ -169,6 +191,7 @@ fn parse_file_name(file_name: &str) -> Result<i64, String> {
     }
     number
         .parse::<i64>()
+        .map(|v| (v, down))
         .map_err(|_| format!("the version {number} is larger than 2^63 - 1"))
 }
 
@@ -179,15 +202,23 @@ mod tests {
 
     #[test]
     fn file_names_follow_dblocks_rule() {
-        assert_eq!(parse_file_name("0001_create_users.sql"), Ok(1));
-        assert_eq!(parse_file_name("20240101_add-x_2.sql"), Ok(20240101));
+        assert_eq!(parse_file_name("0001_create_users.sql"), Ok((1, false)));
+        assert_eq!(
+            parse_file_name("20240101_add-x_2.sql"),
+            Ok((20240101, false))
+        );
+        assert_eq!(parse_file_name("7_a.up.sql"), Ok((7, false)));
+        assert_eq!(parse_file_name("7_a.down.sql"), Ok((7, true)));
+        assert_eq!(parse_file_name("V12__a_b.sql"), Ok((12, false)));
         for bad in [
             "create_users.sql",
             "0001-create.sql",
             "0001_.sql",
             "0001.sql",
             "0001_a b.sql",
-            "0001_a.up.sql",
+            "0001_a.sideways.sql",
+            "V1.1__a.sql",
+            "V1_a.sql",
             "0001_a.SQL",
             "99999999999999999999_big.sql",
         ] {

@@ -227,6 +227,21 @@ pub enum Error {
         missing: Vec<String>,
     },
 
+    /// Another tool's history says migrations were applied, and dblock cannot adopt it
+    /// as it stands: a file differs from what that tool applied, the tool left a
+    /// migration half-applied, or its history has no checksums to verify. Nothing was
+    /// changed; `adopt_with` is the command that adopts the history.
+    #[error("{table}: {reason}; nothing was changed (to adopt it: {adopt_with})")]
+    ForeignHistory {
+        /// The other tool's table, such as `_sqlx_migrations`.
+        table: String,
+        /// What stands in the way, naming every file that differs.
+        reason: String,
+        /// The command that adopts the history, such as
+        /// `dblock migrate baseline DIR --to 20240105000000`.
+        adopt_with: String,
+    },
+
     /// A migration failed to apply. A migration in a transaction is rolled back whole;
     /// of one outside a transaction, the statements before `statement` stay applied.
     #[error("migration {file} failed{}: {source}", at_statement(.statement))]
@@ -300,7 +315,8 @@ impl Error {
 
     /// Whether this error is a migration set that cannot be applied as it is, found
     /// before anything was applied: a malformed file, a repeated version, an applied
-    /// migration edited since, or applied versions the set lacks.
+    /// migration edited since, applied versions the set lacks, or another tool's history
+    /// that cannot be adopted as it stands.
     pub fn is_bad_migration_set(&self) -> bool {
         matches!(
             self,
@@ -308,6 +324,7 @@ impl Error {
                 | Error::DuplicateMigration { .. }
                 | Error::MigrationEdited { .. }
                 | Error::UnknownMigrations { .. }
+                | Error::ForeignHistory { .. }
         )
     }
 

@@ -7,6 +7,7 @@
 //! test with a message saying so; it is never skipped.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
 
+pub mod adoption;
 pub mod cluster;
 pub mod migrations;
 pub mod pgbouncer;

@@ -106,6 +106,43 @@
 //! `BEGIN IMMEDIATE` transaction with its row (SQLite's DDL is transactional). The
 //! header works the same way (`VACUUM` needs it, for one).
 //!
+//! # Other tools' directories
+//!
+//! A directory written for sqlx-cli works unchanged: `VERSION_NAME.sql` with any
+//! positive version (timestamps too), sqlx's `-- no-transaction` first line as well as
+//! dblock's header, and reversible pairs `VERSION_NAME.up.sql` / `.down.sql` (the
+//! `.up.sql` is applied; the `.down.sql` is kept for a revert). Flyway's and refinery's
+//! `VVERSION__NAME.sql` and golang-migrate's `.up.sql` / `.down.sql` are read too (see
+//! [the rule](Migrations#the-file-name-rule)).
+//!
+//! Before anything runs, [`Migration::transaction_hazards`] names the statements that
+//! cannot run inside a transaction (`CREATE INDEX CONCURRENTLY`, `VACUUM`,
+//! `ALTER TYPE … ADD VALUE` before PostgreSQL 12…) in files without a no-transaction
+//! header; `dblock migrate --dry-run` prints them.
+//!
+//! # Adopting another tool's history
+//!
+//! A database another tool migrated is never migrated again.
+//!
+//! - **sqlx** (`_sqlx_migrations`, found through the `search_path` as sqlx finds it on
+//!   PostgreSQL; in the database file on SQLite): every run, under the migration lock and
+//!   before anything is applied, adopts each version sqlx applied that
+//!   `dblock_migrations` lacks, after verifying sqlx's checksum (the SHA-384 of the
+//!   file's SQL, [`Migration::sqlx_checksum`]): it is recorded as applied, with sqlx's
+//!   `installed_on` and `execution_time`, and not run. If any file differs from what
+//!   sqlx applied, or sqlx recorded a version as failed, the run refuses with
+//!   [`Error::ForeignHistory`], changing nothing and naming every such file;
+//!   [`Runner::baseline`] (`dblock migrate baseline DIR`) adopts the files as they are.
+//!   [`Runner::status`] and [`Runner::dry_run`] show sqlx's migrations as applied.
+//! - On PostgreSQL, **golang-migrate** (`schema_migrations` with its `dirty` column),
+//!   **Flyway** (`flyway_schema_history`), **refinery** (`refinery_schema_history`) and
+//!   **goose** (`goose_db_version`) keep no checksums to verify: on a database where one
+//!   of them applied migrations and dblock records none, a run refuses with
+//!   [`Error::ForeignHistory`] naming the command that adopts,
+//!   `dblock migrate baseline DIR --to VERSION` ([`Runner::baseline`]).
+//!
+//! dblock does not write to those tables: switch every instance at once.
+//!
 //! # Status and dry runs
 //!
 //! [`Runner::status`] and [`Runner::dry_run`] only read: they take no lock, never create
@@ -113,6 +150,11 @@
 //! once even while a run holds the lock. They show the committed state: a migration
 //! being applied at that moment shows as pending.
 
+pub(crate) mod adopt;
+mod files;
+mod layout;
+mod lint;
+mod revert;
 mod set;
 mod split;
 
@@ -128,7 +170,10 @@ use std::time::Duration;
 use crate::locks::Backend;
 use crate::{Error, Locks};
 
-pub use set::{Migration, Migrations, NO_TRANSACTION_HEADER};
+pub use files::MAX_FILE_BYTES;
+pub use layout::Layout;
+pub use lint::Hazard;
+pub use set::{Migration, Migrations, NO_TRANSACTION_HEADER, SQLX_NO_TRANSACTION};
 
 /// The advisory-lock key every migration and every start-up DDL script takes first:
 /// the ASCII bytes of `DBLOCKM` and a version byte, so that it is recognisable in
@@ -383,7 +428,9 @@ impl<'a> Runner<'a> {
         // Not `self` across the await: the callback is Send but not Sync.
         let (set, locks, ignore_missing) = (self.set, self.locks, self.ignore_missing);
         let set = set.checked()?;
-        let records = records(locks).await?.unwrap_or_default();
+        let mut records = records(locks).await?.unwrap_or_default();
+        let history = history(locks).await?;
+        adopt_or_refuse(set, &mut records, &history)?;
         plan(set, &records, ignore_missing)
     }
 
@@ -402,8 +449,146 @@ impl<'a> Runner<'a> {
     pub async fn status(self) -> Result<Status, Error> {
         let (set, locks, ignore_missing) = (self.set, self.locks, self.ignore_missing);
         let set = set.checked()?;
-        let records = records(locks).await?.unwrap_or_default();
-        Ok(status_of(set, records, ignore_missing))
+        let mut records = records(locks).await?.unwrap_or_default();
+        let history = history(locks).await?;
+        let r = adopt::reconcile(set, &records, &history);
+        let foreign = adopt::refusal(&records, &history, &r).map(|e| e.to_string());
+        let by_sqlx: HashSet<i64> = (r.adopt.iter().chain(&r.differing).chain(&r.unknown))
+            .map(|r| r.version)
+            .collect();
+        records.extend(r.adopt.into_iter().chain(r.differing).chain(r.unknown));
+        let mut status = status_of(set, records, ignore_missing);
+        for e in &mut status.entries {
+            if by_sqlx.contains(&e.version) {
+                e.recorded_by = Some("sqlx");
+            }
+        }
+        status.foreign = foreign;
+        Ok(status)
+    }
+
+    /// Reverts applied migrations with their `.down.sql`, newest first, under the
+    /// migration lock: the latest applied migration, or with `to` every applied one
+    /// above version `to`. Each `.down.sql` runs in one transaction with the deletion of
+    /// its bookkeeping row (and of sqlx's row in `_sqlx_migrations`, if that table
+    /// exists, so that the next run does not adopt it again); a `.down.sql` with a
+    /// no-transaction header runs statement by statement, as a migration would. Calls
+    /// [`on_applied`](Runner::on_applied)'s callback after each, and returns them in
+    /// order (`file_name` is the `.down.sql`'s).
+    ///
+    /// # Errors
+    ///
+    /// Before anything runs: [`Error::InvalidMigration`] naming a migration to revert
+    /// that has no `.down.sql`, [`Error::MigrationEdited`], [`Error::UnknownMigrations`]
+    /// for applied versions the set lacks (above `to`), [`Error::ForeignHistory`] as for
+    /// a run; [`Error::Unsupported`] on SQLite. While reverting:
+    /// [`Error::MigrationFailed`] naming the `.down.sql` (rolled back whole, or for a
+    /// no-transaction one, the statements before the failing one stay applied).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancelled, the connection is closed: the `.down.sql` being run is rolled back
+    /// (if it runs in a transaction), those before it stay reverted, and the lock is
+    /// released.
+    pub async fn revert(mut self, to: Option<i64>) -> Result<Vec<Applied>, Error> {
+        let set = self.set.checked()?;
+        let mut ignore = |_: &Applied| {};
+        let on_reverted: &mut (dyn FnMut(&Applied) + Send) = match &mut self.on_applied {
+            Some(f) => f.as_mut(),
+            None => &mut ignore,
+        };
+        match &self.locks.inner.backend {
+            #[cfg(feature = "postgres")]
+            Backend::Postgres(b) => revert::pg::revert(b, set, to, on_reverted).await,
+            #[cfg(feature = "sqlite")]
+            Backend::Sqlite(_) => {
+                let _ = (set, to, on_reverted);
+                Err(Error::Unsupported(
+                    "migrate revert is implemented on PostgreSQL only".into(),
+                ))
+            }
+        }
+    }
+
+    /// The server's `server_version_num` (`160004` for 16.4), for
+    /// [`Migration::transaction_hazards`]; `None` on SQLite.
+    ///
+    /// # Errors
+    ///
+    /// Connection errors.
+    ///
+    /// # Cancel safety
+    ///
+    /// A read; cancelling it has no effect on the database.
+    pub fn server_version_num(
+        &self,
+    ) -> impl std::future::Future<Output = Result<Option<u32>, Error>> + Send + 'a {
+        // Not `self` across the await: the callback is Send but not Sync.
+        let locks = self.locks;
+        async move {
+            match &locks.inner.backend {
+                #[cfg(feature = "postgres")]
+                Backend::Postgres(b) => lint::server_version_num(b).await.map(Some),
+                #[cfg(feature = "sqlite")]
+                Backend::Sqlite(_) => Ok(None),
+            }
+        }
+    }
+
+    /// Records migrations as applied **without running them**, under the migration lock:
+    /// adopts a database another tool migrated.
+    ///
+    /// With `to`, every migration of the set up to version `to` that dblock has not
+    /// recorded (for a history dblock cannot verify: golang-migrate, Flyway, refinery,
+    /// goose, or none). Without, the versions sqlx's `_sqlx_migrations` records as
+    /// applied, with the files as they are now, including files that differ from what
+    /// sqlx applied (which a run refuses to adopt). Returns the migrations recorded.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Unsupported`] without `to` when there is no `_sqlx_migrations`; as
+    /// [`Runner::run`] for a bad set and connection errors.
+    ///
+    /// # Cancel safety
+    ///
+    /// The rows are written in one statement: all or none. Cancelled, the connection is
+    /// closed, which releases the lock.
+    pub async fn baseline(self, to: Option<i64>) -> Result<Vec<&'a Migration>, Error> {
+        let (set, locks) = (self.set, self.locks);
+        let list = set.checked()?;
+        let versions = match &locks.inner.backend {
+            #[cfg(feature = "postgres")]
+            Backend::Postgres(b) => adopt::pg::baseline(b, list, to).await?,
+            #[cfg(feature = "sqlite")]
+            Backend::Sqlite(b) => adopt::sqlite::baseline(b, list, to).await?,
+        };
+        Ok(versions.into_iter().filter_map(|v| set.get(v)).collect())
+    }
+}
+
+/// Sets another tool's `history` beside dblock's `records`: refuses if it cannot be
+/// adopted as it stands; otherwise adds to `records` what the other tool applied, and
+/// returns the rows to record (see [the module](adopt)).
+pub(crate) fn adopt_or_refuse(
+    set: &[Migration],
+    records: &mut Vec<Record>,
+    history: &adopt::History,
+) -> Result<Vec<Record>, Error> {
+    let r = adopt::reconcile(set, records, history);
+    if let Some(e) = adopt::refusal(records, history, &r) {
+        return Err(e);
+    }
+    records.extend(r.adopt.iter().cloned().chain(r.unknown));
+    Ok(r.adopt)
+}
+
+/// Other tools' histories, read without the lock.
+async fn history(locks: &Locks) -> Result<adopt::History, Error> {
+    match &locks.inner.backend {
+        #[cfg(feature = "postgres")]
+        Backend::Postgres(b) => adopt::pg::history_unlocked(b).await,
+        #[cfg(feature = "sqlite")]
+        Backend::Sqlite(b) => adopt::sqlite::history_unlocked(b).await,
     }
 }
 
@@ -423,8 +608,13 @@ async fn records(locks: &Locks) -> Result<Option<Vec<Record>>, Error> {
 pub struct Report {
     /// The migrations this run applied, in order.
     pub applied: Vec<Applied>,
-    /// How many migrations of the set were applied before this run.
+    /// How many migrations of the set were applied before this run (adopted ones
+    /// included).
     pub already_applied: usize,
+    /// How many migrations another tool had applied this run adopted: recorded as
+    /// applied without running them, after verifying their checksums (see
+    /// [the module](crate::migrate#adopting-another-tools-history)).
+    pub adopted: usize,
 }
 
 /// One migration a run applied.
@@ -450,6 +640,9 @@ pub struct Status {
     /// One entry per version, in version order: the set's migrations and the
     /// database's unknown ones.
     pub entries: Vec<StatusEntry>,
+    /// Why a run would refuse because of another tool's history (a file differs from
+    /// what sqlx applied, or a history dblock cannot verify), as the error would say it.
+    pub foreign: Option<String>,
     ignore_missing: bool,
 }
 
@@ -463,7 +656,9 @@ impl Status {
     /// versions the set lacks (unless the status was taken with
     /// [`Runner::ignore_missing`]).
     pub fn would_refuse(&self) -> bool {
-        self.count(State::Edited) > 0 || (!self.ignore_missing && self.count(State::Unknown) > 0)
+        self.foreign.is_some()
+            || self.count(State::Edited) > 0
+            || (!self.ignore_missing && self.count(State::Unknown) > 0)
     }
 }
 
@@ -484,6 +679,9 @@ pub struct StatusEntry {
     pub applied_at: Option<String>,
     /// How long it took, as recorded.
     pub duration: Option<Duration>,
+    /// For a version dblock has not recorded but another tool has: that tool
+    /// (`"sqlx"`). A run adopts it when its checksum matches.
+    pub recorded_by: Option<&'static str>,
 }
 
 /// Where one migration stands.
@@ -565,6 +763,7 @@ fn status_of(set: &[Migration], records: Vec<Record>, ignore_missing: bool) -> S
             file_name: Some(m.file_name().to_string()),
             applied_at: None,
             duration: None,
+            recorded_by: None,
         })
         .collect();
     for r in records {
@@ -590,12 +789,14 @@ fn status_of(set: &[Migration], records: Vec<Record>, ignore_missing: bool) -> S
                 file_name: None,
                 applied_at: Some(r.applied_at),
                 duration,
+                recorded_by: None,
             }),
         }
     }
     entries.sort_by_key(|e| e.version);
     Status {
         entries,
+        foreign: None,
         ignore_missing,
     }
 }
@@ -777,6 +978,9 @@ mod tests {
         send(set.runner(locks).on_applied(|_| {}).run());
         send(set.runner(locks).dry_run());
         send(set.runner(locks).status());
+        send(set.runner(locks).server_version_num());
+        send(set.runner(locks).baseline(None));
+        send(set.runner(locks).on_applied(|_| {}).revert(None));
         send(locks.run_script(""));
         #[cfg(feature = "postgres")]
         {

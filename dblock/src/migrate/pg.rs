@@ -18,8 +18,14 @@ const POLL_MAX: Duration = Duration::from_millis(100);
 /// is still there (PostgreSQL 14 and later), in milliseconds.
 const CLIENT_CHECK_MS: u32 = 1000;
 
+/// Why a migration run (or baseline, or revert) is refused behind a transaction pooler,
+/// and what to do.
+pub(crate) const POOLER_FIX: &str = "it holds the migration lock across many transactions, \
+     and runs statements outside any; run migrations through a URL that reaches PostgreSQL \
+     directly, or through a session-pooling port (say so with pooler=session)";
+
 /// The qualified bookkeeping table.
-fn table(b: &PgBackend) -> Result<String, Error> {
+pub(crate) fn table(b: &PgBackend) -> Result<String, Error> {
     match &b.schema {
         Some(s) => Ok(format!("{}.{TABLE}", quote_ident(s))),
         None => Err(Error::Unsupported(
@@ -30,7 +36,7 @@ fn table(b: &PgBackend) -> Result<String, Error> {
     }
 }
 
-async fn q(armed: &Armed, sql: &str) -> Result<Results, Error> {
+pub(crate) async fn q(armed: &Armed, sql: &str) -> Result<Results, Error> {
     armed
         .conn()
         .query(sql)
@@ -78,7 +84,7 @@ pub(crate) async fn records(b: &PgBackend) -> Result<Option<Vec<Record>>, Error>
     Ok(records)
 }
 
-async fn read_records(armed: &Armed, table: &str) -> Result<Vec<Record>, Error> {
+pub(crate) async fn read_records(armed: &Armed, table: &str) -> Result<Vec<Record>, Error> {
     // One text column per row (the connection layer reads first columns), the name
     // last since it is the only field that could hold anything.
     let rows = q(
@@ -164,6 +170,18 @@ pub(crate) async fn own_ddl(armed: &Armed, ddl: &str) -> Result<(), Error> {
     }
 }
 
+/// The bookkeeping table's definition.
+pub(crate) fn create_table(table: &str) -> String {
+    format!(
+        "CREATE TABLE IF NOT EXISTS {table} (\
+         version bigint PRIMARY KEY, \
+         name text NOT NULL, \
+         checksum text NOT NULL, \
+         applied_at timestamptz NOT NULL DEFAULT now(), \
+         duration_ms bigint NOT NULL)"
+    )
+}
+
 /// A run's connection and what it has changed on the session.
 struct Session {
     armed: Armed,
@@ -181,12 +199,7 @@ pub(crate) async fn run(
     ignore_missing: bool,
     on_applied: &mut (dyn FnMut(&Applied) + Send),
 ) -> Result<Report, Error> {
-    b.refuse_behind_pooler(
-        "a migration run",
-        "it holds the migration lock across many transactions, and runs statements outside \
-         any; run migrations through a URL that reaches PostgreSQL directly, or through a \
-         session-pooling port (say so with pooler=session)",
-    )?;
+    b.refuse_behind_pooler("a migration run", POOLER_FIX)?;
     let table = table(b)?;
     let mut s = Session {
         armed: Armed::new(b.pinned().await?),
@@ -235,24 +248,19 @@ impl Session {
              owner), or have the owner run once: GRANT CREATE ON SCHEMA \"{schema}\" TO {}",
             self.role
         );
-        q(
-            &self.armed,
-            &format!(
-                "CREATE TABLE IF NOT EXISTS {table} (\
-                 version bigint PRIMARY KEY, \
-                 name text NOT NULL, \
-                 checksum text NOT NULL, \
-                 applied_at timestamptz NOT NULL DEFAULT now(), \
-                 duration_ms bigint NOT NULL)"
-            ),
-        )
-        .await
-        .map_err(|e| crate::postgres::owner_needed(e, &fix))?;
-        let records = read_records(&self.armed, table).await?;
+        q(&self.armed, &create_table(table))
+            .await
+            .map_err(|e| crate::postgres::owner_needed(e, &fix))?;
+        let mut records = read_records(&self.armed, table).await?;
+        // Another tool's history: adopted, or refused, before anything is applied.
+        let history = super::adopt::pg::history(&self.armed).await?;
+        let adopted = super::adopt_or_refuse(set, &mut records, &history)?;
         let pending = plan(set, &records, ignore_missing)?;
+        super::adopt::pg::record(&self.armed, table, &adopted).await?;
         let mut report = Report {
             applied: Vec::with_capacity(pending.len()),
             already_applied: set.len() - pending.len(),
+            adopted: adopted.len(),
         };
         for m in pending {
             let duration = if m.no_transaction() {

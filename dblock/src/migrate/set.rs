@@ -4,14 +4,19 @@ use std::borrow::Cow;
 use std::fmt;
 use std::path::Path;
 
-use sha2::{Digest, Sha256};
+use sha2::{Digest, Sha256, Sha384};
 
-use super::split;
+use super::layout::{self, Kind, Layout};
+use super::{files, lint, split};
 use crate::Error;
 
 /// The header line (the file's first line) of a migration that must run outside a
 /// transaction, such as `CREATE INDEX CONCURRENTLY`.
 pub const NO_TRANSACTION_HEADER: &str = "-- dblock:no-transaction";
+
+/// sqlx's marker of a migration that runs outside a transaction: a file whose first
+/// bytes are these (so `-- no-transaction` as its first line) is one, as for sqlx.
+pub const SQLX_NO_TRANSACTION: &str = "-- no-transaction";
 
 /// One migration: a version, a name, and the SQL that applies it.
 ///
@@ -24,6 +29,18 @@ pub struct Migration {
     file: String,
     sql: Cow<'static, str>,
     checksum: String,
+    sqlx_checksum: String,
+    no_transaction: bool,
+    layout: Layout,
+    width: usize,
+    down: Option<Down>,
+}
+
+/// The `.down.sql` of a reversible pair.
+#[derive(Clone)]
+struct Down {
+    file: String,
+    sql: Cow<'static, str>,
     no_transaction: bool,
 }
 
@@ -35,6 +52,7 @@ impl fmt::Debug for Migration {
             .field("file", &self.file)
             .field("checksum", &self.checksum)
             .field("no_transaction", &self.no_transaction)
+            .field("down", &self.down.as_ref().map(|d| &d.file))
             .finish_non_exhaustive()
     }
 }
@@ -45,7 +63,8 @@ impl Migration {
         self.version
     }
 
-    /// The name: the part of the file name between the first `_` and `.sql`.
+    /// The name: the part of the file name between the version's `_` (`__` for
+    /// `V1__name.sql`) and `.sql` (`.up.sql`).
     pub fn name(&self) -> &str {
         &self.name
     }
@@ -57,7 +76,8 @@ impl Migration {
         &self.file
     }
 
-    /// The file name alone, `VERSION_NAME.sql`.
+    /// The file name alone, `VERSION_NAME.sql` (or `VERSION_NAME.up.sql`,
+    /// `VVERSION__NAME.sql`).
     pub fn file_name(&self) -> &str {
         file_name_of(&self.file)
     }
@@ -73,10 +93,47 @@ impl Migration {
         &self.checksum
     }
 
-    /// Whether the first line is [`NO_TRANSACTION_HEADER`]: the migration then runs
-    /// statement by statement outside a transaction.
+    /// Whether the first line is [`NO_TRANSACTION_HEADER`] or sqlx's
+    /// [`SQLX_NO_TRANSACTION`]: the migration then runs statement by statement outside a
+    /// transaction.
     pub fn no_transaction(&self) -> bool {
         self.no_transaction
+    }
+
+    /// The SHA-384 of the file's SQL in lowercase hex: the checksum sqlx records in
+    /// `_sqlx_migrations`, compared when dblock adopts sqlx's history.
+    pub fn sqlx_checksum(&self) -> &str {
+        &self.sqlx_checksum
+    }
+
+    /// The naming layout of its file.
+    pub fn layout(&self) -> Layout {
+        self.layout
+    }
+
+    /// The file of its `.down.sql`, for a reversible pair.
+    pub fn down_file(&self) -> Option<&str> {
+        self.down.as_ref().map(|d| d.file.as_str())
+    }
+
+    /// The SQL of its `.down.sql`, for a reversible pair: what `revert` runs.
+    pub fn down_sql(&self) -> Option<&str> {
+        self.down.as_ref().map(|d| &*d.sql)
+    }
+
+    /// Whether its `.down.sql` runs outside a transaction (its own header).
+    pub fn down_no_transaction(&self) -> bool {
+        self.down.as_ref().is_some_and(|d| d.no_transaction)
+    }
+
+    /// The statements that cannot run inside a transaction, for a migration that would
+    /// run in one (none if it has a no-transaction header). `server_version_num`, when
+    /// known, leaves out those that server allows (`ALTER TYPE … ADD VALUE` from 12).
+    pub fn transaction_hazards(&self, server_version_num: Option<u32>) -> Vec<lint::Hazard> {
+        if self.no_transaction {
+            return Vec::new();
+        }
+        lint::hazards(&self.sql, server_version_num)
     }
 
     /// The statements of a no-transaction migration, as they are sent one by one.
@@ -85,59 +142,92 @@ impl Migration {
     }
 
     fn parse(file: String, sql: Cow<'static, str>) -> Result<Migration, Error> {
-        let (version, name) = match parse_file_name(file_name_of(&file)) {
+        let parsed = match layout::parse(file_name_of(&file)) {
             Ok(v) => v,
             Err(reason) => return Err(invalid(&file, reason)),
         };
-        let no_transaction = header(&sql).map_err(|reason| invalid(&file, reason))?;
-        if !no_transaction {
-            for (i, stmt) in split::split(&sql).iter().enumerate() {
-                if let Some(word) = split::transaction_control(stmt) {
-                    return Err(invalid(
-                        &file,
-                        format!(
-                            "statement {} is {word}: a migration runs in a transaction of its \
-                             own, all or nothing, and transaction control would break that; \
-                             remove it, or make {NO_TRANSACTION_HEADER:?} the first line",
-                            i + 1
-                        ),
-                    ));
-                }
-            }
-        }
+        let no_transaction = checked_sql(&file, &sql)?;
         let checksum = hex(&Sha256::digest(sql.as_bytes()));
+        let sqlx_checksum = hex(&Sha384::digest(sql.as_bytes()));
+        let (version, name, layout, width) = (
+            parsed.version,
+            parsed.name.to_string(),
+            parsed.layout,
+            parsed.width,
+        );
         Ok(Migration {
             version,
-            name: name.to_string(),
+            name,
             file,
             sql,
             checksum,
+            sqlx_checksum,
             no_transaction,
+            layout,
+            width,
+            down: None,
         })
     }
+}
+
+/// Whether `sql` runs outside a transaction; an error for a bad header, or for
+/// transaction control in SQL that runs in one.
+fn checked_sql(file: &str, sql: &str) -> Result<bool, Error> {
+    let no_transaction = header(sql).map_err(|reason| invalid(file, reason))?;
+    if !no_transaction {
+        for (i, stmt) in split::split(sql).iter().enumerate() {
+            if let Some(word) = split::transaction_control(stmt) {
+                return Err(invalid(
+                    file,
+                    format!(
+                        "statement {} is {word}: a migration runs in a transaction of its \
+                         own, all or nothing, and transaction control would break that; \
+                         remove it, or make {NO_TRANSACTION_HEADER:?} the first line",
+                        i + 1
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(no_transaction)
 }
 
 /// An ordered set of migrations, by ascending version.
 ///
 /// # The file name rule
 ///
-/// A migration file is named `VERSION_NAME.sql`:
+/// A migration file is named `VERSION_NAME.sql` (dblock's and sqlx-cli's layout):
 ///
 /// - `VERSION`: one or more ASCII digits, leading zeros allowed (`0001`), at most
-///   2^63 − 1. Migrations apply in numeric order; two files with the same number
-///   (`1_a.sql`, `0001_b.sql`) are an error.
+///   2^63 − 1, so timestamps (`20240101093000`) too. Migrations apply in numeric order;
+///   two files with the same number (`1_a.sql`, `0001_b.sql`) are an error.
 /// - one `_`, then `NAME`: one or more ASCII letters, digits, `_` or `-`.
 /// - the extension `.sql`, in lowercase.
 ///
+/// Two other layouts are read as they are:
+///
+/// - reversible pairs, `VERSION_NAME.up.sql` and `VERSION_NAME.down.sql` (sqlx-cli's
+///   `--reversible`, golang-migrate): the `.up.sql` is the migration; the `.down.sql`
+///   is kept with it ([`Migration::down_sql`]) and run only by a revert
+///   (`dblock migrate revert`). A `.down.sql` without its `.up.sql` is an error.
+/// - refinery's and Flyway's `VVERSION__NAME.sql` (`V3__add_email.sql`), with a whole
+///   number as the version. Dotted versions (`V1.1__`), repeatable (`R__`) and undo
+///   (`U…__`) migrations are refused with an error saying so.
+///
 /// In a directory, files not ending in `.sql` (in any case), names starting with `.`,
 /// and subdirectories are ignored; a `.sql` file whose name breaks the rule is an error,
-/// never skipped. The contents must be UTF-8. The checksum is the SHA-256 of the file's
-/// bytes, so a change of line endings (a `core.autocrlf` checkout) is an edit.
+/// never skipped. Only regular files (or symbolic links to them) of at most
+/// [`MAX_FILE_BYTES`](super::MAX_FILE_BYTES) are read: a FIFO, a device, a socket or a
+/// larger file named like a migration is refused with an error naming it, never opened
+/// for reading (a FIFO would wait for a writer forever). The contents must be UTF-8.
+/// The checksum is the SHA-256 of the file's bytes, so a change of line endings (a
+/// `core.autocrlf` checkout) is an edit.
 ///
 /// # The header line
 ///
 /// A migration whose first line is exactly [`NO_TRANSACTION_HEADER`]
-/// (`-- dblock:no-transaction`, trailing whitespace allowed) runs outside a transaction;
+/// (`-- dblock:no-transaction`, trailing whitespace allowed), or whose first bytes are
+/// sqlx's [`SQLX_NO_TRANSACTION`] (`-- no-transaction`), runs outside a transaction;
 /// see [`migrate`](crate::migrate#migrations-outside-a-transaction). Any other first
 /// line starting `-- dblock:`, and a `-- dblock:` line anywhere else, is an error (a
 /// misspelt header would otherwise run the file in a transaction).
@@ -236,12 +326,8 @@ impl Migrations {
             if entry.file_name().to_str().is_none() {
                 return Err(invalid(&shown, "the file name is not UTF-8".into()));
             }
-            let bytes = std::fs::read(&path).map_err(|e| Error::InvalidMigration {
-                file: shown.clone(),
-                reason: format!("cannot read: {e}"),
-            })?;
-            let sql = String::from_utf8(bytes)
-                .map_err(|e| invalid(&shown, format!("the contents are not UTF-8 ({e})")))?;
+            // Regular files only, and not too large (a FIFO or /dev/zero is refused).
+            let sql = files::read(&path).map_err(|reason| invalid(&shown, reason))?;
             sources.push((shown, Cow::Owned(sql)));
         }
         Migrations::build(sources)
@@ -295,18 +381,44 @@ impl Migrations {
     }
 
     fn build(sources: Vec<(String, Cow<'static, str>)>) -> Result<Migrations, Error> {
-        let mut list = sources
-            .into_iter()
-            .map(|(file, sql)| Migration::parse(file, sql))
-            .collect::<Result<Vec<_>, _>>()?;
+        let mut ups = Vec::new();
+        let mut downs = Vec::new();
+        for (file, sql) in sources {
+            let is_down = layout::parse(file_name_of(&file)).is_ok_and(|p| p.kind == Kind::Down);
+            let m = Migration::parse(file, sql)?;
+            if is_down { downs.push(m) } else { ups.push(m) }
+        }
+        let mut list = ups;
         // Ties broken by file, so the error names the same pair on every platform.
         list.sort_by(|a, b| (a.version, &a.file).cmp(&(b.version, &b.file)));
-        if let Some(w) = list.windows(2).find(|w| w[0].version == w[1].version) {
-            return Err(Error::DuplicateMigration {
-                version: w[0].version,
-                first: w[0].file.clone(),
-                second: w[1].file.clone(),
-            });
+        downs.sort_by(|a, b| (a.version, &a.file).cmp(&(b.version, &b.file)));
+        for l in [&list, &downs] {
+            if let Some(w) = l.windows(2).find(|w| w[0].version == w[1].version) {
+                return Err(Error::DuplicateMigration {
+                    version: w[0].version,
+                    first: w[0].file.clone(),
+                    second: w[1].file.clone(),
+                });
+            }
+        }
+        for d in downs {
+            let Ok(i) = list.binary_search_by_key(&d.version, |m| m.version) else {
+                return Err(invalid(
+                    &d.file,
+                    format!(
+                        "a .down.sql without its migration: no file has version {} (expected \
+                         {}_{}.up.sql beside it)",
+                        d.version, d.version, d.name
+                    ),
+                ));
+            };
+            if let Some(m) = list.get_mut(i) {
+                m.down = Some(Down {
+                    file: d.file,
+                    sql: d.sql,
+                    no_transaction: d.no_transaction,
+                });
+            }
         }
         Ok(Migrations {
             list,
@@ -344,6 +456,37 @@ impl Migrations {
             .ok()
             .and_then(|i| self.list.get(i))
     }
+
+    /// The file names of a new migration `name`, in the set's own layout (that of its
+    /// latest migration): the next timestamp when versions are timestamps
+    /// (`YYYYMMDDhhmmss`, UTC, never below the latest version plus one), else the latest
+    /// version plus one written with as many digits; an up/down pair for a reversible
+    /// set; `0001_NAME.sql` for an empty one. In `name`, anything but ASCII letters,
+    /// digits, `_` and `-` becomes `_`. What `dblock migrate new` writes.
+    ///
+    /// ```
+    /// let set = dblock::migrate::Migrations::from_sources([
+    ///     ("20240101093000_init.up.sql", "CREATE TABLE t (x int);"),
+    ///     ("20240101093000_init.down.sql", "DROP TABLE t;"),
+    /// ])?;
+    /// let files = set.new_file_names("add email")?;
+    /// assert!(files[0].ends_with("_add_email.up.sql") && files[1].ends_with("_add_email.down.sql"));
+    /// # Ok::<(), dblock::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidMigration`] for a name with no letter or digit, or after version
+    /// 2^63 − 1.
+    pub fn new_file_names(&self, name: &str) -> Result<Vec<String>, Error> {
+        let last = self.list.last();
+        let style = layout::Style {
+            layout: last.map_or(Layout::Plain, |m| m.layout),
+            last: last.map(|m| (m.version, m.width)),
+        };
+        layout::next_files(style, name, std::time::SystemTime::now())
+            .map_err(|reason| invalid(name, reason))
+    }
 }
 
 impl<'a> IntoIterator for &'a Migrations {
@@ -363,47 +506,16 @@ fn invalid(file: &str, reason: String) -> Error {
 }
 
 /// The last component of a path (both separators accepted, for embedded paths).
-fn file_name_of(file: &str) -> &str {
+pub(crate) fn file_name_of(file: &str) -> &str {
     file.rsplit(['/', '\\']).next().unwrap_or(file)
-}
-
-/// `(version, name)` of a file name following the rule, or what is wrong with it.
-pub(crate) fn parse_file_name(file_name: &str) -> Result<(i64, &str), String> {
-    const RULE: &str = "expected VERSION_NAME.sql: digits, one underscore, then letters, \
-                        digits, _ or - (e.g. 0001_create_users.sql)";
-    let Some(stem) = file_name.strip_suffix(".sql") else {
-        return Err(format!("the extension must be .sql in lowercase; {RULE}"));
-    };
-    let digits = stem.bytes().take_while(u8::is_ascii_digit).count();
-    if digits == 0 {
-        return Err(format!(
-            "the name does not start with a version number; {RULE}"
-        ));
-    }
-    let (number, rest) = stem.split_at(digits);
-    let Some(name) = rest.strip_prefix('_') else {
-        return Err(format!("no underscore after the version number; {RULE}"));
-    };
-    if name.is_empty() {
-        return Err(format!("nothing after the underscore; {RULE}"));
-    }
-    if let Some(c) = name
-        .chars()
-        .find(|c| !(c.is_ascii_alphanumeric() || *c == '_' || *c == '-'))
-    {
-        return Err(format!("{c:?} is not allowed in the name; {RULE}"));
-    }
-    let version = number
-        .parse::<i64>()
-        .map_err(|_| format!("the version {number} is larger than 2^63 - 1"))?;
-    Ok((version, name))
 }
 
 /// Whether `sql` starts with the no-transaction header; an error for a misspelt or
 /// misplaced `-- dblock:` directive.
 fn header(sql: &str) -> Result<bool, String> {
     let sql = sql.strip_prefix('\u{feff}').unwrap_or(sql);
-    let mut no_transaction = false;
+    // sqlx's marker, exactly as sqlx tests it (the file's first bytes).
+    let mut no_transaction = sql.starts_with(SQLX_NO_TRANSACTION);
     for (i, line) in sql.lines().enumerate() {
         let squeezed: String = line
             .chars()
@@ -430,7 +542,7 @@ fn header(sql: &str) -> Result<bool, String> {
     Ok(no_transaction)
 }
 
-fn hex(bytes: &[u8]) -> String {
+pub(crate) fn hex(bytes: &[u8]) -> String {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
     let mut s = String::with_capacity(bytes.len() * 2);
     for b in bytes {
@@ -443,6 +555,10 @@ fn hex(bytes: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn parse_file_name(f: &str) -> Result<(i64, &str), String> {
+        layout::parse(f).map(|p| (p.version, p.name))
+    }
 
     #[test]
     fn file_names_follow_the_rule() {
@@ -459,13 +575,13 @@ mod tests {
             parse_file_name("9223372036854775807_max.sql"),
             Ok((i64::MAX, "max"))
         );
+        assert_eq!(parse_file_name("0001_create.up.sql"), Ok((1, "create")));
         for bad in [
             "create_users.sql",
             "0001-create.sql",
             "0001_.sql",
             "0001.sql",
             "0001_create users.sql",
-            "0001_create.up.sql",
             "0001_create.SQL",
             "0001_create.sql.bak",
             "9223372036854775808_too_big.sql",
@@ -477,11 +593,72 @@ mod tests {
     }
 
     #[test]
+    fn sqlx_sets_are_read_unchanged_with_their_pairs_and_marker() {
+        let set = Migrations::from_sources([
+            ("m/20240101000000_init.sql", "CREATE TABLE a (x int);"),
+            ("m/20240102000000_users.up.sql", "CREATE TABLE u (x int);"),
+            ("m/20240102000000_users.down.sql", "DROP TABLE u;"),
+            (
+                "m/20240103000000_idx.up.sql",
+                "-- no-transaction\nCREATE INDEX CONCURRENTLY i ON u (x);",
+            ),
+            (
+                "m/20240103000000_idx.down.sql",
+                "-- no-transaction\nDROP INDEX CONCURRENTLY i;",
+            ),
+        ])
+        .unwrap();
+        assert_eq!(set.len(), 3, "a pair is one migration");
+        let users = set.get(20240102000000).unwrap();
+        assert_eq!(users.file_name(), "20240102000000_users.up.sql");
+        assert_eq!(users.name(), "users");
+        assert_eq!(users.down_sql(), Some("DROP TABLE u;"));
+        assert_eq!(users.down_file(), Some("m/20240102000000_users.down.sql"));
+        assert!(!users.no_transaction());
+        let idx = set.get(20240103000000).unwrap();
+        assert!(idx.no_transaction() && idx.down_no_transaction());
+        assert!(idx.transaction_hazards(None).is_empty());
+        assert!(set.get(20240101000000).unwrap().down_sql().is_none());
+        // sqlx's checksum: SHA-384 of the SQL.
+        assert_eq!(
+            users.sqlx_checksum(),
+            hex(&Sha384::digest(b"CREATE TABLE u (x int);"))
+        );
+        let e = Migrations::from_sources([("1_a.sql", ""), ("2_b.down.sql", "")])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("2_b.down.sql: a .down.sql without its migration"),
+            "{e}"
+        );
+        assert!(matches!(
+            Migrations::from_sources([("1_a.up.sql", ""), ("1_a.sql", "")]),
+            Err(Error::DuplicateMigration { version: 1, .. })
+        ));
+        assert!(matches!(
+            Migrations::from_sources([
+                ("1_a.up.sql", ""),
+                ("1_a.down.sql", ""),
+                ("1_b.down.sql", "")
+            ]),
+            Err(Error::DuplicateMigration { version: 1, .. })
+        ));
+        let f = Migrations::from_sources([("V2__b.sql", "SELECT 2"), ("V10__c.sql", "SELECT 3")])
+            .unwrap();
+        assert_eq!(f.iter().map(|m| m.version()).collect::<Vec<_>>(), [2, 10]);
+    }
+
+    #[test]
     fn the_header_marks_no_transaction_migrations() {
         assert_eq!(header("-- dblock:no-transaction\nCREATE INDEX …"), Ok(true));
         assert_eq!(header("-- dblock:no-transaction  \r\nX"), Ok(true));
         assert_eq!(header("\u{feff}-- dblock:no-transaction\nX"), Ok(true));
         assert_eq!(header("-- just a comment\nX"), Ok(false));
+        // sqlx's marker, as sqlx reads it: the first bytes of the file.
+        assert_eq!(header("-- no-transaction\nCREATE INDEX …"), Ok(true));
+        assert_eq!(header("-- no-transaction\r\nX"), Ok(true));
+        assert_eq!(header("\n-- no-transaction\nX"), Ok(false));
+        assert_eq!(header("--no-transaction\nX"), Ok(false));
         assert_eq!(header(""), Ok(false));
         assert!(header("-- dblock:no-transactions\nX").is_err(), "misspelt");
         assert!(header("--dblock:no-transaction\nX").is_err(), "not exact");

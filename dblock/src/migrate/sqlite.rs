@@ -12,14 +12,14 @@ use super::{Applied, MIGRATION_LOCK_KEY, Migration, Record, Report, failed, mill
 use crate::sqlite::{SqliteBackend, SqliteHeld};
 use crate::{Error, Key};
 
-const CREATE_TABLE: &str = "CREATE TABLE IF NOT EXISTS dblock_migrations (\
+pub(crate) const CREATE_TABLE: &str = "CREATE TABLE IF NOT EXISTS dblock_migrations (\
      version INTEGER PRIMARY KEY, \
      name TEXT NOT NULL, \
      checksum TEXT NOT NULL, \
      applied_at TEXT NOT NULL, \
      duration_ms INTEGER NOT NULL)";
 
-fn map(e: sqlx::Error) -> Error {
+pub(crate) fn map(e: sqlx::Error) -> Error {
     match e {
         sqlx::Error::Database(db) => Error::Database {
             code: None,
@@ -35,11 +35,11 @@ fn map(e: sqlx::Error) -> Error {
 /// Waits for the migration lock: the byte at the key's offset, as for any lock, but
 /// taken by its raw key rather than derived from a name. Polled, so cancellable; the
 /// kernel drops it if the process dies.
-async fn lock(b: &SqliteBackend) -> Result<SqliteHeld, Error> {
+pub(crate) async fn lock(b: &SqliteBackend) -> Result<SqliteHeld, Error> {
     b.lock_key(Key::from_i64(MIGRATION_LOCK_KEY)).await
 }
 
-async fn connection(b: &SqliteBackend) -> Result<PoolConnection<Sqlite>, Error> {
+pub(crate) async fn connection(b: &SqliteBackend) -> Result<PoolConnection<Sqlite>, Error> {
     b.shared.db().await?.acquire().await.map_err(map)
 }
 
@@ -72,7 +72,7 @@ pub(crate) async fn records(b: &SqliteBackend) -> Result<Option<Vec<Record>>, Er
     read_records(&mut conn).await.map(Some)
 }
 
-async fn read_records(conn: &mut PoolConnection<Sqlite>) -> Result<Vec<Record>, Error> {
+pub(crate) async fn read_records(conn: &mut PoolConnection<Sqlite>) -> Result<Vec<Record>, Error> {
     let rows = sqlx::query(
         "SELECT version, name, checksum, applied_at, duration_ms FROM dblock_migrations \
          ORDER BY version",
@@ -107,11 +107,16 @@ pub(crate) async fn run(
         .execute(&mut *conn)
         .await
         .map_err(map)?;
-    let records = read_records(&mut conn).await?;
+    let mut records = read_records(&mut conn).await?;
+    // sqlx's history: adopted, or refused, before anything is applied.
+    let history = super::adopt::sqlite::history(&mut conn).await?;
+    let adopted = super::adopt_or_refuse(set, &mut records, &history)?;
     let pending = plan(set, &records, ignore_missing)?;
+    super::adopt::sqlite::record(&mut conn, &adopted).await?;
     let mut report = Report {
         applied: Vec::with_capacity(pending.len()),
         already_applied: set.len() - pending.len(),
+        adopted: adopted.len(),
     };
     for m in pending {
         let duration = if m.no_transaction() {
