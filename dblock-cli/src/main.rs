@@ -5,7 +5,7 @@
 //! dblock key [--namespace NS] NAME
 //! dblock migrate [--db URL] [--ignore-missing] DIR [--dry-run]
 //! dblock migrate status [--db URL] [--ignore-missing] DIR
-//! dblock setup [--db URL] [--schema SCHEMA] [--grant ROLE]...
+//! dblock setup [--db URL] [--grant ROLE]...
 //! dblock migrate baseline [--db URL] DIR [--to VERSION]
 //! dblock migrate revert [--db URL] DIR [--to VERSION]
 //! dblock migrate new NAME [DIR]
@@ -48,6 +48,7 @@ macro_rules! err {
 
 mod duration;
 mod migrate;
+mod notice;
 mod run;
 mod setup;
 mod sys;
@@ -115,14 +116,15 @@ struct BenchArgs {
 
 #[derive(Args, Debug)]
 struct RunArgs {
-    /// Database URL: postgres://…, postgresql://…, sqlite:PATH. Default:
-    /// $DBLOCK_DATABASE_URL, then $DATABASE_URL, then
-    /// $XDG_STATE_HOME/dblock/locks.db (~/.local/state/dblock/locks.db).
+    /// Database URL: postgres://…, postgresql://…, a libpq key=value string, sqlite:PATH.
+    /// Default: $DBLOCK_DATABASE_URL, then $DATABASE_URL, then the host-local file
+    /// $XDG_STATE_HOME/dblock/locks.db (~/.local/state/dblock/locks.db), with a note on
+    /// stderr (DBLOCK_NO_DEFAULT_NOTICE=1 silences it).
     #[arg(long, value_name = "URL")]
     db: Option<String>,
 
-    /// Namespace the name is keyed in (default: the PostgreSQL schema in use; "public"
-    /// on SQLite).
+    /// Namespace the name is keyed in (default: the server setting dblock.namespace if
+    /// set, else "public").
     #[arg(long, value_name = "NS")]
     namespace: Option<String>,
 
@@ -230,6 +232,7 @@ async fn bench(args: BenchArgs) -> u8 {
         errln!("dblock: --seconds must be more than 0 and at most 3600");
         return EXIT_USAGE;
     }
+    notice::embedded_default(args.db.as_deref());
     let mut builder = dblock::Locks::builder();
     if let Some(url) = &args.db {
         builder = builder.url(url);

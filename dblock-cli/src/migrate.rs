@@ -138,6 +138,7 @@ pub fn main(args: MigrateArgs) -> u8 {
 async fn open(target: &Target) -> Result<(Migrations, dblock::Locks, &Path), dblock::Error> {
     let dir = target.dir.as_deref().unwrap_or(Path::new("."));
     let set = Migrations::from_dir(dir)?;
+    crate::notice::embedded_default(target.db.as_deref());
     let mut builder = dblock::Locks::builder();
     if let Some(url) = &target.db {
         builder = builder.url(url);

@@ -76,6 +76,7 @@ pub async fn run(args: RunArgs) -> u8 {
         }
     };
 
+    crate::notice::embedded_default(args.db.as_deref());
     let mut builder = dblock::Locks::builder();
     if let Some(url) = &args.db {
         builder = builder.url(url);

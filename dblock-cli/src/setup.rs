@@ -12,10 +12,6 @@ pub struct SetupArgs {
     #[arg(long, value_name = "URL")]
     db: Option<String>,
 
-    /// The schema to create dblock's table in (default: the schema in use).
-    #[arg(long, value_name = "SCHEMA")]
-    schema: Option<String>,
-
     /// A role to grant what fenced locks and leader election need (repeatable;
     /// `PUBLIC` for every role).
     #[arg(long, value_name = "ROLE")]
@@ -39,10 +35,9 @@ pub async fn setup(args: SetupArgs) -> u8 {
         return EXIT_USAGE;
     }
     let grant: Vec<&str> = args.grant.iter().map(String::as_str).collect();
-    match dblock::postgres::setup(&locks, args.schema.as_deref(), &grant).await {
+    match dblock::postgres::setup(&locks, &grant).await {
         Ok(()) => {
-            let schema = args.schema.as_deref().unwrap_or(locks.namespace());
-            outln!("dblock_fencing ready in schema {schema}");
+            outln!("{}.dblock_fencing ready", dblock::fencing::PG_SCHEMA);
             for g in &grant {
                 outln!("granted to {g}");
             }

@@ -2,12 +2,17 @@
 //! delivery. The only `unsafe` of the binary.
 #![allow(unsafe_code)]
 
+#[cfg(any(target_os = "linux", target_os = "android"))]
 use std::io;
 
 /// Arranges for the command `cmd` starts to receive SIGKILL if dblock dies, however it
 /// dies (Linux `PR_SET_PDEATHSIG`), so it never runs on outside the lock. The signal
 /// follows the *thread* that forked: dblock spawns from its main thread, which lives
 /// as long as the process.
+///
+/// Other platforms have no parent-death signal: there a command outlives a dblock
+/// killed with SIGKILL (signals dblock receives are still passed on).
+#[cfg(any(target_os = "linux", target_os = "android"))]
 pub fn kill_child_with_parent(cmd: &mut tokio::process::Command) {
     // SAFETY: getpid has no preconditions.
     let parent = unsafe { libc::getpid() };
@@ -33,6 +38,10 @@ pub fn kill_child_with_parent(cmd: &mut tokio::process::Command) {
         });
     }
 }
+
+/// Without a parent-death signal there is nothing to arrange.
+#[cfg(not(any(target_os = "linux", target_os = "android")))]
+pub fn kill_child_with_parent(_cmd: &mut tokio::process::Command) {}
 
 /// Sends `signal` to process `pid`; an already-reaped process is not an error.
 pub fn send_signal(pid: u32, signal: i32) {

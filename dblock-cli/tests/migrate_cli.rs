@@ -86,7 +86,7 @@ async fn applies_and_reports_each_migration(url: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn migrate_applies_reports_each_migration_and_exits_0() {
-    let s = PgSchema::new("cli_mig").await;
+    let s = PgSchema::own_database("cli_mig").await;
     applies_and_reports_each_migration(&s.url).await;
     assert_eq!(s.applied_versions().await, [1, 2]);
     let db = SqliteDb::new();
@@ -130,7 +130,7 @@ async fn a_bad_migration_set_exits_65_naming_the_file() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn edited_and_unknown_migrations_exit_65_and_ignore_missing_proceeds() {
-    let s = PgSchema::new("cli_mig_edit").await;
+    let s = PgSchema::own_database("cli_mig_edit").await;
     let d = MigrationDir::new(&[
         ("0001_a.sql", "CREATE TABLE a (x int);"),
         ("0002_b.sql", "CREATE TABLE b (x int);"),
@@ -169,7 +169,7 @@ async fn edited_and_unknown_migrations_exit_65_and_ignore_missing_proceeds() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failing_migration_or_an_unreachable_database_exits_69() {
-    let s = PgSchema::new("cli_mig_fail").await;
+    let s = PgSchema::own_database("cli_mig_fail").await;
     let d = MigrationDir::new(&[
         ("0001_a.sql", "CREATE TABLE a (x int);"),
         ("0002_bad.sql", "CREATE TABLE bad (x int);\nSELECT 1/0;"),
@@ -198,7 +198,7 @@ async fn a_failing_migration_or_an_unreachable_database_exits_69() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dry_run_lists_what_would_run_and_changes_nothing_and_status_shows_each_state() {
-    let s = PgSchema::new("cli_mig_dry").await;
+    let s = PgSchema::own_database("cli_mig_dry").await;
     let d = MigrationDir::new(&[
         ("0001_a.sql", "CREATE TABLE a (x int);"),
         (
@@ -293,7 +293,7 @@ async fn processes_at_once(n: usize, url: &str, d: &MigrationDir) -> Vec<String>
 /// empty schema and again with every table in place.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn eight_processes_migrating_at_once_apply_each_migration_exactly_once() {
-    let s = PgSchema::new("cli_mig_procs").await;
+    let s = PgSchema::own_database("cli_mig_procs").await;
     let files = seed_set();
     let d = MigrationDir::new(&files);
     let mut expected: Vec<String> = files.iter().map(|(f, _)| f.clone()).collect();
@@ -337,7 +337,7 @@ async fn eight_processes_migrating_at_once_apply_each_migration_exactly_once() {
 /// a second rather than when the migration's statement would have ended (30 s here).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_runner_killed_mid_migration_leaves_nothing_half_applied() {
-    let s = PgSchema::new("cli_mig_kill").await;
+    let s = PgSchema::own_database("cli_mig_kill").await;
     let d = MigrationDir::new(&[
         ("0001_a.sql", "CREATE TABLE a (x int);"),
         (

@@ -245,7 +245,7 @@ async fn dblock_cycle(locks: &Locks, name: &str) -> Result<Duration, Error> {
 /// What the floor is measured with.
 enum Floor {
     #[cfg(feature = "postgres")]
-    Postgres(Box<tokio_postgres::Config>),
+    Postgres(Box<(tokio_postgres::Config, crate::postgres::tls::Connector)>),
     #[cfg(feature = "sqlite")]
     Sqlite(std::path::PathBuf),
 }
@@ -296,7 +296,7 @@ impl Floor {
 enum RawSet {
     #[cfg(feature = "postgres")]
     Postgres(
-        Box<tokio_postgres::Config>,
+        Box<(tokio_postgres::Config, crate::postgres::tls::Connector)>,
         tokio::sync::Mutex<Vec<Option<std::sync::Arc<tokio_postgres::Client>>>>,
     ),
     #[cfg(feature = "sqlite")]
@@ -320,10 +320,12 @@ impl RawSet {
                         Some(c) => c.clone(),
                         None => {
                             let (c, conn) =
-                                config.connect(tokio_postgres::NoTls).await.map_err(|e| {
+                                // Over the same TLS as dblock's connections: the floor
+                                // pays what they pay.
+                                config.1.connect(&config.0).await.map_err(|e| {
                                     Error::Connect {
                                         target: "the benchmark's floor".into(),
-                                        message: e.to_string(),
+                                        message: crate::postgres::tls::describe(&e),
                                     }
                                 })?;
                             tokio::spawn(conn);

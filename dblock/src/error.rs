@@ -372,22 +372,9 @@ fn with_lock_table_hint(message: &str) -> String {
 }
 
 /// A URL safe to print: the password between `:` and `@` of the authority replaced.
+/// Also `password=` in the query and in `key=value` strings (see `conninfo::redact`).
 pub(crate) fn redact_url(url: &str) -> String {
-    let Some(scheme_end) = url.find("://") else {
-        return url.to_string();
-    };
-    let rest = &url[scheme_end + 3..];
-    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
-    let authority = &rest[..authority_end];
-    match (authority.rfind('@'), authority.find(':')) {
-        (Some(at), Some(colon)) if colon < at => format!(
-            "{}{}:***{}",
-            &url[..scheme_end + 3],
-            &authority[..colon],
-            &rest[at..]
-        ),
-        _ => url.to_string(),
-    }
+    crate::conninfo::redact(url)
 }
 
 #[cfg(test)]

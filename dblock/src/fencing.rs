@@ -13,8 +13,9 @@
 //! Every fenced grant of a name then carries a token strictly greater than every earlier
 //! fenced grant's token for that name — across processes, clients, and restarts of the server
 //! or of every client. The latest token of each name is a row of the table
-//! [`TABLE`] (`dblock_fencing`, created on first use in the schema in use on PostgreSQL,
-//! in the database file on SQLite), incremented *while the lock is held* and committed
+//! [`TABLE`] (`dblock_fencing`, created on first use in the schema [`PG_SCHEMA`] on
+//! PostgreSQL whatever the handle's `search_path`, since a key is one per database; in
+//! the database file on SQLite), incremented *while the lock is held* and committed
 //! before the grant is returned: on PostgreSQL in the same round trip as the
 //! acquisition, with a session lock bridging the commit so no other holder can come
 //! between the increment and the grant.
@@ -190,19 +191,45 @@ impl Fence {
     }
 }
 
-/// The table, in the schema in use, that keeps the latest token of every fenced name.
+/// The table that keeps the latest token of every fenced name: on PostgreSQL in the
+/// schema [`PG_SCHEMA`], in the database file on SQLite.
 pub const TABLE: &str = "dblock_fencing";
 
-/// The PostgreSQL DDL of the fencing table.
+/// The schema of the PostgreSQL fencing table, whatever the handle's `search_path`:
+/// `public`.
+///
+/// A lock's key is one per (namespace, name) in the whole database, so its token must
+/// be too: a table in each handle's schema would keep one counter per schema, and a
+/// stale holder's token would pass the check against its own. dblock 0.x before this
+/// kept the table in the schema in use; when the table in `public` is created, the
+/// latest token of every key in any older `dblock_fencing` table the role can read is
+/// carried over, so tokens never go back on upgrade.
+pub const PG_SCHEMA: &str = "public";
+
+/// The PostgreSQL DDL of the fencing table `table` (`"public".dblock_fencing`): creates
+/// it if it is missing, seeded with the latest tokens of older tables of that name in
+/// other schemas. Run under the migration lock.
+#[cfg(feature = "postgres")]
 pub(crate) fn pg_table_ddl(table: &str) -> String {
+    let lit = crate::postgres::quote_literal(table);
+    let schema = crate::postgres::quote_literal(PG_SCHEMA);
     format!(
-        "CREATE TABLE IF NOT EXISTS {table} (\
+        "DO $dblock$ DECLARE s text; BEGIN \
+         IF to_regclass({lit}) IS NULL THEN \
+         CREATE TABLE {table} (\
          key bigint PRIMARY KEY, \
          namespace text NOT NULL, \
          name text NOT NULL, \
          token bigint NOT NULL, \
          holder text NOT NULL, \
-         granted_at timestamptz NOT NULL)"
+         granted_at timestamptz NOT NULL); \
+         FOR s IN SELECT n.nspname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+         WHERE c.relname = '{TABLE}' AND c.relkind = 'r' AND n.nspname <> {schema} \
+         AND has_table_privilege(c.oid, 'SELECT') LOOP \
+         EXECUTE format('INSERT INTO {table} AS f SELECT key, namespace, name, token, holder, \
+         granted_at FROM %I.{TABLE} ON CONFLICT (key) DO UPDATE SET token = \
+         greatest(f.token, EXCLUDED.token)', s); \
+         END LOOP; END IF; END $dblock$"
     )
 }
 

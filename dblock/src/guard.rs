@@ -22,6 +22,13 @@ pub enum LossReason {
         /// How long the check went unanswered.
         after: Duration,
     },
+    /// The embedded backend's lock file was deleted or replaced while the lock was held:
+    /// requests made since lock the file the path names now, where this lock is not
+    /// seen (see [`sqlite`](crate::sqlite#identity-is-the-file-not-the-spelling)).
+    LockFileReplaced {
+        /// The lock file's path.
+        path: std::path::PathBuf,
+    },
 }
 
 impl fmt::Display for LossReason {
@@ -32,6 +39,9 @@ impl fmt::Display for LossReason {
             }
             LossReason::Unresponsive { after } => {
                 write!(f, "its connection did not answer a check for {after:?}")
+            }
+            LossReason::LockFileReplaced { path } => {
+                write!(f, "its lock file {} was replaced", path.display())
             }
         }
     }
@@ -126,7 +136,7 @@ impl LockGuard {
             #[cfg(feature = "postgres")]
             Some(Held::Postgres(h)) => h.loss().is_none(),
             #[cfg(feature = "sqlite")]
-            Some(Held::Sqlite(_)) => true,
+            Some(Held::Sqlite(h)) => h.loss().is_none(),
             None => false,
         }
     }
@@ -153,7 +163,8 @@ impl LockGuard {
     /// sqlx pool is only read while a request or a check runs on it, so there a closed
     /// connection is noticed at the next check, within `check_interval`. A transaction-scoped lock that
     /// is lost takes its transaction with it. Locks of the embedded backend live as long
-    /// as the process and are never lost.
+    /// as the process; the one way to lose one, its lock file being replaced, is seen by
+    /// [`check`](LockGuard::check) and [`is_held`](LockGuard::is_held), not here.
     ///
     /// # Cancel safety
     ///
@@ -173,22 +184,30 @@ impl LockGuard {
         }
     }
 
-    /// Checks with the server, now, that the lock is still held.
+    /// Checks with the server, now, that the lock is still held. On a connection that
+    /// stops answering it returns once the connection is declared lost, within
+    /// [`check_interval`](crate::Builder::check_interval) plus
+    /// [`check_timeout`](crate::Builder::check_timeout).
     ///
     /// # Errors
     ///
-    /// [`Error::LockLost`] when it is not.
+    /// [`Error::LockLost`] when it is not, including after the runtime that drove the
+    /// lock's connection has shut down (the connection went with it).
     ///
     /// # Cancel safety
     ///
-    /// Cancelling the check leaves the lock held, unless the connection was in the middle
-    /// of answering: then it is closed and the lock is lost (and reported as lost).
+    /// Cancelling the check has no effect on the lock: the check is an empty query
+    /// whose reply the connection reads and drops when no one waits for it any more, on
+    /// a connection of the lock's own and on a multiplexing handle's shared one alike.
     pub async fn check(&mut self) -> Result<(), Error> {
         match &mut self.held {
             #[cfg(feature = "postgres")]
             Some(Held::Postgres(h)) => h.check().await,
             #[cfg(feature = "sqlite")]
-            Some(Held::Sqlite(_)) => Ok(()),
+            Some(Held::Sqlite(h)) => match h.loss() {
+                None => Ok(()),
+                Some(reason) => Err(Error::LockLost { reason }),
+            },
             None => Err(Error::Unsupported("the guard was already released".into())),
         }
     }
@@ -210,8 +229,12 @@ impl LockGuard {
             Some(Held::Postgres(h)) => h.release().await,
             #[cfg(feature = "sqlite")]
             Some(Held::Sqlite(h)) => {
+                let loss = h.loss();
                 h.release();
-                Ok(())
+                match loss {
+                    None => Ok(()),
+                    Some(reason) => Err(Error::LockLost { reason }),
+                }
             }
             None => Ok(()),
         }

@@ -12,12 +12,23 @@ pub const MAX_NAME_LEN: usize = 1024;
 /// The longest namespace accepted, in bytes of UTF-8.
 pub const MAX_NAMESPACE_LEN: usize = 1024;
 
-/// The namespace used where there is no PostgreSQL schema to take it from: by the
-/// embedded SQLite backend, and by `dblock key` without `--namespace`.
+/// The namespace of a handle that names none: on PostgreSQL unless the server setting
+/// [`NAMESPACE_SETTING`] gives one, on the embedded backend, and for `dblock key`
+/// without `--namespace`.
 ///
-/// It is PostgreSQL's default schema, so a name locked on an out-of-the-box
-/// PostgreSQL database and on the embedded default has the same key.
+/// A constant, so that every process on one database keys a name alike whatever its
+/// role, `search_path` or the schemas that exist (see `docs/namespaces.md`). It is
+/// PostgreSQL's default schema, so keys are those of dblock 0.x handles whose schema in
+/// use was `public`.
 pub const DEFAULT_NAMESPACE: &str = "public";
+
+/// The PostgreSQL setting that gives a handle's default namespace when
+/// [`Builder::namespace`](crate::Builder::namespace) does not: `dblock.namespace`, read
+/// once when the handle is built. Set it where every process of a deployment gets it
+/// alike: for the database (`ALTER DATABASE app SET dblock.namespace = 'billing'`), the
+/// role, or the URL (`?options=-c%20dblock.namespace%3Dbilling`). Unset or empty, the
+/// namespace is [`DEFAULT_NAMESPACE`].
+pub const NAMESPACE_SETTING: &str = "dblock.namespace";
 
 /// The 64-bit key a lock name maps to: what PostgreSQL's advisory-lock functions take,
 /// and (reduced to 63 bits) the byte offset of the embedded backend's file lock.

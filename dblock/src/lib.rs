@@ -26,8 +26,9 @@
 //! # Behaviour
 //!
 //! - **Keys.** A name maps to a 64-bit key by a fixed function of (namespace, name):
-//!   see [`Key`]. The namespace defaults to the PostgreSQL schema in use, so two
-//!   deployments in two schemas of one database never collide.
+//!   see [`Key`]. The namespace is [`DEFAULT_NAMESPACE`] unless set
+//!   ([`Builder::namespace`], or the server setting [`NAMESPACE_SETTING`]), never
+//!   guessed from `search_path`, so every process on one database keys a name alike.
 //! - **PostgreSQL.** Transaction-scoped advisory locks by default (safe behind
 //!   PgBouncer's transaction pooling), session-scoped on request ([`Scope`]). Each
 //!   lock pins its own connection for its whole life, so two tasks of one process
@@ -49,12 +50,14 @@
 //! | feature    | default | what it adds |
 //! |------------|---------|--------------|
 //! | `postgres` | yes     | PostgreSQL advisory locks; locks inside your sqlx transactions |
+//! | `tls`      | yes     | TLS on dblock's own PostgreSQL connections (rustls; libpq's `sslmode`, `sslrootcert`, `sslcert`, `sslkey`) |
 //! | `sqlite`   | yes     | the embedded default: an SQLite file and byte-range locks beside it (Linux) |
 //! | `macros`   | yes     | [`migrations!`]: a directory of migrations embedded at compile time |
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod bench;
+mod conninfo;
 mod error;
 pub mod fencing;
 mod guard;
@@ -73,7 +76,7 @@ mod target;
 pub use error::Error;
 pub use fencing::Fence;
 pub use guard::{LockGuard, LossReason};
-pub use key::{DEFAULT_NAMESPACE, Key, MAX_NAME_LEN, MAX_NAMESPACE_LEN};
+pub use key::{DEFAULT_NAMESPACE, Key, MAX_NAME_LEN, MAX_NAMESPACE_LEN, NAMESPACE_SETTING};
 pub use locks::{Builder, Locks, Mode, Request, Scope};
 pub use target::{URL_ENV_VARS, default_sqlite_path, url_from_env};
 

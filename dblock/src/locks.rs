@@ -78,6 +78,8 @@ pub(crate) struct Grant {
 }
 
 /// What a handle talks to.
+// One per handle, behind an Arc: the size of the PostgreSQL variant costs nothing.
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum Backend {
     #[cfg(feature = "postgres")]
     Postgres(crate::postgres::PgBackend),
@@ -338,7 +340,15 @@ impl<'a> Request<'a> {
     /// once the session has been idle for `lease`. A live holder never is: its
     /// connection is checked every [`check_interval`](Builder::check_interval), which
     /// keeps the session busy. PostgreSQL only (the embedded backend's locks end with
-    /// their process); `lease` must be at least twice the check interval.
+    /// their process).
+    ///
+    /// A holder cut off from the server must learn that it lost the lock before the
+    /// server can grant it to anyone else, so `lease` must be at least
+    /// `2 × check_interval + check_timeout`, plus a tenth of that (7.7 s with the
+    /// defaults; see
+    /// [`Builder::check_interval`] and [`Builder::check_timeout`]); a shorter lease is
+    /// refused with [`Error::Unsupported`]. Leases beyond the server's limit for its idle
+    /// timeouts (2³¹ − 1 ms, about 24.8 days) are capped to it.
     ///
     /// Implemented with the server's own idle timeouts for the lock's session
     /// (`idle_in_transaction_session_timeout` for a transaction-scoped lock,
@@ -361,7 +371,8 @@ impl<'a> Request<'a> {
     pub async fn lock(self) -> Result<LockGuard, Error> {
         match self.acquire(Wait::Forever).await? {
             Some(guard) => Ok(guard),
-            // A server-side lock_timeout configured by an administrator ended the wait.
+            // Not expected: dblock sets lock_timeout for each slice of the wait and asks
+            // again when it ends; kept for a server that answers otherwise.
             None => Err(Error::Timeout {
                 waiting_for: crate::error::SERVER_LOCK_TIMEOUT,
                 after: None,
@@ -384,10 +395,14 @@ impl<'a> Request<'a> {
 
     /// Waits at most `timeout`; `Ok(None)` if the lock was not granted in time. The wait
     /// ends on the server too (PostgreSQL's `lock_timeout`), not only in this process.
+    /// Every other wait dblock makes for the request ends by then as well: for a pooled
+    /// connection, and for the migration lock under which a fenced request's first use
+    /// creates the fencing table.
     ///
     /// # Errors
     ///
-    /// As [`Locks::lock`].
+    /// As [`Locks::lock`]; [`Error::Timeout`] when the deadline passed in one of those
+    /// other waits.
     ///
     /// # Cancel safety
     ///
@@ -429,7 +444,7 @@ impl<'a> Request<'a> {
 }
 
 /// Options for a [`Locks`] handle.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Builder {
     url: Option<String>,
     #[cfg(feature = "postgres")]
@@ -444,6 +459,25 @@ pub struct Builder {
     pub(crate) multiplex: usize,
     #[cfg(feature = "postgres")]
     pub(crate) pooler: crate::postgres::Pooler,
+}
+
+// By hand: the URL may hold a password, which Debug output must not show.
+impl std::fmt::Debug for Builder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut d = f.debug_struct("Builder");
+        d.field("url", &self.url.as_deref().map(crate::error::redact_url));
+        #[cfg(feature = "postgres")]
+        d.field("sqlx_pool", &self.sqlx_pool);
+        d.field("namespace", &self.namespace)
+            .field("scope", &self.scope)
+            .field("max_connections", &self.max_connections)
+            .field("acquire_timeout", &self.acquire_timeout)
+            .field("check_interval", &self.check_interval)
+            .field("check_timeout", &self.check_timeout)
+            .field("allow_network_filesystem", &self.allow_network_filesystem)
+            .field("multiplex", &self.multiplex)
+            .finish()
+    }
 }
 
 impl Default for Builder {
@@ -483,10 +517,11 @@ impl Builder {
         self
     }
 
-    /// The namespace names are keyed in. Defaults to the PostgreSQL schema in use
-    /// (`current_schema()`, read once when the handle is built), so two deployments in
-    /// two schemas of one database never collide; on the embedded backend, to
-    /// [`DEFAULT_NAMESPACE`](crate::DEFAULT_NAMESPACE).
+    /// The namespace names are keyed in. Unset, on PostgreSQL the server setting
+    /// [`NAMESPACE_SETTING`](crate::NAMESPACE_SETTING) if it is set, else (and on the
+    /// embedded backend) [`DEFAULT_NAMESPACE`](crate::DEFAULT_NAMESPACE) — never the
+    /// schema in use, which depends on `search_path` and on which schemas exist. Two
+    /// deployments sharing one database set a namespace each.
     pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
         self.namespace = Some(namespace.into());
         self
@@ -510,8 +545,10 @@ impl Builder {
     /// How long a request waits for one of dblock's connections to come free when all
     /// [`max_connections`](Builder::max_connections) are in use: 30 seconds unless set,
     /// then [`Error::Timeout`]. This bounds the wait for a *connection*; the wait for the
-    /// lock itself is the request's (see [`Request::try_lock_for`]). A handle on an sqlx
-    /// pool uses that pool's `acquire_timeout` instead.
+    /// lock itself is the request's (see [`Request::try_lock_for`]), and a request with a
+    /// deadline of its own waits for a connection no longer than that either (a
+    /// `try_lock` not at all). A handle on an sqlx pool uses that pool's
+    /// `acquire_timeout` instead.
     pub fn acquire_timeout(mut self, timeout: Duration) -> Self {
         self.acquire_timeout = timeout;
         self
@@ -629,8 +666,8 @@ impl Builder {
         };
         let (backend, namespace) = match target {
             #[cfg(feature = "postgres")]
-            Target::Postgres { config, shown } => {
-                let (b, ns) = crate::postgres::PgBackend::open(*config, shown, &self).await?;
+            Target::Postgres { config, shown, tls } => {
+                let (b, ns) = crate::postgres::PgBackend::open(*config, shown, tls, &self).await?;
                 (Backend::Postgres(b), ns)
             }
             #[cfg(feature = "sqlite")]

@@ -18,6 +18,8 @@ pub(crate) enum Target {
         config: Box<tokio_postgres::Config>,
         /// The URL as it may be shown: password redacted.
         shown: String,
+        /// The TLS the URL asked for, its certificate files read.
+        tls: crate::postgres::tls::Connector,
     },
     /// `sqlite:PATH`, `sqlite://PATH`, or the default file.
     #[cfg(feature = "sqlite")]
@@ -31,11 +33,14 @@ impl Target {
             url: redact_url(url),
             reason,
         };
+        if crate::conninfo::is_key_value(url) {
+            return parse_postgres(url).map_err(invalid);
+        }
         let scheme = match url.find(':') {
             Some(i) => &url[..i],
             None => {
                 return Err(invalid(
-                    "expected postgres://…, postgresql://… or sqlite:PATH".into(),
+                    "expected postgres://…, postgresql://…, key=value … or sqlite:PATH".into(),
                 ));
             }
         };
@@ -88,35 +93,14 @@ pub fn url_from_env() -> Option<String> {
 
 #[cfg(feature = "postgres")]
 fn parse_postgres(url: &str) -> Result<Target, String> {
-    use std::str::FromStr;
-    let mut config = tokio_postgres::Config::from_str(url).map_err(|e| e.to_string())?;
-    if config.get_ssl_mode() == tokio_postgres::config::SslMode::Require {
-        return Err(
-            "sslmode=require: dblock's own connections do not speak TLS yet; \
-                    build the handle from your sqlx pool (Locks::from_sqlx_pool) instead"
-                .into(),
-        );
-    }
-    if config.get_hosts().is_empty() {
-        config.host("localhost");
-    }
-    if config.get_user().is_none() {
-        // libpq's default: the operating-system user.
-        if let Some(user) = std::env::var_os("USER").and_then(|u| u.into_string().ok()) {
-            config.user(&user);
-        }
-    }
-    if config.get_application_name().is_none() {
-        config.application_name("dblock");
-    }
-    if config.get_connect_timeout().is_none() {
-        config.connect_timeout(std::time::Duration::from_secs(10));
-    }
-    // A dead peer must not look alive for two hours: probe idle sockets after 30 s.
-    config.keepalives_idle(std::time::Duration::from_secs(30));
+    // libpq's conventions: both string forms, its environment, its password file.
+    let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+    let parsed = crate::conninfo::parse(url, &env)?;
+    let tls = crate::postgres::tls::Connector::new(&parsed.tls)?;
     Ok(Target::Postgres {
-        config: Box::new(config),
-        shown: redact_url(url),
+        config: Box::new(parsed.config),
+        shown: parsed.shown,
+        tls,
     })
 }
 

@@ -106,6 +106,66 @@ impl TempCluster {
         self.dir.path().join("data")
     }
 
+    /// The data directory (to change `postgresql.conf`, `pg_hba.conf`; then restart).
+    pub fn data_dir(&self) -> PathBuf {
+        self.data()
+    }
+
+    /// A hot standby of `primary` (pg_basebackup -R over the primary's socket), started,
+    /// on a port of its own.
+    pub fn standby_of(primary: &TempCluster) -> TempCluster {
+        let dir = tempfile::Builder::new()
+            .prefix("dblock-pg-")
+            .tempdir()
+            .unwrap();
+        if primary.run_as_postgres {
+            chown_postgres(dir.path());
+        }
+        let c = TempCluster {
+            dir,
+            port: free_port(),
+            bin: primary.bin.clone(),
+            run_as_postgres: primary.run_as_postgres,
+        };
+        let data = c.data();
+        let (socket, port) = (
+            primary.dir.path().display().to_string(),
+            primary.port.to_string(),
+        );
+        c.run(
+            "pg_basebackup",
+            &[
+                "-D",
+                data.to_str().unwrap(),
+                "-h",
+                &socket,
+                "-p",
+                &port,
+                "-U",
+                "postgres",
+                "-R",
+                "-X",
+                "stream",
+                "-N",
+            ],
+        );
+        let conf_path = data.join("postgresql.conf");
+        let mut conf = std::fs::read_to_string(&conf_path).unwrap();
+        conf.push_str(&format!(
+            "\nport = {}\nunix_socket_directories = '{}'\n",
+            c.port,
+            c.dir.path().display()
+        ));
+        std::fs::write(&conf_path, conf).unwrap();
+        c.pg_ctl(&["start", "-w", "-t", "60"]);
+        c
+    }
+
+    /// Promotes a standby to primary, waiting until it accepts writes.
+    pub fn promote(&self) {
+        self.pg_ctl(&["promote", "-w", "-t", "60"]);
+    }
+
     /// The URL of the cluster's `postgres` database.
     pub fn url(&self) -> String {
         format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
@@ -190,6 +250,16 @@ pub(crate) fn is_root() -> bool {
                 .and_then(|l| l.split_whitespace().nth(2).map(|u| u == "0"))
         })
         .unwrap_or(false)
+}
+
+/// Makes a file the server reads (a key, say) the `postgres` user's, mode 0600, when the
+/// server runs as `postgres`.
+pub fn give_to_postgres(file: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    if is_root() {
+        chown_postgres(file);
+    }
 }
 
 pub(crate) fn chown_postgres(dir: &Path) {

@@ -12,6 +12,7 @@ pub mod cluster;
 pub mod migrations;
 pub mod pgbouncer;
 pub mod semantics;
+pub mod tls;
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -26,8 +27,31 @@ pub fn pg_url() -> String {
         .unwrap_or_else(|| "postgres://postgres@127.0.0.1:5432/test".to_string())
 }
 
+/// A backstop for awaits a test forgot to bound: the first use of the testkit in a test
+/// binary starts a thread that ends the process, failing it, once the binary has run for
+/// `DBLOCK_TEST_WATCHDOG_SECS` (900 unless set) — a hang fails CI instead of stalling it.
+/// Tests still bound their own awaits; this only catches what they miss.
+pub fn watchdog() {
+    static START: std::sync::Once = std::sync::Once::new();
+    START.call_once(|| {
+        let secs = std::env::var("DBLOCK_TEST_WATCHDOG_SECS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(900u64);
+        std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_secs(secs));
+            eprintln!(
+                "dblock-testkit watchdog: this test binary is still running after {secs} s; \
+                 a test hangs (an unbounded await?)"
+            );
+            std::process::exit(101);
+        });
+    });
+}
+
 /// Connects as the tests' administrator, failing loudly when the server is missing.
 pub async fn admin_connect(url: &str) -> Client {
+    watchdog();
     let (client, conn) = match tokio_postgres::connect(url, NoTls).await {
         Ok(c) => c,
         Err(e) => panic!(
@@ -66,8 +90,9 @@ fn unique(tag: &str) -> String {
     )
 }
 
-/// A schema of one test's own: its name is the default namespace of every handle built
-/// from [`PgSchema::url`], so tests running in parallel never share a lock by accident,
+/// A schema of one test's own: its name is the schema in use and (through the setting
+/// `dblock.namespace`) the default namespace of every handle built from
+/// [`PgSchema::url`], so tests running in parallel never share a lock by accident,
 /// and its connections carry an `application_name` of their own so the test can find
 /// them in `pg_stat_activity`.
 pub struct PgSchema {
@@ -76,6 +101,8 @@ pub struct PgSchema {
     pub app: String,
     admin: Client,
     base: String,
+    /// The database of the schema's own, if it has one (dropped after the schema).
+    _db: Option<PgDatabase>,
 }
 
 impl PgSchema {
@@ -94,7 +121,10 @@ impl PgSchema {
         let url = with_params(
             base,
             &[
-                ("options", &format!("-c search_path={name}")),
+                (
+                    "options",
+                    &format!("-c search_path={name} -c dblock.namespace={name}"),
+                ),
                 ("application_name", &app),
             ],
         );
@@ -104,7 +134,18 @@ impl PgSchema {
             app,
             admin,
             base: base.to_string(),
+            _db: None,
         }
+    }
+
+    /// A schema in a database of its own ([`PgDatabase`]): for tests that take the
+    /// database-wide migration lock, so that tests running in parallel never wait for
+    /// each other's migrations or see each other's sessions holding it.
+    pub async fn own_database(tag: &str) -> PgSchema {
+        let db = PgDatabase::new(tag).await;
+        let mut s = PgSchema::on(&with_database(&pg_url(), &db.name), tag).await;
+        s._db = Some(db);
+        s
     }
 
     pub fn admin(&self) -> &Client {
@@ -233,6 +274,65 @@ where
     }
 }
 
+/// `base` naming database `db` instead of its own (see [`adoption::with_database`]).
+pub use adoption::with_database;
+
+/// A database of one test's own, on the server of [`pg_url`]: for tests that take the
+/// database-wide migration lock or depend on what exists database-wide (the fencing
+/// table). Dropped (with `FORCE`) when the test passes; left for inspection when it fails.
+pub struct PgDatabase {
+    pub name: String,
+    /// The URL of the database, with `application_name` set to [`PgDatabase::app`].
+    pub url: String,
+    pub app: String,
+}
+
+impl PgDatabase {
+    pub async fn new(tag: &str) -> PgDatabase {
+        let base = pg_url();
+        let name = unique(tag);
+        let admin = admin_connect(&base).await;
+        admin
+            .batch_execute(&format!("CREATE DATABASE \"{name}\""))
+            .await
+            .unwrap();
+        let app = format!("dbl-{name}");
+        let url = with_params(&with_database(&base, &name), &[("application_name", &app)]);
+        PgDatabase { name, url, app }
+    }
+
+    /// An administrator's connection to the test's database.
+    pub async fn admin(&self) -> Client {
+        admin_connect(&self.url).await
+    }
+}
+
+impl Drop for PgDatabase {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("test database {} left in place for inspection", self.name);
+            return;
+        }
+        let base = pg_url();
+        let name = self.name.clone();
+        let _ = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async {
+                if let Ok((c, conn)) = tokio_postgres::connect(&base, NoTls).await {
+                    tokio::spawn(conn);
+                    let _ = c
+                        .batch_execute(&format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"))
+                        .await;
+                }
+            });
+        })
+        .join();
+    }
+}
+
 /// `base` with query parameters added.
 pub fn with_params(base: &str, params: &[(&str, &str)]) -> String {
     let mut url = base.to_string();
@@ -266,6 +366,7 @@ pub struct SqliteDb {
 
 impl SqliteDb {
     pub fn new() -> SqliteDb {
+        watchdog();
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("locks.db");
         let url = format!("sqlite:{}", path.display());
@@ -321,4 +422,145 @@ pub fn signal(pid: impl std::fmt::Display, sig: &str) {
         .map(|s| s.success())
         .unwrap_or(false);
     assert!(ok, "kill {sig} {pid}");
+}
+
+/// `base` (a `postgres://` URL) with its host and port replaced by `host:port`; user,
+/// password, database and parameters are kept. For routing a handle through a proxy.
+pub fn with_host_port(base: &str, host: &str, port: u16) -> String {
+    let Some(scheme_end) = base.find("://") else {
+        panic!("DATABASE_URL must be a postgres:// URL to route it elsewhere: {base}");
+    };
+    let start = scheme_end + 3;
+    let end = base[start..]
+        .find(['/', '?'])
+        .map_or(base.len(), |i| start + i);
+    let authority = &base[start..end];
+    let userinfo = match authority.rfind('@') {
+        Some(at) => &authority[..=at],
+        None => "",
+    };
+    format!("{}{userinfo}{host}:{port}{}", &base[..start], &base[end..])
+}
+
+/// The first TCP host and port of `url`, as the driver reads it.
+pub fn tcp_host_port(url: &str) -> (String, u16) {
+    let config: tokio_postgres::Config = url.parse().unwrap();
+    let host = match config.get_hosts().first() {
+        Some(tokio_postgres::config::Host::Tcp(h)) => h.clone(),
+        None => "localhost".to_string(),
+        #[allow(unreachable_patterns)]
+        Some(other) => panic!("a TCP host is needed to proxy {url}: {other:?}"),
+    };
+    let port = config.get_ports().first().copied().unwrap_or(5432);
+    (host, port)
+}
+
+/// A TCP proxy on 127.0.0.1 in front of a PostgreSQL server that can fall silent:
+/// after [`SilentProxy::silence`] it forwards nothing more in either direction and
+/// closes nothing, like a network partition that drops packets.
+pub struct SilentProxy {
+    pub port: u16,
+    silent: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    tasks: std::sync::Arc<std::sync::Mutex<Vec<tokio::task::AbortHandle>>>,
+}
+
+impl SilentProxy {
+    pub async fn start(target: (String, u16)) -> SilentProxy {
+        use std::sync::Arc;
+        use std::sync::atomic::AtomicBool;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let silent = Arc::new(AtomicBool::new(false));
+        let tasks: Arc<std::sync::Mutex<Vec<tokio::task::AbortHandle>>> = Arc::default();
+        let (s, t) = (silent.clone(), tasks.clone());
+        let accept = tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let Ok(server) =
+                    tokio::net::TcpStream::connect((target.0.as_str(), target.1)).await
+                else {
+                    continue;
+                };
+                let (cr, cw) = client.into_split();
+                let (sr, sw) = server.into_split();
+                for (r, w) in [(cr, sw), (sr, cw)] {
+                    let s = s.clone();
+                    let h = tokio::spawn(forward(r, w, s));
+                    t.lock().unwrap().push(h.abort_handle());
+                }
+            }
+        });
+        tasks.lock().unwrap().push(accept.abort_handle());
+        SilentProxy {
+            port,
+            silent,
+            tasks,
+        }
+    }
+
+    /// Stops forwarding, for good, without closing any connection.
+    pub fn silence(&self) {
+        self.silent.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+async fn forward(
+    mut r: tokio::net::tcp::OwnedReadHalf,
+    mut w: tokio::net::tcp::OwnedWriteHalf,
+    silent: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        if silent.load(std::sync::atomic::Ordering::SeqCst) {
+            break;
+        }
+        // Woken now and then to notice silence even with no traffic.
+        let n = match tokio::time::timeout(std::time::Duration::from_millis(20), r.read(&mut buf))
+            .await
+        {
+            Err(_) => continue,
+            Ok(Ok(0)) | Ok(Err(_)) => return,
+            Ok(Ok(n)) => n,
+        };
+        if silent.load(std::sync::atomic::Ordering::SeqCst) {
+            break;
+        }
+        if w.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
+    }
+    // Silent: hold both halves open, forwarding nothing, until the test ends.
+    std::future::pending::<()>().await;
+    drop((r, w));
+}
+
+impl Drop for SilentProxy {
+    fn drop(&mut self) {
+        for t in self.tasks.lock().unwrap().drain(..) {
+            t.abort();
+        }
+    }
+}
+
+/// `base` (a `postgres://` URL) connecting as `user` (no password) instead of its own
+/// user; host, port, database and parameters are kept.
+pub fn with_user(base: &str, user: &str) -> String {
+    let Some(scheme_end) = base.find("://") else {
+        panic!("DATABASE_URL must be a postgres:// URL to connect as another role: {base}");
+    };
+    let start = scheme_end + 3;
+    let end = base[start..]
+        .find(['/', '?'])
+        .map_or(base.len(), |i| start + i);
+    let authority = &base[start..end];
+    let hostport = match authority.rfind('@') {
+        Some(at) => &authority[at + 1..],
+        None => authority,
+    };
+    format!(
+        "{}{}@{hostport}{}",
+        &base[..start],
+        percent_encode(user),
+        &base[end..]
+    )
 }

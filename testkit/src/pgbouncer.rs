@@ -42,8 +42,9 @@ pub struct Options {
     pub mode: PoolMode,
     /// `default_pool_size`: server connections per (database, user).
     pub pool_size: u32,
-    /// `search_path` every server connection gets (PgBouncer 1.18 refuses the
-    /// `options` startup parameter the tests' schema URLs use), via `connect_query`.
+    /// `search_path` and `dblock.namespace` every server connection gets (PgBouncer 1.18
+    /// refuses the `options` startup parameter the tests' schema URLs use), via
+    /// `connect_query`. A session pooler's `DISCARD ALL` resets them between clients.
     pub search_path: Option<String>,
     /// Extra `[pgbouncer]` settings.
     pub settings: Vec<(String, String)>,
@@ -110,7 +111,9 @@ impl PgBouncer {
         let d = dir.path().display().to_string();
         let connect_query = match &opts.search_path {
             // Double the single quotes for PgBouncer's quoting of the value.
-            Some(s) => format!(" connect_query='SET search_path TO \"{s}\"'"),
+            Some(s) => format!(
+                " connect_query='SET search_path TO \"{s}\"; SET dblock.namespace TO \"{s}\"'"
+            ),
             None => String::new(),
         };
         let mut conf = format!(

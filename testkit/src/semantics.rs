@@ -10,15 +10,17 @@ use dblock::{Locks, Mode};
 /// the database's sessions; other names are free.
 pub async fn an_exclusive_lock_has_one_holder_at_a_time(locks: &Locks) {
     let held = locks.lock("autoland:7").await.unwrap();
-    let (tx, mut rx) = tokio::sync::oneshot::channel();
+    // The second request itself, driven for 300 ms: it must still be waiting then (a
+    // request that was never made could not pass this).
+    let second = tokio::time::timeout(Duration::from_millis(300), locks.lock("autoland:7")).await;
+    assert!(second.is_err(), "the second holder waits: {second:?}");
+    let (tx, rx) = tokio::sync::oneshot::channel();
     let db = locks.clone();
     tokio::spawn(async move {
         let g = db.lock("autoland:7").await.unwrap();
         let _ = tx.send(());
         drop(g);
     });
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(rx.try_recv().is_err(), "the second holder waits");
     let other = tokio::time::timeout(Duration::from_secs(2), locks.lock("autoland:8")).await;
     assert!(matches!(other, Ok(Ok(_))), "another name is free");
     drop(other);
@@ -60,14 +62,28 @@ pub async fn a_deadline_wait_gives_up_or_gets_the_lock(locks: &Locks) {
         t.elapsed() >= Duration::from_millis(300),
         "waited the whole deadline"
     );
-    let waiter = {
+    let (started, on_start) = tokio::sync::oneshot::channel();
+    let mut waiter = {
         let locks = locks.clone();
-        tokio::spawn(async move { locks.try_lock_for("d", Duration::from_secs(10)).await })
+        tokio::spawn(async move {
+            let _ = started.send(());
+            locks.try_lock_for("d", Duration::from_secs(10)).await
+        })
     };
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    drop(g);
+    on_start.await.unwrap();
+    // Observed waiting, not slept for: it has not finished while the lock is held.
     assert!(
-        waiter.await.unwrap().unwrap().is_some(),
+        tokio::time::timeout(Duration::from_millis(100), &mut waiter)
+            .await
+            .is_err(),
+        "the waiter waits while the lock is held"
+    );
+    drop(g);
+    let got = tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("granted within its deadline");
+    assert!(
+        got.unwrap().unwrap().is_some(),
         "granted before the deadline"
     );
 }
@@ -113,11 +129,27 @@ pub async fn shared_holders_coexist_and_exclude_an_exclusive_one(locks: &Locks) 
     );
 }
 
-/// Tasks of one process sharing one handle never overlap inside the lock.
+/// Tasks of one process sharing one handle never overlap inside the lock. Control: the
+/// same detector, with the tasks taking no lock, sees them overlap.
 pub async fn tasks_of_one_process_exclude_each_other(
     locks: &Locks,
     req: fn(&Locks) -> dblock::Request<'_>,
 ) {
+    let control = overlapping_sections(locks, req, false).await;
+    assert!(
+        control > 0,
+        "control: without the lock the detector sees overlaps"
+    );
+    assert_eq!(overlapping_sections(locks, req, true).await, 0);
+}
+
+/// 4 tasks × 20 sections that each stay inside 1 ms; returns how many sections began
+/// while another was inside.
+async fn overlapping_sections(
+    locks: &Locks,
+    req: fn(&Locks) -> dblock::Request<'_>,
+    locked: bool,
+) -> u32 {
     let inside = Arc::new(AtomicU32::new(0));
     let overlaps = Arc::new(AtomicU32::new(0));
     let mut tasks = Vec::new();
@@ -125,18 +157,26 @@ pub async fn tasks_of_one_process_exclude_each_other(
         let (locks, inside, overlaps) = (locks.clone(), inside.clone(), overlaps.clone());
         tasks.push(tokio::spawn(async move {
             for _ in 0..20 {
-                let g = req(&locks).lock().await.unwrap();
+                let g = match locked {
+                    true => Some(req(&locks).lock().await.unwrap()),
+                    false => None,
+                };
                 if inside.fetch_add(1, Ordering::SeqCst) != 0 {
                     overlaps.fetch_add(1, Ordering::SeqCst);
                 }
                 tokio::time::sleep(Duration::from_millis(1)).await;
                 inside.fetch_sub(1, Ordering::SeqCst);
-                g.release().await.unwrap();
+                if let Some(g) = g {
+                    g.release().await.unwrap();
+                }
             }
         }));
     }
     for t in tasks {
-        t.await.unwrap();
+        tokio::time::timeout(Duration::from_secs(60), t)
+            .await
+            .expect("the sections end")
+            .unwrap();
     }
-    assert_eq!(overlaps.load(Ordering::SeqCst), 0);
+    overlaps.load(Ordering::SeqCst)
 }

@@ -352,7 +352,14 @@ async fn a_new_leader_takes_over_at_once_when_the_leader_dies_or_is_cut_off() {
     let mut c = Candidates::start(&s.url, 3, 200, 2000, &[]);
     let (first, line, _) = c.next("leader ", None, Duration::from_secs(10)).await;
     let t1: i64 = line[7..].parse().unwrap();
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    let locks = s.locks().await;
+    let key = locks.key("leader-election").unwrap();
+    // The other two candidates queue on the server (observed, not slept for).
+    let queued = |n: usize| {
+        let s = &s;
+        move || async move { s.advisory(key).await.iter().filter(|r| !r.2).count() == n }
+    };
+    assert!(s.eventually(10, queued(2)).await, "two candidates wait");
 
     // SIGKILL: the server frees the lock when the socket closes.
     let killed = Instant::now();
@@ -368,9 +375,10 @@ async fn a_new_leader_takes_over_at_once_when_the_leader_dies_or_is_cut_off() {
     assert!(t2 > t1);
 
     // The leader's connection terminated: it is told, and another candidate takes over.
-    let locks = s.locks().await;
-    let key = locks.key("leader-election").unwrap();
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        s.eventually(10, queued(1)).await,
+        "the third candidate waits"
+    );
     let cut = Instant::now();
     assert_eq!(s.terminate_holders(key).await, 1);
     let (_, _, told) = c.next("lost", None, Duration::from_secs(5)).await;
@@ -408,7 +416,13 @@ async fn a_paused_leader_is_replaced_within_its_lease_and_fenced_off() {
         let lease = Duration::from_millis(1500);
         let mut c = Candidates::start(&s.url, 2, 200, lease.as_millis() as u64, extra);
         let (first, _, _) = c.next("leader ", None, Duration::from_secs(10)).await;
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        // The other candidate queues on the server (observed, not slept for).
+        let key = s.locks().await.key("leader-election").unwrap();
+        assert!(
+            s.eventually(10, || async { s.advisory(key).await.iter().any(|r| !r.2) })
+                .await,
+            "fenced={fenced}: the other candidate waits"
+        );
         let pid = c.children[first].id().unwrap();
         signal(pid, "-STOP");
         let paused = Instant::now();
@@ -454,7 +468,13 @@ async fn a_paused_leader_is_replaced_within_its_lease_and_fenced_off() {
 async fn leadership_changes_are_observable() {
     use dblock::leader::{Election, Role};
     let s = PgSchema::new("observe").await;
-    let locks = s.locks().await;
+    // A 5 s lease needs checks that notice a silent connection sooner than the defaults.
+    let locks = dblock::Locks::builder()
+        .url(&s.url)
+        .check_timeout(Duration::from_secs(2))
+        .build()
+        .await
+        .unwrap();
     let e = Election::new(&locks, "obs").lease(Duration::from_secs(5));
     let mut w = e.watch();
     assert_eq!(*w.borrow(), Role::Follower);

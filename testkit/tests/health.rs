@@ -90,7 +90,7 @@ async fn an_idle_connection_gone_silent_is_checked_before_it_carries_a_request()
     let s = PgSchema::new("health_idle").await;
     let proxy = Proxy::start().await;
     let url = format!(
-        "postgres://{}@127.0.0.1:{}/{}?options=-c%20search_path%3D{}&application_name={}",
+        "postgres://{}@127.0.0.1:{}/{}?options=-c%20dblock.namespace%3D{}&application_name={}",
         pg_url()
             .parse::<tokio_postgres::Config>()
             .unwrap()

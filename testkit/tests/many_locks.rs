@@ -103,7 +103,13 @@ async fn five_thousand_locks_are_held_over_four_connections_and_released_one_by_
         let locks = locks.clone();
         tokio::spawn(async move { locks.lock("tenant:7").await.map(drop) })
     };
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Queued on the server (observed, not slept for).
+    let key = locks.key("tenant:7").unwrap();
+    assert!(
+        s.eventually(10, || async { s.advisory(key).await.iter().any(|r| !r.2) })
+            .await,
+        "the waiter queues on a connection of its own"
+    );
     assert!(!waiter.is_finished(), "waits while held");
     let i = guards.iter().position(|g| g.name() == "tenant:7").unwrap();
     drop(guards.swap_remove(i));

@@ -56,7 +56,7 @@ async fn scripts_without_the_lock(url: &str) -> Vec<String> {
 /// unique indexes; with the tables in place, `ALTER TABLE` / `CREATE POLICY` deadlock.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_the_lock_the_seeds_scripts_fail_when_run_at_once() {
-    let s = PgSchema::new("mig_control").await;
+    let s = PgSchema::own_database("mig_control").await;
     let mut empty = Vec::new();
     for _ in 0..4 {
         s.empty().await;
@@ -91,7 +91,7 @@ async fn without_the_lock_the_seeds_scripts_fail_when_run_at_once() {
 /// schema and with everything in place, on sqlx pools and on dblock handles.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lock_prefixed_scripts_never_fail_when_run_at_once() {
-    let s = PgSchema::new("mig_prefixed").await;
+    let s = PgSchema::own_database("mig_prefixed").await;
     let pool = sqlx::postgres::PgPoolOptions::new()
         .max_connections(RUNNERS as u32)
         .connect(&s.url)
@@ -141,7 +141,7 @@ async fn lock_prefixed_scripts_never_fail_when_run_at_once() {
 /// reset, as when a database built by the old start-up scripts adopts the runner).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn eight_concurrent_runners_apply_each_migration_exactly_once() {
-    let s = PgSchema::new("mig_runners").await;
+    let s = PgSchema::own_database("mig_runners").await;
     let d = MigrationDir::new(&seed_set());
     let set = Arc::new(d.set());
     let mut handles = Vec::new();
@@ -193,7 +193,7 @@ async fn eight_concurrent_runners_apply_each_migration_exactly_once() {
 /// them while the run waits: the run must create nothing and apply nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_lock_is_taken_before_the_table_is_created_and_the_applied_ones_are_read() {
-    let s = PgSchema::new("mig_order").await;
+    let s = PgSchema::own_database("mig_order").await;
     let d = MigrationDir::new(&[
         ("0001_a.sql", "CREATE TABLE a (x int);"),
         ("0002_b.sql", "CREATE TABLE b (x int);"),
@@ -242,7 +242,7 @@ async fn the_lock_is_taken_before_the_table_is_created_and_the_applied_ones_are_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failing_migration_is_named_rolled_back_whole_and_leaves_no_lock() {
-    let s = PgSchema::new("mig_fail").await;
+    let s = PgSchema::own_database("mig_fail").await;
     let locks = s.locks().await;
     let d = MigrationDir::new(&[
         ("0001_a.sql", "CREATE TABLE a (x int);"),
@@ -299,7 +299,7 @@ async fn a_failing_migration_is_named_rolled_back_whole_and_leaves_no_lock() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failing_statement_outside_a_transaction_is_named_and_the_ones_before_it_stay() {
-    let s = PgSchema::new("mig_notx").await;
+    let s = PgSchema::own_database("mig_notx").await;
     let locks = s.locks().await;
     // Plain CREATE INDEX: CONCURRENTLY on the shared server would wait for every other
     // test's snapshot (the concurrent-index test runs on a cluster of its own).
@@ -363,7 +363,7 @@ async fn a_failing_statement_outside_a_transaction_is_named_and_the_ones_before_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancelled_run_rolls_its_migration_back_and_frees_the_lock() {
-    let s = PgSchema::new("mig_cancel").await;
+    let s = PgSchema::own_database("mig_cancel").await;
     let locks = s.locks().await;
     let d = MigrationDir::new(&[
         ("0001_a.sql", "CREATE TABLE a (x int);"),
@@ -392,7 +392,7 @@ async fn a_cancelled_run_rolls_its_migration_back_and_frees_the_lock() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn edited_and_unknown_migrations_are_refused_naming_them() {
-    let s = PgSchema::new("mig_refuse").await;
+    let s = PgSchema::own_database("mig_refuse").await;
     let locks = s.locks().await;
     let d = MigrationDir::new(&[
         ("0001_a.sql", "CREATE TABLE a (x int);"),
@@ -436,7 +436,7 @@ async fn edited_and_unknown_migrations_are_refused_naming_them() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_and_dry_run_read_without_changing_anything() {
-    let s = PgSchema::new("mig_status").await;
+    let s = PgSchema::own_database("mig_status").await;
     let locks = s.locks().await;
     let d = MigrationDir::new(&[
         ("0001_a.sql", "CREATE TABLE a (x int);"),
@@ -499,7 +499,7 @@ async fn status_and_dry_run_read_without_changing_anything() {
 /// the same guarantees.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_handle_on_an_sqlx_pool_runs_migrations_and_releases_after_a_failure() {
-    let s = PgSchema::new("mig_sqlx").await;
+    let s = PgSchema::own_database("mig_sqlx").await;
     let pool = sqlx::postgres::PgPoolOptions::new()
         .max_connections(2)
         .connect(&s.url)

@@ -16,6 +16,17 @@ use tokio::process::Command;
 
 const WORKER: &str = env!("CARGO_BIN_EXE_dblock-worker");
 
+/// A handle through `url` in the test's namespace (named: a session pooler's DISCARD
+/// ALL resets the `dblock.namespace` its connect_query set).
+async fn connect(url: &str, s: &PgSchema) -> dblock::Locks {
+    bounded(
+        10,
+        dblock::Locks::builder().url(url).namespace(&s.name).build(),
+    )
+    .await
+    .unwrap()
+}
+
 /// Bounds every await of these tests.
 async fn bounded<T>(secs: u64, f: impl std::future::Future<Output = T>) -> T {
     tokio::time::timeout(Duration::from_secs(secs), f)
@@ -116,7 +127,7 @@ async fn eight_processes_never_overlap_through_pgbouncer_in_session_mode() {
 async fn session_locks_are_refused_through_a_transaction_pooler() {
     let s = PgSchema::new("pgb_refuse").await;
     let (_b, url) = bouncer(&s, PoolMode::Transaction, 2);
-    let locks = bounded(10, dblock::Locks::connect(&url)).await.unwrap();
+    let locks = connect(&url, &s).await;
     assert_eq!(locks.pooler(), Pooler::Transaction, "detected");
     let direct = bounded(10, s.locks()).await;
     assert_eq!(
@@ -163,7 +174,7 @@ async fn session_locks_are_refused_through_a_transaction_pooler() {
     let g = bounded(10, locks.request("t").fenced().lock())
         .await
         .unwrap();
-    let other = bounded(10, dblock::Locks::connect(&url)).await.unwrap();
+    let other = connect(&url, &s).await;
     assert!(bounded(10, other.try_lock("t")).await.unwrap().is_none());
     let held = s.advisory(locks.key("t").unwrap()).await;
     assert_eq!(held.len(), 1, "{held:?}");
@@ -203,8 +214,8 @@ async fn session_locks_work_through_a_session_pooler_when_declared() {
     let s = PgSchema::new("pgb_sess").await;
     let (_b, url) = bouncer(&s, PoolMode::Session, 3);
     let url = format!("{url}&pooler=session");
-    let a = bounded(10, dblock::Locks::connect(&url)).await.unwrap();
-    let b = bounded(10, dblock::Locks::connect(&url)).await.unwrap();
+    let a = connect(&url, &s).await;
+    let b = connect(&url, &s).await;
     assert_eq!(a.pooler(), Pooler::Session);
     let g = bounded(10, a.request("s").scope(Scope::Session).lock())
         .await
@@ -242,7 +253,7 @@ async fn deadlines_count_the_time_queued_in_the_pooler() {
     let s = PgSchema::new("pgb_deadline").await;
     let (_b, url) = bouncer(&s, PoolMode::Transaction, 1);
     // Built before the pool fills (building talks to the server).
-    let locks = bounded(10, dblock::Locks::connect(&url)).await.unwrap();
+    let locks = connect(&url, &s).await;
     let _holder = occupy(&url, 8).await;
 
     let t0 = Instant::now();
@@ -266,7 +277,7 @@ async fn pgbouncer_errors_reach_the_caller_in_its_words() {
             .set("query_wait_timeout", "1"),
     );
     let url = with_params(&b.test_url(), &[("application_name", &s.app)]);
-    let locks = bounded(10, dblock::Locks::connect(&url)).await.unwrap();
+    let locks = connect(&url, &s).await;
     let _holder = occupy(&url, 8).await;
     let e = bounded(10, locks.lock("queued")).await.unwrap_err();
     let text = e.to_string();
@@ -305,6 +316,7 @@ async fn a_lost_lock_is_noticed_through_the_pooler() {
             10,
             dblock::Locks::builder()
                 .url(&url)
+                .namespace(&s.name)
                 .check_interval(Duration::from_millis(100))
                 .build(),
         )
@@ -315,7 +327,7 @@ async fn a_lost_lock_is_noticed_through_the_pooler() {
         assert_eq!(s.terminate_holders(key).await, 1);
         let reason = bounded(10, g.lost()).await;
         eprintln!("{mode:?}: lost: {reason}");
-        let other = bounded(10, dblock::Locks::connect(&url)).await.unwrap();
+        let other = connect(&url, &s).await;
         let g2 = bounded(10, other.try_lock_for("lossy", Duration::from_secs(5)))
             .await
             .unwrap();
@@ -350,7 +362,7 @@ async fn sqlx_pool_handles_and_xact_helpers_work_through_a_transaction_pooler() 
         .unwrap_err();
     assert!(matches!(e, Error::BehindPooler { .. }), "{e:?}");
     let g = bounded(10, locks.lock("t")).await.unwrap();
-    let other = bounded(10, dblock::Locks::connect(&url)).await.unwrap();
+    let other = connect(&url, &s).await;
     assert!(bounded(10, other.try_lock("t")).await.unwrap().is_none());
     drop(g);
 

@@ -49,7 +49,7 @@ async fn the_key_matches_the_documented_sql_formula() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_namespace_defaults_to_the_schema_and_appears_in_pg_locks() {
+async fn the_namespace_setting_gives_the_default_namespace_and_it_appears_in_pg_locks() {
     let s = PgSchema::new("ns").await;
     let locks = s.locks().await;
     assert_eq!(locks.namespace(), s.name);
@@ -128,7 +128,13 @@ async fn a_deadline_gives_up_and_stops_waiting_on_the_server() {
                     .await
             })
         };
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        // Queued on the server before the holder lets go (observed, not slept for).
+        let key = g.key();
+        assert!(
+            s.eventually(10, || async { s.advisory(key).await.iter().any(|r| !r.2) })
+                .await,
+            "{scope:?}: the waiter queues"
+        );
         drop(g);
         assert!(waiter.await.unwrap().unwrap().is_some(), "{scope:?}");
     }
@@ -161,7 +167,12 @@ async fn dropping_a_guard_releases_without_further_use_of_its_handle() {
         let g = a.request("d").scope(scope).lock().await.unwrap();
         let waiter =
             tokio::spawn(async move { b.request("d").scope(scope).lock().await.map(drop) });
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        let key = g.key();
+        assert!(
+            s.eventually(10, || async { s.advisory(key).await.iter().any(|r| !r.2) })
+                .await,
+            "{scope:?}: the waiter queues"
+        );
         let dropped = Instant::now();
         drop(g);
         let r = tokio::time::timeout(Duration::from_secs(5), waiter).await;
@@ -183,9 +194,12 @@ async fn dropping_a_guard_releases_without_further_use_of_its_handle() {
 #[tokio::test(flavor = "current_thread")]
 async fn a_release_carried_by_the_next_request_still_goes_first() {
     let s = PgSchema::new("carried").await;
+    // Checks quick enough for a 2 s lease (see Request::lease).
     let locks = Locks::builder()
         .url(&s.url)
         .max_connections(1)
+        .check_interval(Duration::from_millis(200))
+        .check_timeout(Duration::from_secs(1))
         .build()
         .await
         .unwrap();
@@ -211,10 +225,16 @@ async fn a_release_carried_by_the_next_request_still_goes_first() {
             let at = format!("round {round}, release kind {kind}");
             drop(take_a(kind).await.unwrap());
             let b = locks.try_lock("b").await.unwrap().expect("b is free");
-            assert!(
-                other.try_lock("a").await.unwrap().is_some(),
-                "{at}: a was released"
-            );
+            // Released and awaited, not dropped: a dropped guard's release is sent
+            // without waiting, and the count below must not race it.
+            other
+                .try_lock("a")
+                .await
+                .unwrap()
+                .unwrap_or_else(|| panic!("{at}: a was released"))
+                .release()
+                .await
+                .unwrap();
             assert!(
                 other.try_lock("b").await.unwrap().is_none(),
                 "{at}: b is held"
@@ -265,10 +285,14 @@ async fn a_release_carried_by_the_next_request_still_goes_first() {
                 .await
                 .unwrap();
             assert!(r.is_none(), "{at}");
-            assert!(
-                other.try_lock("a").await.unwrap().is_some(),
-                "{at}: a was released by the failed request's message"
-            );
+            other
+                .try_lock("a")
+                .await
+                .unwrap()
+                .unwrap_or_else(|| panic!("{at}: a was released by the failed request's message"))
+                .release()
+                .await
+                .unwrap();
             assert_eq!(granted().await, 1, "{at}: busy alone");
             drop(take_a(kind).await.unwrap());
             let f = locks.request("f").fenced().lock().await.unwrap();
@@ -313,7 +337,8 @@ async fn a_held_lock_holds_no_snapshot_even_when_its_transaction_is_chained() {
             (
                 "options",
                 &format!(
-                    "-c search_path={} -c default_transaction_isolation=serializable",
+                    "-c search_path={0} -c dblock.namespace={0} \
+                     -c default_transaction_isolation=serializable",
                     s.name
                 ),
             ),
@@ -582,7 +607,8 @@ async fn an_unreachable_server_is_a_connect_error() {
         Err(e @ Error::Connect { .. }) => assert!(e.is_connection()),
         other => panic!("{other:?}"),
     }
-    let r = Locks::connect("postgres://postgres@127.0.0.1:5432/no_such_database_here").await;
+    let missing = dblock_testkit::with_database(&dblock_testkit::pg_url(), "no_such_database_here");
+    let r = Locks::connect(&missing).await;
     assert!(matches!(r, Err(Error::Connect { .. })), "{r:?}");
     for bad in [
         "mysql://root@localhost/x",
@@ -720,7 +746,12 @@ async fn a_handle_on_a_sqlx_pool_keeps_the_same_semantics() {
         let other = s.locks().await;
         let g = locks.lock("d").await.unwrap();
         let waiter = tokio::spawn(async move { other.lock("d").await.map(drop) });
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        let key = g.key();
+        assert!(
+            s.eventually(10, || async { s.advisory(key).await.iter().any(|r| !r.2) })
+                .await,
+            "{scope:?}: the waiter queues"
+        );
         drop(g);
         let r = tokio::time::timeout(Duration::from_secs(5), waiter).await;
         assert!(matches!(r, Ok(Ok(Ok(())))), "{scope:?}: {r:?}");
@@ -774,10 +805,20 @@ async fn an_exhausted_pool_is_a_typed_timeout() {
         .unwrap();
     let g = locks.lock("a").await.unwrap();
     let t = Instant::now();
-    let r = locks.try_lock("b").await;
+    let r = locks.lock("b").await;
     assert!(matches!(r, Err(Error::Timeout { .. })), "{r:?}");
     assert!(r.unwrap_err().is_connection());
     assert!(t.elapsed() >= Duration::from_millis(200));
+    // A request with a deadline of its own waits no longer than that for a connection
+    // either: a try not at all.
+    let t = Instant::now();
+    let r = locks.try_lock("b").await;
+    assert!(matches!(r, Err(Error::Timeout { .. })), "{r:?}");
+    assert!(
+        t.elapsed() < Duration::from_millis(200),
+        "{:?}",
+        t.elapsed()
+    );
     drop(g);
     assert!(
         eventually(5, &mut || async {

@@ -38,8 +38,14 @@ async fn two_handles_on_one_file_exclude_each_other() {
     );
     assert!(b.try_lock("y").await.unwrap().is_none());
     drop(rs);
-    let waiter = tokio::spawn(async move { b.lock("x").await.map(drop) });
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    let mut waiter = tokio::spawn(async move { b.lock("x").await.map(drop) });
+    // Observed waiting, not slept for: it does not finish while the lock is held.
+    assert!(
+        tokio::time::timeout(Duration::from_millis(50), &mut waiter)
+            .await
+            .is_err(),
+        "the waiter waits while the lock is held"
+    );
     drop(g);
     let r = tokio::time::timeout(Duration::from_secs(5), waiter).await;
     assert!(matches!(r, Ok(Ok(Ok(())))), "{r:?}");
@@ -117,4 +123,96 @@ async fn fencing_tokens_rise_with_every_grant() {
         again.request("f").shared().fenced().try_lock().await,
         Err(Error::Unsupported(_))
     ));
+}
+
+/// The kind of kernel lock in use is the one selected: `DBLOCK_FILE_LOCKS=posix` gives
+/// classic POSIX record locks (the portable implementation, as on macOS and the BSDs),
+/// otherwise Linux OFD locks. Read from the kernel's own table, /proc/locks, so that a
+/// run of this suite with the switch really tests the portable implementation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_kernel_lock_is_the_selected_kind() {
+    use std::os::unix::fs::MetadataExt;
+    let db = SqliteDb::new();
+    let locks = db.locks().await;
+    let _g = locks.lock("kind").await.unwrap();
+    let ino = std::fs::metadata(db.dir.path().join("locks.db-locks"))
+        .unwrap()
+        .ino();
+    let proc_locks = std::fs::read_to_string("/proc/locks").unwrap();
+    let ours: Vec<&str> = proc_locks
+        .lines()
+        .filter(|l| {
+            l.split_whitespace()
+                .nth(5)
+                .and_then(|dev_ino| dev_ino.rsplit(':').next())
+                .is_some_and(|i| i == ino.to_string())
+        })
+        .collect();
+    let expected = match std::env::var("DBLOCK_FILE_LOCKS").as_deref() {
+        Ok("posix") => "POSIX",
+        _ => "OFDLCK",
+    };
+    eprintln!("kernel locks on the lock file: {ours:?}");
+    assert_eq!(ours.len(), 1, "{ours:?}");
+    assert_eq!(
+        ours[0].split_whitespace().nth(1),
+        Some(expected),
+        "{ours:?}"
+    );
+}
+
+/// A second handle on the same file, opened and dropped while the first holds a lock,
+/// must not drop that lock for other processes. (With POSIX record locks closing *any*
+/// descriptor of the file drops all of the process's locks on it: every handle of a
+/// process shares one descriptor, kept open while any lock on the file is held.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_a_second_handle_keeps_the_first_handles_locks() {
+    use tokio::io::AsyncBufReadExt;
+    let db = SqliteDb::new();
+    let a = db.locks().await;
+    let g = a.lock("kept").await.unwrap();
+    for _ in 0..3 {
+        let b = db.locks().await;
+        assert!(b.try_lock("kept").await.unwrap().is_none());
+        assert!(b.try_lock("b-only").await.unwrap().is_some());
+        drop(b);
+    }
+    let mut waiter = tokio::process::Command::new(env!("CARGO_BIN_EXE_dblock-worker"))
+        .args(["wait", &db.url, "kept"])
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = tokio::io::BufReader::new(waiter.stdout.take().unwrap()).lines();
+    let early = tokio::time::timeout(Duration::from_millis(500), lines.next_line()).await;
+    assert!(early.is_err(), "another process got a held lock: {early:?}");
+    drop(g);
+    let got = tokio::time::timeout(Duration::from_secs(10), lines.next_line()).await;
+    assert!(
+        matches!(&got, Ok(Ok(Some(l))) if l == "acquired"),
+        "{got:?}"
+    );
+    assert!(waiter.wait().await.unwrap().success());
+}
+
+/// A misspelt `DBLOCK_FILE_LOCKS` is a typed error when the handle is opened, not a
+/// silent fallback to another kind of lock (the worker process reports the error).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_misspelt_lock_kind_is_an_error() {
+    let db = SqliteDb::new();
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_dblock-worker"))
+        .args(["wait", &db.url, "x"])
+        .env("DBLOCK_FILE_LOCKS", "flock")
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(10), out)
+        .await
+        .unwrap()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("DBLOCK_FILE_LOCKS") && err.contains("Unsupported"),
+        "{err}"
+    );
 }

@@ -402,7 +402,7 @@ pub(crate) mod pg {
         b.refuse_behind_pooler("a migration baseline", pg::POOLER_FIX)?;
         let table = pg::table(b)?;
         let armed = Armed::new(b.pinned().await?);
-        pg::wait_for_lock(&armed).await?;
+        pg::wait_for_lock(&armed, None).await?;
         q(&armed, &pg::create_table(&table)).await?;
         let records = pg::read_records(&armed, &table).await?;
         let h = history(&armed).await?;

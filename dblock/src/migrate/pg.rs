@@ -124,16 +124,32 @@ fn parse_record(row: Option<&str>) -> Result<Record, Error> {
 
 /// Waits for the migration lock, as a session lock, holding no snapshot: a short
 /// `pg_try_advisory_lock` in autocommit now and then, idle in between (see the module
-/// documentation).
-pub(crate) async fn wait_for_lock(armed: &Armed) -> Result<(), Error> {
+/// documentation). With a deadline (the caller's, when dblock waits on its behalf),
+/// gives up with [`Error::Timeout`] once it has passed; it always tries once.
+pub(crate) async fn wait_for_lock(
+    armed: &Armed,
+    deadline: Option<tokio::time::Instant>,
+) -> Result<(), Error> {
     let sql = format!("SELECT pg_try_advisory_lock({MIGRATION_LOCK_KEY})");
+    let started = tokio::time::Instant::now();
     let mut pause = POLL_FIRST;
     loop {
         let rows = q(armed, &sql).await?;
         if first_value(&rows, 0).as_deref() == Some("t") {
             return Ok(());
         }
-        tokio::time::sleep(pause).await;
+        let mut next = tokio::time::Instant::now() + pause;
+        if let Some(d) = deadline.filter(|&d| next > d) {
+            if tokio::time::Instant::now() >= d {
+                return Err(Error::Timeout {
+                    waiting_for: "the migration lock (dblock creates its fencing table under it)",
+                    after: Some(started.elapsed()),
+                });
+            }
+            // One last try at the deadline.
+            next = d;
+        }
+        tokio::time::sleep_until(next).await;
         pause = (pause * 2).min(POLL_MAX);
     }
 }
@@ -146,10 +162,15 @@ pub(crate) async fn wait_for_lock(armed: &Armed) -> Result<(), Error> {
 /// The lock is a transaction-scoped one taken with `pg_try_advisory_xact_lock` in a
 /// transaction that then runs the DDL and commits: everything on one server session
 /// even through a transaction-pooling pooler, which a session lock would not be.
-pub(crate) async fn own_ddl(armed: &Armed, ddl: &str) -> Result<(), Error> {
+pub(crate) async fn own_ddl(
+    armed: &Armed,
+    ddl: &str,
+    deadline: Option<tokio::time::Instant>,
+) -> Result<(), Error> {
     let attempt = format!(
         "BEGIN ISOLATION LEVEL READ COMMITTED; SELECT pg_try_advisory_xact_lock({MIGRATION_LOCK_KEY})"
     );
+    let started = tokio::time::Instant::now();
     let mut pause = POLL_FIRST;
     loop {
         let rows = q(armed, &attempt).await?;
@@ -158,7 +179,18 @@ pub(crate) async fn own_ddl(armed: &Armed, ddl: &str) -> Result<(), Error> {
         }
         // Idle, holding nothing, between attempts.
         q(armed, "ROLLBACK").await?;
-        tokio::time::sleep(pause).await;
+        let mut next = tokio::time::Instant::now() + pause;
+        if let Some(d) = deadline.filter(|&d| next > d) {
+            if tokio::time::Instant::now() >= d {
+                return Err(Error::Timeout {
+                    waiting_for: "the migration lock (dblock creates its fencing table under it)",
+                    after: Some(started.elapsed()),
+                });
+            }
+            // One last try at the deadline.
+            next = d;
+        }
+        tokio::time::sleep_until(next).await;
         pause = (pause * 2).min(POLL_MAX);
     }
     match q(armed, &format!("{ddl}; COMMIT")).await {
@@ -283,7 +315,7 @@ impl Session {
 
     /// Waits for the migration lock holding no snapshot (see [`wait_for_lock`]).
     async fn lock(&mut self) -> Result<(), Error> {
-        wait_for_lock(&self.armed).await?;
+        wait_for_lock(&self.armed, None).await?;
         self.locked = true;
         Ok(())
     }

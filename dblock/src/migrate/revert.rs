@@ -97,7 +97,7 @@ pub(crate) mod pg {
         b.refuse_behind_pooler("a migration revert", pg::POOLER_FIX)?;
         let table = pg::table(b)?;
         let armed = Armed::new(b.pinned().await?);
-        pg::wait_for_lock(&armed).await?;
+        pg::wait_for_lock(&armed, None).await?;
         q(&armed, &pg::create_table(&table)).await?;
         let mut records = pg::read_records(&armed, &table).await?;
         let history = adopt::pg::history(&armed).await?;

@@ -270,6 +270,20 @@ impl Link {
     }
 }
 
+/// Held by the task that runs a connection: if the task is dropped before it ends
+/// (its runtime shut down), the connection is gone with it, and whatever was held on
+/// it must show as lost rather than held forever.
+pub(crate) struct LostOnDrop(pub(crate) Arc<Link>);
+
+impl Drop for LostOnDrop {
+    fn drop(&mut self) {
+        // A no-op when the task ended normally: it marks the link lost itself first.
+        self.0.mark_lost(LossReason::ConnectionClosed {
+            message: "the runtime driving the connection shut down".into(),
+        });
+    }
+}
+
 /// A connection checked out for one lock request and, if granted, the lock's life.
 pub(crate) enum Conn {
     Native(NativeConn),
@@ -292,6 +306,18 @@ impl Conn {
         match self {
             Conn::Native(c) => c.query(sql).await,
             Conn::Sqlx(c) => c.query(sql).await,
+        }
+    }
+
+    /// Checks that the connection answers: an empty query, its reply read and dropped.
+    ///
+    /// Cancel safe: the query is queued at once, and a reply no one waits for any more
+    /// is read and discarded by the connection (its task, on a borrowed connection),
+    /// which stays usable.
+    pub(crate) async fn check(&self) -> Result<(), QueryError> {
+        match self {
+            Conn::Native(c) => c.query("").await.map(|_| ()),
+            Conn::Sqlx(c) => c.check().await,
         }
     }
 

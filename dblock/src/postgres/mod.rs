@@ -34,6 +34,7 @@ mod native;
 pub mod pooler;
 mod setup;
 mod sqlx_conn;
+pub(crate) mod tls;
 pub mod xact;
 
 use std::borrow::Cow;
@@ -63,10 +64,16 @@ enum Source {
 
 impl Source {
     /// A connection. Waiting for one (all in use) is bounded by the pool's acquire
-    /// timeout, not by the lock's deadline.
+    /// timeout.
     async fn get(&self) -> Result<Conn, Error> {
+        self.get_until(None).await
+    }
+
+    /// A connection for a lock request: on dblock's own pool the wait for one to come
+    /// free ends at the request's deadline too (an sqlx pool keeps its own bound).
+    async fn get_until(&self, deadline: Option<Instant>) -> Result<Conn, Error> {
         match self {
-            Source::Native(p) => p.get().await.map(Conn::Native),
+            Source::Native(p) => p.get_until(deadline).await.map(Conn::Native),
             Source::Sqlx(p) => p.get().await.map(Conn::Sqlx),
         }
     }
@@ -99,19 +106,26 @@ pub(crate) struct PgBackend {
     /// The role the handle connects as (`current_user`), for the setup command that
     /// permission errors name.
     pub(crate) role: String,
+    /// The sessions' own `lock_timeout` (an administrator's, for the role or database),
+    /// read when the handle was built: it still ends a wait without a deadline, which
+    /// dblock runs in slices of its own `lock_timeout` (see [`WAIT_SLICE_MS`]).
+    server_lock_timeout: Option<Duration>,
 }
 
 impl PgBackend {
     /// Connects once (so a bad URL or an unreachable server fails here, not at the first
-    /// lock) and reads the schema in use, the default namespace.
+    /// lock) and reads the schema in use and the default namespace
+    /// ([`NAMESPACE_SETTING`](crate::NAMESPACE_SETTING), else [`DEFAULT_NAMESPACE`](crate::DEFAULT_NAMESPACE)).
     pub(crate) async fn open(
         config: tokio_postgres::Config,
         shown: String,
+        tls: tls::Connector,
         opts: &Builder,
     ) -> Result<(PgBackend, String), Error> {
         let pool = Pool::new(
             config,
             shown,
+            tls,
             opts.max_connections,
             opts.acquire_timeout,
             opts.check_interval,
@@ -201,10 +215,13 @@ impl PgBackend {
         let armed = Armed::new(source.get().await?);
         let rows = armed
             .conn()
-            .query(
+            .query(&format!(
                 "SELECT current_schema(); SELECT current_setting('server_version_num'); \
-                 SELECT inet_server_port(); SELECT current_user",
-            )
+                 SELECT current_setting('{}', true); \
+                 SELECT (extract(epoch FROM current_setting('lock_timeout')::interval) \
+                 * 1000)::bigint; SELECT inet_server_port(); SELECT current_user",
+                crate::NAMESPACE_SETTING
+            ))
             .await
             .map_err(QueryError::into_error)?;
         armed.disarm().recycle();
@@ -212,18 +229,13 @@ impl PgBackend {
         let version: u32 = first_value(&rows, 1)
             .and_then(|v| v.parse().ok())
             .unwrap_or(0);
-        let server_port = first_value(&rows, 2).and_then(|v| v.parse().ok());
-        let role = first_value(&rows, 3).unwrap_or_default();
-        let namespace = match &schema {
-            Some(s) => s.clone(),
-            None => {
-                return Err(Error::InvalidNamespace {
-                    namespace: String::new(),
-                    reason: "no schema of the search_path exists, so there is no default \
-                             namespace; set one with Builder::namespace or fix search_path",
-                });
-            }
-        };
+        // Never the schema in use: that depends on search_path and on which of its
+        // schemas exist, so two processes meaning one lock could key it differently.
+        let server_port = first_value(&rows, 4).and_then(|v| v.parse().ok());
+        let role = first_value(&rows, 5).unwrap_or_default();
+        let namespace = first_value(&rows, 2)
+            .filter(|ns| !ns.is_empty())
+            .unwrap_or_else(|| crate::DEFAULT_NAMESPACE.to_string());
         Ok((
             PgBackend {
                 source,
@@ -237,6 +249,10 @@ impl PgBackend {
                 pooler: (Pooler::None, Known::Declared),
                 server_port,
                 role,
+                server_lock_timeout: first_value(&rows, 3)
+                    .and_then(|ms| ms.parse::<u64>().ok())
+                    .filter(|&ms| ms > 0)
+                    .map(Duration::from_millis),
             },
             namespace,
         ))
@@ -245,10 +261,19 @@ impl PgBackend {
     /// Takes a lock as `req` says: one round trip on a pinned connection.
     pub(crate) async fn acquire(&self, req: &Req<'_>) -> Result<Option<Grant>, Error> {
         if let Some(lease) = req.lease {
-            if lease < 2 * self.check_interval {
+            // The holder must learn of a loss before the server can end its session and
+            // grant the lock to another: a silent connection is declared lost at most
+            // two check intervals (a tick skipped behind a slow answer) plus the check
+            // timeout after the last check that was answered was sent, and the server
+            // idles the session no sooner than `lease` after that check.
+            let worst = 2 * self.check_interval + self.check_timeout;
+            let noticed = worst + (worst / 10).max(LEASE_SLACK);
+            if lease < noticed {
                 return Err(Error::Unsupported(format!(
-                    "a lease ({lease:?}) must be at least twice the check interval ({:?})",
-                    self.check_interval
+                    "a lease ({lease:?}) must be at least twice the check interval plus the \
+                     check timeout, plus a tenth ({noticed:?} here), so that a holder \
+                     cut off learns of the loss before the server can grant the lock to \
+                     another; lengthen the lease or shorten check_interval/check_timeout"
                 )));
             }
             if req.scope == Scope::Session && self.version < 140_000 {
@@ -268,7 +293,7 @@ impl PgBackend {
         }
         let fence_table = match req.fenced {
             true => Some(
-                self.fence_table()
+                self.fence_table_until(req.wait.deadline())
                     .await
                     .map_err(|e| self.fencing_permission(e))?
                     .clone(),
@@ -283,103 +308,135 @@ impl PgBackend {
                 mux::Attempt::NotFree | mux::Attempt::HeldHere => {}
             }
         }
+        // A wait without a deadline ends where the server's own lock_timeout would have
+        // ended it, had dblock not replaced that with its slices.
+        let server_bound;
+        let req = match (req.wait, self.server_lock_timeout) {
+            (Wait::Forever, Some(t)) => {
+                let mut r = req.clone();
+                r.wait = Instant::now()
+                    .checked_add(t)
+                    .map_or(Wait::Forever, Wait::Until);
+                server_bound = r;
+                &server_bound
+            }
+            _ => req,
+        };
         let deadline = req.wait.deadline();
         // Behind a pooler a request may sit in the pooler's queue, which the server's
-        // lock_timeout does not count: the deadline is kept here too.
+        // lock_timeout does not count: the caller's deadline is kept here too.
         let queued_bound = match (self.pooler.0, req.wait) {
             (Pooler::None, _) => None,
             (_, Wait::Until(d)) => Some(d + POOLER_GRACE),
             _ => None,
         };
-        let conn = match queued_bound {
-            Some(b) => match tokio::time::timeout_at(b, self.source.get()).await {
-                Ok(c) => c?,
-                Err(_) => return Ok(None),
-            },
-            None => self.source.get().await?,
-        };
-        let plan = Plan::new(
-            req,
-            fence_table.as_deref(),
-            self.check_disconnect,
-            self.version >= 120_000,
-        );
-        let armed = Armed::new(conn);
-        let result = match deadline {
-            // The server ends the wait (lock_timeout); the client-side bound is a
-            // backstop for a server that stops answering.
-            Some(d) => {
-                let request = armed.conn().lock_query(&plan.sql, plan.wanted());
-                match tokio::time::timeout_at(queued_bound.unwrap_or(d + BACKSTOP), request).await {
-                    Ok(r) => r,
-                    // Not granted by the deadline, counting the pooler's queue.
-                    Err(_) if queued_bound.is_some() => {
-                        drop(armed); // abandons: cancels, closes
-                        return Ok(None);
+        // A wait longer than one slice goes round again (see WAIT_SLICE_MS).
+        loop {
+            let conn = match queued_bound {
+                Some(b) => {
+                    match tokio::time::timeout_at(b, self.source.get_until(deadline)).await {
+                        Ok(c) => c?,
+                        Err(_) => return Ok(None),
                     }
-                    Err(_) => {
-                        drop(armed); // abandons: cancels on the server, closes
+                }
+                None => self.source.get_until(deadline).await?,
+            };
+            let plan = Plan::new(
+                req,
+                fence_table.as_deref(),
+                self.check_disconnect,
+                self.version >= 120_000,
+            );
+            let armed = Armed::new(conn);
+            let result = match deadline {
+                // The server ends the wait (lock_timeout); the client-side bound is a
+                // backstop for a server that stops answering.
+                Some(d) => {
+                    let request = armed.conn().lock_query(&plan.sql, plan.wanted());
+                    match tokio::time::timeout_at(queued_bound.unwrap_or(d + BACKSTOP), request)
+                        .await
+                    {
+                        Ok(r) => r,
+                        // Not granted by the deadline, counting the pooler's queue.
+                        Err(_) if queued_bound.is_some() => {
+                            drop(armed); // abandons: cancels, closes
+                            return Ok(None);
+                        }
+                        Err(_) => {
+                            drop(armed); // abandons: cancels on the server, closes
+                            return Err(Error::Timeout {
+                                waiting_for: "the server to answer a lock request",
+                                after: Some(BACKSTOP),
+                            });
+                        }
+                    }
+                }
+                None => armed.conn().lock_query(&plan.sql, plan.wanted()).await,
+            };
+            let conn = armed.disarm();
+            return match result {
+                Ok(firsts) => match plan.outcome(&firsts) {
+                    Some(token) => {
+                        conn.link().set_holding(true);
+                        Ok(Some(Grant {
+                            held: crate::guard::Held::Postgres(PgHeld::new(
+                                conn,
+                                req,
+                                self.check_timeout,
+                            )),
+                            fence: token.zip(fence_table),
+                        }))
+                    }
+                    None => {
+                        plan.clean_up(&conn, false);
+                        conn.recycle();
+                        Ok(None)
+                    }
+                },
+                Err(QueryError::Db { code, message }) => {
+                    plan.clean_up(&conn, true);
+                    conn.recycle();
+                    if code == LOCK_NOT_AVAILABLE {
+                        // One slice of the wait ended (see WAIT_SLICE_MS) and the
+                        // caller's deadline, if any, is still ahead: wait on, in a new
+                        // statement and transaction.
+                        let ahead = match req.wait {
+                            Wait::Forever => true,
+                            Wait::Until(d) => Instant::now() < d,
+                            Wait::Try => false,
+                        };
+                        if plan.sliced && ahead {
+                            continue;
+                        }
+                        return match req.wait {
+                            Wait::Forever => Err(Error::Timeout {
+                                waiting_for: crate::error::SERVER_LOCK_TIMEOUT,
+                                after: None,
+                            }),
+                            _ => Ok(None),
+                        };
+                    }
+                    if code == QUERY_CANCELED {
                         return Err(Error::Timeout {
-                            waiting_for: "the server to answer a lock request",
-                            after: Some(BACKSTOP),
+                            waiting_for: "the lock (the server cancelled the wait: statement_timeout)",
+                            after: None,
                         });
                     }
+                    let e = Error::from_sqlstate(&code, message);
+                    Err(match req.fenced {
+                        true => self.fencing_permission(e),
+                        false => e,
+                    })
                 }
-            }
-            None => armed.conn().lock_query(&plan.sql, plan.wanted()).await,
-        };
-        let conn = armed.disarm();
-        match result {
-            Ok(firsts) => match plan.outcome(&firsts) {
-                Some(token) => {
-                    conn.link().set_holding(true);
-                    Ok(Some(Grant {
-                        held: crate::guard::Held::Postgres(PgHeld::new(
-                            conn,
-                            req,
-                            self.check_timeout,
-                        )),
-                        fence: token.zip(fence_table),
-                    }))
-                }
-                None => {
-                    plan.clean_up(&conn, false);
-                    conn.recycle();
-                    Ok(None)
-                }
-            },
-            Err(QueryError::Db { code, message }) => {
-                plan.clean_up(&conn, true);
-                conn.recycle();
-                if code == LOCK_NOT_AVAILABLE {
-                    return match req.wait {
-                        Wait::Forever => Err(Error::Timeout {
-                            waiting_for: crate::error::SERVER_LOCK_TIMEOUT,
-                            after: None,
-                        }),
-                        _ => Ok(None),
-                    };
-                }
-                if code == QUERY_CANCELED {
-                    return Err(Error::Timeout {
-                        waiting_for: "the lock (the server cancelled the wait: statement_timeout)",
-                        after: None,
-                    });
-                }
-                let e = Error::from_sqlstate(&code, message);
-                Err(match req.fenced {
-                    true => self.fencing_permission(e),
-                    false => e,
-                })
-            }
-            Err(e @ QueryError::Lost { .. }) => Err(e.into_error()),
+                Err(e @ QueryError::Lost { .. }) => Err(e.into_error()),
+            };
         }
     }
 
     /// The configuration of dblock's own connections, if it uses its own.
-    pub(crate) fn native_config(&self) -> Option<tokio_postgres::Config> {
+    pub(crate) fn native_config(&self) -> Option<(tokio_postgres::Config, tls::Connector)> {
         match &self.source {
-            Source::Native(p) => Some(p.config().clone()),
+            Source::Native(p) => Some((p.config().clone(), p.tls().clone())),
             Source::Sqlx(_) => None,
         }
     }
@@ -389,7 +446,7 @@ impl PgBackend {
         &self,
         key: Key,
     ) -> Result<Option<crate::leader::LeaderInfo>, Error> {
-        let table = self.fence_table().await?.clone();
+        let table = self.fence_table_until(None).await?.clone();
         let armed = Armed::new(self.source.get().await?);
         // One statement, its three values as three rows in order (unnest keeps the
         // array's order); the connection reads the first column of each row.
@@ -425,19 +482,38 @@ impl PgBackend {
         self.source.get().await
     }
 
-    /// The qualified name of the fencing table, created on first use.
-    pub(crate) async fn fence_table(&self) -> Result<&Arc<str>, Error> {
+    /// The qualified name of the fencing table, created on first use. Creating it waits
+    /// for the migration lock: never past `deadline` (the request's), plus [`BACKSTOP`]
+    /// for a server that stops answering or another task creating it.
+    pub(crate) async fn fence_table_until(
+        &self,
+        deadline: Option<Instant>,
+    ) -> Result<&Arc<str>, Error> {
+        if let Some(t) = self.fence_ready.get() {
+            return Ok(t);
+        }
+        let Some(d) = deadline else {
+            return self.fence_table(None).await;
+        };
+        match tokio::time::timeout_at(d + BACKSTOP, self.fence_table(deadline)).await {
+            Ok(r) => r,
+            Err(_) => Err(Error::Timeout {
+                waiting_for: "the fencing table to be created",
+                after: None,
+            }),
+        }
+    }
+
+    async fn fence_table(&self, deadline: Option<Instant>) -> Result<&Arc<str>, Error> {
         let table = self
             .fence_ready
             .get_or_try_init(|| async {
-                let Some(schema) = &self.schema else {
-                    return Err(Error::Unsupported(
-                        "fencing tokens need a schema for their table, and no schema of the \
-                         search_path exists"
-                            .into(),
-                    ));
-                };
-                let table = format!("{}.{}", quote_ident(schema), crate::fencing::TABLE);
+                // One table per database, like the keys (not the handle's schema).
+                let table = format!(
+                    "{}.{}",
+                    quote_ident(crate::fencing::PG_SCHEMA),
+                    crate::fencing::TABLE
+                );
                 let armed = Armed::new(self.source.get().await?);
                 let rows = armed
                     .conn()
@@ -452,7 +528,7 @@ impl PgBackend {
                     // waited for the runner's way (no snapshot held while waiting, so a
                     // concurrent CREATE INDEX CONCURRENTLY cannot deadlock with it).
                     let ddl = crate::fencing::pg_table_ddl(&table);
-                    crate::migrate::pg::own_ddl(&armed, &ddl).await?;
+                    crate::migrate::pg::own_ddl(&armed, &ddl, deadline).await?;
                 }
                 armed.disarm().recycle();
                 Ok(Arc::<str>::from(table))
@@ -473,6 +549,29 @@ const POOLER_GRACE: Duration = Duration::from_millis(100);
 
 const LOCK_NOT_AVAILABLE: &str = "55P03";
 
+/// The least room, beyond the longest time to notice a silent connection, that a lease
+/// must leave for scheduling delays on the client (a tenth of that time if more).
+const LEASE_SLACK: Duration = Duration::from_millis(50);
+
+/// The longest `lock_timeout`, `idle_in_transaction_session_timeout` or
+/// `idle_session_timeout` the server accepts, in milliseconds (2³¹ − 1: about 24.8 days).
+const MAX_SERVER_MS: u128 = i32::MAX as u128;
+
+/// The longest one lock-waiting statement runs, in milliseconds; a longer wait is
+/// several statements (each in a transaction of its own), one after the other.
+///
+/// A backend blocked in `pg_advisory_lock` holds a snapshot, and `CREATE INDEX
+/// CONCURRENTLY` waits for every transaction holding a snapshot older than its own. So a
+/// process that holds a lock others wait for and then runs a CIC migration would wait for
+/// those waiters while they wait for it: a deadlock PostgreSQL cannot see, since the
+/// edge from the lock to the migration runs through the client. Ending every wait after
+/// a slice ends the waiter's transaction, and its next statement's snapshot is newer
+/// than the index build's: CIC waits at most about one slice for dblock's waiters. It
+/// also keeps every wait within the server's limit on `lock_timeout` (2³¹ − 1 ms).
+/// The cost: one round trip per slice of waiting, and a waiter whose slice ends rejoins
+/// the server's queue at its end.
+const WAIT_SLICE_MS: u128 = 2_000;
+
 /// How long a fenced `try_lock` waits for a previous holder's fenced write to commit.
 const FENCED_TRY_ROW_WAIT_MS: u32 = 100;
 const QUERY_CANCELED: &str = "57014";
@@ -490,6 +589,8 @@ struct Plan {
     must_be_true: Option<usize>,
     /// Index of the statement returning the fencing token, if any.
     token_at: Option<usize>,
+    /// Whether the server's lock_timeout is shorter than the wait asked for.
+    sliced: bool,
 }
 
 impl Plan {
@@ -503,19 +604,27 @@ impl Plan {
         } else {
             ""
         };
-        // Whole milliseconds left, at least 1 (lock_timeout = 0 would mean "forever").
+        // Whole milliseconds left, at least 1 (lock_timeout = 0 would mean "forever"),
+        // at most one WAIT_SLICE_MS: a longer wait is asked for again, so that no waiter
+        // holds one statement's snapshot for longer than that.
+        let mut sliced = false;
         let timeout_ms = match req.wait {
             Wait::Until(t) => {
                 // Rounded up: the server must not give up before the deadline.
                 let left = t.saturating_duration_since(Instant::now());
                 let ms = left.as_micros().div_ceil(1000);
+                sliced = ms > WAIT_SLICE_MS;
                 if left < Duration::from_millis(1) {
                     None
                 } else {
-                    Some(ms)
+                    Some(ms.min(WAIT_SLICE_MS))
                 }
             }
-            _ => None,
+            Wait::Forever => {
+                sliced = true;
+                Some(WAIT_SLICE_MS)
+            }
+            Wait::Try => None,
         };
         let try_ =
             req.wait == Wait::Try || (matches!(req.wait, Wait::Until(_)) && timeout_ms.is_none());
@@ -523,7 +632,9 @@ impl Plan {
         let mut must_be_true = None;
         let mut token_at = None;
         let fenced = req.fenced && fence_table.is_some();
-        let lease_ms = req.lease.map(|l| l.as_millis().max(1));
+        // A lease beyond the server's limit is capped: it only bounds how long the lock
+        // outlives a silent holder, and a live holder's session is never idle that long.
+        let lease_ms = req.lease.map(|l| l.as_millis().clamp(1, MAX_SERVER_MS));
         // Lets the server notice, while it waits, that the client went away.
         const CHECK: &str = "client_connection_check_interval";
         let check_ms = 250;
@@ -643,6 +754,7 @@ impl Plan {
             lease: req.lease.is_some(),
             must_be_true,
             token_at,
+            sliced,
         }
     }
 
@@ -831,14 +943,12 @@ impl Pinned {
         if let Some(reason) = self.link.loss() {
             return Err(Error::LockLost { reason });
         }
-        let Some(conn) = self.conn.take() else {
+        let Some(conn) = self.conn.as_ref() else {
             return Err(Error::Unsupported("the guard was already released".into()));
         };
-        // Cut off mid-way, the connection is given up: the lock is then lost, and the
-        // link (kept apart from the connection) reports it.
-        let armed = Armed::new(conn);
-        let res = armed.conn().query("").await;
-        self.conn = Some(armed.disarm());
+        // Cancel safe: cut off mid-way, the reply is read and dropped by the connection,
+        // which keeps the lock (as on a multiplexing handle's shared connections).
+        let res = conn.check().await;
         match (res, self.link.loss()) {
             (_, Some(reason)) => Err(Error::LockLost { reason }),
             (Ok(_), None) => Ok(()),
@@ -976,14 +1086,25 @@ mod tests {
     }
 
     #[test]
-    fn a_plain_transaction_lock_is_one_message_of_two_statements() {
+    fn a_plain_transaction_lock_is_one_message() {
+        // A wait is one slice at most (see WAIT_SLICE_MS).
         let p = Plan::new_t(
             &req(Scope::Transaction, Mode::Exclusive, Wait::Forever, false),
             None,
         );
         assert_eq!(
             p.sql.alone(),
-            "BEGIN ISOLATION LEVEL READ COMMITTED; SELECT pg_advisory_xact_lock(42)"
+            "BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL lock_timeout = 2000; \
+             SELECT pg_advisory_xact_lock(42)"
+        );
+        assert!(p.sliced);
+        let p = Plan::new_t(
+            &req(Scope::Session, Mode::Exclusive, Wait::Forever, false),
+            None,
+        );
+        assert_eq!(
+            p.sql.alone(),
+            "SELECT set_config('lock_timeout', '2000', true); SELECT pg_advisory_lock(42)"
         );
         let p = Plan::new_t(&req(Scope::Session, Mode::Shared, Wait::Try, false), None);
         assert_eq!(p.sql.alone(), "SELECT pg_try_advisory_lock_shared(42)");
@@ -1040,18 +1161,19 @@ mod tests {
         let stmts: Vec<&str> = p.sql.alone().split("; ").collect();
         // The token's commit is durable whatever the server's synchronous_commit.
         assert_eq!(stmts[1], "SET LOCAL synchronous_commit = on");
-        assert_eq!(stmts[2], "SELECT pg_advisory_lock(42)");
-        assert!(stmts[3].starts_with("INSERT INTO \"public\".dblock_fencing"));
+        assert_eq!(stmts[2], "SET LOCAL lock_timeout = 2000");
+        assert_eq!(stmts[3], "SELECT pg_advisory_lock(42)");
+        assert!(stmts[4].starts_with("INSERT INTO \"public\".dblock_fencing"));
         assert!(
-            stmts[3].contains("E'it''s'"),
+            stmts[4].contains("E'it''s'"),
             "names are quoted: {}",
-            stmts[3]
+            stmts[4]
         );
-        assert_eq!(stmts[4], "COMMIT");
-        assert_eq!(stmts[6], "SELECT pg_try_advisory_xact_lock(42)");
-        assert_eq!(stmts[7], "SELECT pg_advisory_unlock(42)");
-        assert_eq!(p.token_at, Some(3));
-        assert_eq!(p.must_be_true, Some(6));
+        assert_eq!(stmts[5], "COMMIT");
+        assert_eq!(stmts[7], "SELECT pg_try_advisory_xact_lock(42)");
+        assert_eq!(stmts[8], "SELECT pg_advisory_unlock(42)");
+        assert_eq!(p.token_at, Some(4));
+        assert_eq!(p.must_be_true, Some(7));
         // A fenced try bounds its wait on the fencing row.
         let p = Plan::new_t(
             &req(Scope::Transaction, Mode::Exclusive, Wait::Try, true),

@@ -257,7 +257,8 @@ impl MuxHeld {
         if let Some(reason) = self.loss() {
             return Err(Error::LockLost { reason });
         }
-        // A check is a read: if it is cancelled, nothing is left to undo.
+        // Cancel safe: if it is cancelled, the reply is read and dropped by the
+        // connection, and nothing is left to undo.
         match self.conn.query("").await {
             Ok(_) => Ok(()),
             Err(QueryError::Lost { message }) => Err(Error::LockLost {

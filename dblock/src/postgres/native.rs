@@ -20,16 +20,18 @@ use std::time::Duration;
 use futures_util::task::AtomicWaker;
 use futures_util::{FutureExt, StreamExt};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-use tokio_postgres::{Client, NoTls, SimpleQueryMessage, SimpleQueryStream};
+use tokio_postgres::{Client, SimpleQueryMessage, SimpleQueryStream};
 
 use super::conn::{Link, LockSql, QueryError, Release, Results};
 use super::pooler::{Known, Pooler};
+use super::tls::Connector;
 use crate::{Error, LossReason};
 
 /// The pool's settings and idle connections.
 pub(crate) struct PoolShared {
     config: tokio_postgres::Config,
     shown: String,
+    tls: Connector,
     idle: Mutex<Vec<NativeConn>>,
     permits: Arc<Semaphore>,
     acquire_timeout: Duration,
@@ -47,9 +49,11 @@ pub(crate) struct Pool {
 }
 
 impl Pool {
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         mut config: tokio_postgres::Config,
         shown: String,
+        tls: Connector,
         max: usize,
         acquire_timeout: Duration,
         check_interval: Duration,
@@ -65,6 +69,7 @@ impl Pool {
             shared: Arc::new(PoolShared {
                 config,
                 shown,
+                tls,
                 idle: Mutex::new(Vec::new()),
                 permits: Arc::new(Semaphore::new(max)),
                 acquire_timeout,
@@ -85,11 +90,21 @@ impl Pool {
         &self.shared.config
     }
 
+    /// How the pool's connections are opened (TLS).
+    pub(crate) fn tls(&self) -> &Connector {
+        &self.shared.tls
+    }
+
     /// A connection: an idle one if there is one, else a new one. Waits at most the
     /// acquire timeout for one to come free when all are in use.
     ///
     /// Cancel safe: a connection being opened when the future is dropped is closed.
-    pub(crate) async fn get(&self) -> Result<NativeConn, Error> {
+    /// With a `deadline` (a lock request's), waits for one to come free no later than
+    /// that either.
+    pub(crate) async fn get_until(
+        &self,
+        deadline: Option<tokio::time::Instant>,
+    ) -> Result<NativeConn, Error> {
         let sem = self.shared.permits.clone();
         // A free permit is taken without awaiting: an await could yield for tokio's
         // cooperative budget.
@@ -99,7 +114,13 @@ impl Pool {
                 return Err(Error::Unsupported("the pool is closed".into()));
             }
             Err(tokio::sync::TryAcquireError::NoPermits) => {
-                let wait = self.shared.acquire_timeout;
+                let wait = match deadline {
+                    Some(d) => self
+                        .shared
+                        .acquire_timeout
+                        .min(d.saturating_duration_since(tokio::time::Instant::now())),
+                    None => self.shared.acquire_timeout,
+                };
                 match tokio::time::timeout(wait, sem.acquire_owned()).await {
                     Ok(Ok(p)) => p,
                     Ok(Err(_)) => return Err(Error::Unsupported("the pool is closed".into())),
@@ -157,25 +178,16 @@ impl Pool {
     }
 
     async fn connect(&self) -> Result<NativeConn, Error> {
-        let (client, connection) = self.shared.config.connect(NoTls).await.map_err(|e| {
-            let message = match e.as_db_error() {
-                Some(db) => db.message().to_string(),
-                None => {
-                    // tokio-postgres puts the useful part (refused, timed out) in the source.
-                    let mut m = e.to_string();
-                    let mut src = std::error::Error::source(&e);
-                    while let Some(s) = src {
-                        m = format!("{m}: {s}");
-                        src = s.source();
-                    }
-                    m
-                }
-            };
-            Error::Connect {
-                target: self.shared.shown.clone(),
-                message,
-            }
-        })?;
+        let shared = &self.shared;
+        let (client, connection) =
+            shared
+                .tls
+                .connect(&shared.config)
+                .await
+                .map_err(|e| Error::Connect {
+                    target: shared.shown.clone(),
+                    message: super::tls::describe(&e),
+                })?;
         // PostgreSQL 14+ can notice, while a lock request waits, that the client closed
         // its socket: a cut-off wait then ends on the server even if the cancel request
         // raced ahead of the request and was ignored.
@@ -218,6 +230,7 @@ impl Pool {
             outbox,
             permit: None,
             pool: Arc::downgrade(&self.shared),
+            tls: self.shared.tls.clone(),
         })
     }
 }
@@ -349,16 +362,14 @@ async fn read(
 /// no future is built or registered anew, and the timers are polled only while they
 /// can matter.
 async fn drive(
-    connection: tokio_postgres::Connection<
-        tokio_postgres::Socket,
-        tokio_postgres::tls::NoTlsStream,
-    >,
+    connection: tokio_postgres::Connection<tokio_postgres::Socket, super::tls::Stream>,
     client: Weak<Client>,
     link: Arc<Link>,
     outbox: Arc<Outbox>,
     interval: Duration,
     timeout: Duration,
 ) {
+    let _dropped = super::conn::LostOnDrop(link.clone());
     type Ping = Pin<Box<dyn Future<Output = Result<(), QueryError>> + Send>>;
     let mut connection = std::pin::pin!(connection);
     // A check in flight, and when it fails if still unanswered.
@@ -436,6 +447,9 @@ pub(crate) struct NativeConn {
     outbox: Arc<Outbox>,
     permit: Option<OwnedSemaphorePermit>,
     pool: Weak<PoolShared>,
+    /// For the cancel request of [`NativeConn::abandon`], over the session's kind of
+    /// connection.
+    tls: Connector,
 }
 
 impl NativeConn {
@@ -599,6 +613,7 @@ impl NativeConn {
         });
         self.outbox.close_now();
         let token = self.client.cancel_token();
+        let tls = self.tls.clone();
         drop(self);
         if let Ok(h) = tokio::runtime::Handle::try_current() {
             h.spawn(async move {
@@ -607,8 +622,7 @@ impl NativeConn {
                 // on servers without client_connection_check_interval.
                 for pause in [0u64, 200, 1000] {
                     tokio::time::sleep(Duration::from_millis(pause)).await;
-                    let _ = tokio::time::timeout(Duration::from_secs(5), token.cancel_query(NoTls))
-                        .await;
+                    let _ = tokio::time::timeout(Duration::from_secs(5), tls.cancel(&token)).await;
                 }
             });
         }

@@ -53,6 +53,8 @@ impl SqlxSource {
 
 enum Cmd {
     Query(String, oneshot::Sender<Result<Results, QueryError>>),
+    /// A health check, run to its end even if no one waits for its reply any more.
+    Check(oneshot::Sender<Result<(), QueryError>>),
     Fire(String),
     Recycle,
     Abandon,
@@ -77,6 +79,17 @@ impl SqlxConn {
         self.tx
             .send(Cmd::Query(sql.to_string(), reply))
             .map_err(|_| gone())?;
+        rx.await.unwrap_or_else(|_| Err(gone()))
+    }
+
+    /// An empty query, run to its end by the connection's task whether or not this
+    /// future is still there to read the reply (cancel safe).
+    pub(crate) async fn check(&self) -> Result<(), QueryError> {
+        let (reply, rx) = oneshot::channel();
+        let gone = || QueryError::Lost {
+            message: "the connection's task ended".into(),
+        };
+        self.tx.send(Cmd::Check(reply)).map_err(|_| gone())?;
         rx.await.unwrap_or_else(|_| Err(gone()))
     }
 
@@ -107,6 +120,7 @@ async fn run_connection(
     interval: Duration,
     timeout: Duration,
 ) {
+    let _dropped = super::conn::LostOnDrop(link.clone());
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tick.reset();
@@ -120,6 +134,29 @@ async fn run_connection(
                         () = reply.closed() => return close(conn),
                     };
                     let lost = lost_reason(&res);
+                    let _ = reply.send(res);
+                    if let Some(reason) = lost {
+                        link.mark_lost(reason);
+                        return close(conn);
+                    }
+                }
+                Some(Cmd::Check(reply)) => {
+                    let since = Instant::now();
+                    let res = match tokio::time::timeout(timeout, run(&mut conn, "")).await {
+                        Ok(r) => r.map(|_| ()),
+                        Err(_) => {
+                            let reason = LossReason::Unresponsive { after: since.elapsed() };
+                            link.mark_lost(reason.clone());
+                            let _ = reply.send(Err(QueryError::Lost { message: reason.to_string() }));
+                            return close(conn);
+                        }
+                    };
+                    let lost = match &res {
+                        Err(QueryError::Lost { message }) => Some(LossReason::ConnectionClosed {
+                            message: message.clone(),
+                        }),
+                        _ => None,
+                    };
                     let _ = reply.send(res);
                     if let Some(reason) = lost {
                         link.mark_lost(reason);

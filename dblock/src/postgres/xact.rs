@@ -80,27 +80,30 @@ pub async fn try_lock(
     row.try_get::<bool, _>(0).map_err(map_sqlx)
 }
 
-/// The schema in use on `conn` (`current_schema()`): the namespace a [`Locks`](crate::Locks)
-/// handle on the same database uses by default.
+/// The namespace a [`Locks`](crate::Locks) handle on the same connection settings uses
+/// by default: the setting [`NAMESPACE_SETTING`](crate::NAMESPACE_SETTING) if set and
+/// not empty, else [`DEFAULT_NAMESPACE`](crate::DEFAULT_NAMESPACE).
 ///
 /// # Errors
 ///
-/// [`Error::InvalidNamespace`] when no schema of the search path exists; connection and
-/// server errors.
+/// Connection and server errors.
 ///
 /// # Cancel safety
 ///
 /// A read; cancelling it has no effect on the database.
 pub async fn current_namespace(conn: &mut PgConnection) -> Result<String, Error> {
-    let row = sqlx::raw_sql("SELECT current_schema()::text")
+    let sql = format!(
+        "SELECT current_setting({}, true)",
+        super::quote_literal(crate::NAMESPACE_SETTING)
+    );
+    let row = sqlx::raw_sql(AssertSqlSafe(sql))
         .fetch_one(conn)
         .await
         .map_err(map_sqlx)?;
-    let schema: Option<String> = row.try_get(0).map_err(map_sqlx)?;
-    schema.ok_or(Error::InvalidNamespace {
-        namespace: String::new(),
-        reason: "no schema of the search_path exists",
-    })
+    let ns: Option<String> = row.try_get(0).map_err(map_sqlx)?;
+    Ok(ns
+        .filter(|ns| !ns.is_empty())
+        .unwrap_or_else(|| crate::DEFAULT_NAMESPACE.to_string()))
 }
 
 /// `f(key)` as one simple-protocol statement: no server-side prepared statement, which

@@ -1,13 +1,61 @@
-//! The system calls of the embedded backend: Linux open-file-description byte-range
-//! locks, and the file-system type check. The only `unsafe` in dblock; each block is one
-//! FFI call on a descriptor owned by a live `File`, with a fully initialised argument.
+//! The system calls of the embedded backend: byte-range locks (Linux open-file-description
+//! locks, or classic POSIX record locks where those are missing), and the file-system type
+//! check. The only `unsafe` in dblock; each block is one FFI call on a descriptor owned by
+//! a live `File`, with a fully initialised argument.
 #![allow(unsafe_code)]
 
 use std::fs::File;
 use std::io;
 use std::os::fd::AsRawFd;
+use std::sync::OnceLock;
 
 use crate::Mode;
+
+/// The environment variable that selects the kind of byte-range lock: `ofd` or `posix`.
+pub(crate) const FLAVOR_ENV: &str = "DBLOCK_FILE_LOCKS";
+
+/// Which kernel lock the embedded backend takes. Both exclude other processes alike, and
+/// on Linux they conflict with each other, so processes using different flavours on one
+/// file still exclude each other.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Flavor {
+    /// Open-file-description locks (`F_OFD_SETLK`): owned by one `open()`. Linux only.
+    Ofd,
+    /// Classic POSIX record locks (`F_SETLK`): owned by the process, dropped when *any*
+    /// descriptor of the file closes. Everywhere; the process keeps one descriptor per
+    /// lock file open for as long as any lock on it is held, and never closes another.
+    Posix,
+}
+
+/// Whether this platform has OFD locks.
+pub(crate) const HAS_OFD: bool = cfg!(any(target_os = "linux", target_os = "android"));
+
+/// The flavour of this process, read once: `DBLOCK_FILE_LOCKS=ofd|posix`, else OFD locks
+/// where the platform has them and POSIX locks elsewhere.
+pub(crate) fn flavor() -> Result<Flavor, String> {
+    static FLAVOR: OnceLock<Result<Flavor, String>> = OnceLock::new();
+    FLAVOR
+        .get_or_init(|| {
+            let default = if HAS_OFD { Flavor::Ofd } else { Flavor::Posix };
+            match std::env::var(FLAVOR_ENV) {
+                Err(std::env::VarError::NotPresent) => Ok(default),
+                Ok(v) if v.is_empty() => Ok(default),
+                Ok(v) if v.eq_ignore_ascii_case("posix") => Ok(Flavor::Posix),
+                Ok(v) if v.eq_ignore_ascii_case("ofd") && HAS_OFD => Ok(Flavor::Ofd),
+                Ok(v) if v.eq_ignore_ascii_case("ofd") => Err(format!(
+                    "{FLAVOR_ENV}=ofd: this platform has no open-file-description locks; \
+                     use posix or leave it unset"
+                )),
+                Ok(v) => Err(format!(
+                    "{FLAVOR_ENV}={v:?}: expected \"ofd\" or \"posix\" (or unset)"
+                )),
+                Err(std::env::VarError::NotUnicode(v)) => Err(format!(
+                    "{FLAVOR_ENV}={v:?}: expected \"ofd\" or \"posix\" (or unset)"
+                )),
+            }
+        })
+        .clone()
+}
 
 /// Outcome of a lock attempt.
 #[derive(Debug, PartialEq, Eq)]
@@ -16,16 +64,28 @@ pub(crate) enum Attempt {
     Busy,
 }
 
-/// Tries to lock the byte at `offset` of `file` (non-blocking `F_OFD_SETLK`): a read lock
-/// for [`Mode::Shared`], a write lock for [`Mode::Exclusive`]. The lock belongs to this
-/// open file description: it conflicts with every other description, in this process
-/// or another, and the kernel drops it when the description's last descriptor closes.
-pub(crate) fn try_lock(file: &File, offset: u64, mode: Mode) -> io::Result<Attempt> {
-    let kind = match mode {
-        Mode::Shared => libc::F_RDLCK,
-        Mode::Exclusive => libc::F_WRLCK,
-    };
-    match setlk(file, offset, kind) {
+/// The lock type for `mode`: a read lock for [`Mode::Shared`], a write lock for
+/// [`Mode::Exclusive`].
+// The constants are `c_int` on Linux and `c_short` on macOS.
+#[allow(clippy::unnecessary_cast)]
+fn kind(mode: Mode) -> libc::c_short {
+    match mode {
+        Mode::Shared => libc::F_RDLCK as libc::c_short,
+        Mode::Exclusive => libc::F_WRLCK as libc::c_short,
+    }
+}
+
+/// Tries to lock `len` bytes from `offset` of `file` without waiting. The lock conflicts
+/// with every other owner's (another open file description or, for POSIX locks, another
+/// process); the kernel drops it when its owner goes away, however the process dies.
+pub(crate) fn try_lock(
+    file: &File,
+    flavor: Flavor,
+    offset: u64,
+    len: u64,
+    mode: Mode,
+) -> io::Result<Attempt> {
+    match setlk(file, flavor, offset, len, kind(mode), false) {
         Ok(()) => Ok(Attempt::Granted),
         Err(e) if matches!(e.raw_os_error(), Some(libc::EAGAIN) | Some(libc::EACCES)) => {
             Ok(Attempt::Busy)
@@ -34,25 +94,63 @@ pub(crate) fn try_lock(file: &File, offset: u64, mode: Mode) -> io::Result<Attem
     }
 }
 
-/// Unlocks the byte at `offset`.
-pub(crate) fn unlock(file: &File, offset: u64) -> io::Result<()> {
-    setlk(file, offset, libc::F_UNLCK)
+/// Waits (blocking the calling thread) until `len` bytes from `offset` are locked. The
+/// kernel queues waiters for conflicting locks on one range in arrival order.
+pub(crate) fn lock_wait(
+    file: &File,
+    flavor: Flavor,
+    offset: u64,
+    len: u64,
+    mode: Mode,
+) -> io::Result<()> {
+    setlk(file, flavor, offset, len, kind(mode), true)
 }
 
-fn setlk(file: &File, offset: u64, kind: libc::c_int) -> io::Result<()> {
-    let start = libc::off_t::try_from(offset)
-        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "lock offset out of range"))?;
+/// Unlocks `len` bytes from `offset` (those this owner holds; others' are untouched).
+pub(crate) fn unlock(file: &File, flavor: Flavor, offset: u64, len: u64) -> io::Result<()> {
+    #[allow(clippy::unnecessary_cast)]
+    setlk(
+        file,
+        flavor,
+        offset,
+        len,
+        libc::F_UNLCK as libc::c_short,
+        false,
+    )
+}
+
+fn setlk(
+    file: &File,
+    flavor: Flavor,
+    offset: u64,
+    len: u64,
+    kind: libc::c_short,
+    wait: bool,
+) -> io::Result<()> {
+    let out_of_range = || io::Error::new(io::ErrorKind::InvalidInput, "lock offset out of range");
+    let start = libc::off_t::try_from(offset).map_err(|_| out_of_range())?;
+    let len = libc::off_t::try_from(len).map_err(|_| out_of_range())?;
+    let cmd = match (flavor, wait) {
+        #[cfg(any(target_os = "linux", target_os = "android"))]
+        (Flavor::Ofd, false) => libc::F_OFD_SETLK,
+        #[cfg(any(target_os = "linux", target_os = "android"))]
+        (Flavor::Ofd, true) => libc::F_OFD_SETLKW,
+        #[cfg(not(any(target_os = "linux", target_os = "android")))]
+        (Flavor::Ofd, _) => return Err(io::Error::from(io::ErrorKind::Unsupported)),
+        (Flavor::Posix, false) => libc::F_SETLK,
+        (Flavor::Posix, true) => libc::F_SETLKW,
+    };
     // SAFETY: flock is plain old data; zeroed is a valid value (l_pid must be 0 for OFD
     // locks), and every field the call reads is set below.
     let mut fl: libc::flock = unsafe { std::mem::zeroed() };
-    fl.l_type = kind as libc::c_short;
+    fl.l_type = kind;
     fl.l_whence = libc::SEEK_SET as libc::c_short;
     fl.l_start = start;
-    fl.l_len = 1;
+    fl.l_len = len;
     loop {
         // SAFETY: the descriptor belongs to `file`, alive for the call; `fl` is a valid
         // flock the kernel reads (and may write back) during the call only.
-        let rc = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_OFD_SETLK, &mut fl) };
+        let rc = unsafe { libc::fcntl(file.as_raw_fd(), cmd, &mut fl) };
         if rc == 0 {
             return Ok(());
         }
@@ -66,6 +164,7 @@ fn setlk(file: &File, offset: u64, kind: libc::c_int) -> io::Result<()> {
 /// The name of the network or FUSE file system `file` lies on, if it does: byte-range
 /// locks on these are unreliable (NFS without a working lock manager, CIFS, FUSE
 /// file systems that ignore them).
+#[cfg(any(target_os = "linux", target_os = "android"))]
 pub(crate) fn network_filesystem(file: &File) -> io::Result<Option<&'static str>> {
     // SAFETY: statfs is plain old data; zeroed is valid and the kernel overwrites it.
     let mut st: libc::statfs = unsafe { std::mem::zeroed() };
@@ -91,4 +190,49 @@ pub(crate) fn network_filesystem(file: &File) -> io::Result<Option<&'static str>
         0x564c => Some("NCP"),
         _ => None,
     })
+}
+
+/// The name of the network or FUSE file system `file` lies on, if it does (by the
+/// file-system type name `fstatfs` reports on macOS and the BSDs).
+#[cfg(any(
+    target_os = "macos",
+    target_os = "ios",
+    target_os = "freebsd",
+    target_os = "dragonfly"
+))]
+pub(crate) fn network_filesystem(file: &File) -> io::Result<Option<&'static str>> {
+    // SAFETY: statfs is plain old data; zeroed is valid and the kernel overwrites it.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: valid descriptor owned by `file`, valid pointer to `st` for the call.
+    let rc = unsafe { libc::fstatfs(file.as_raw_fd(), &mut st) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let name: Vec<u8> = st
+        .f_fstypename
+        .iter()
+        .take_while(|&&c| c != 0)
+        .map(|&c| c as u8)
+        .collect();
+    Ok(match name.as_slice() {
+        b"nfs" => Some("NFS"),
+        b"smbfs" => Some("SMB"),
+        b"afpfs" => Some("AFP"),
+        b"webdav" => Some("WebDAV"),
+        b"fusefs" | b"macfuse" | b"osxfuse" | b"osxfusefs" => Some("FUSE"),
+        _ => None,
+    })
+}
+
+/// Elsewhere the type is not inspected.
+#[cfg(not(any(
+    target_os = "linux",
+    target_os = "android",
+    target_os = "macos",
+    target_os = "ios",
+    target_os = "freebsd",
+    target_os = "dragonfly"
+)))]
+pub(crate) fn network_filesystem(_file: &File) -> io::Result<Option<&'static str>> {
+    Ok(None)
 }

@@ -5,7 +5,7 @@
 //!     ITERATIONS times: take NAME, read the integer in FILE, sleep, write it + 1,
 //!     release. An "inside" marker file created with O_EXCL counts overlapping
 //!     critical sections. Prints `overlaps=N`.
-//! dblock-worker hold URL NAME [--fenced] [--session] [--lease-ms N] [--check-ms N]
+//! dblock-worker hold URL NAME [--fenced] [--shared] [--session] [--lease-ms N] [--check-ms N (timeout 2N)]
 //!     takes NAME, prints `held TOKEN`, then sleeps until killed.
 //! dblock-worker wait URL NAME
 //!     waits for NAME, prints `acquired`, exits.
@@ -83,6 +83,7 @@ async fn main() {
                 Some(check) => dblock::Locks::builder()
                     .url(arg(1))
                     .check_interval(check)
+                    .check_timeout(check * 2)
                     .build()
                     .await
                     .unwrap(),
@@ -91,6 +92,9 @@ async fn main() {
             let mut req = locks.request(&name);
             if args.iter().any(|a| a == "--fenced") {
                 req = req.fenced();
+            }
+            if args.iter().any(|a| a == "--shared") {
+                req = req.shared();
             }
             if args.iter().any(|a| a == "--session") {
                 req = req.scope(dblock::Scope::Session);

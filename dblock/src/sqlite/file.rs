@@ -1,0 +1,228 @@
+//! Which lock file a database path means, and the one open lock file per file per
+//! process. The rules are in the [module docs](super#identity-is-the-file-not-the-spelling).
+
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicUsize;
+use std::sync::{Arc, Mutex, Weak};
+
+use tokio::sync::Notify;
+
+use crate::Error;
+
+use super::sys::{self, Flavor};
+
+/// Resolves a database path to the one name of its file (see the module docs), refusing
+/// paths that cannot be a database.
+pub(crate) fn resolve_db_path(db_path: &Path) -> Result<PathBuf, Error> {
+    let refuse = |reason: String| Error::InvalidUrl {
+        url: format!("sqlite:{}", db_path.display()),
+        reason,
+    };
+    let dir = match db_path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    match std::fs::symlink_metadata(db_path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            std::fs::create_dir_all(&dir)
+                .map_err(|e| Error::io(format!("cannot create directory {}", dir.display()), e))?;
+            let name = db_path
+                .file_name()
+                .ok_or_else(|| refuse("the path names no file".into()))?;
+            let dir = std::fs::canonicalize(&dir)
+                .map_err(|e| Error::io(format!("cannot resolve directory {}", dir.display()), e))?;
+            Ok(dir.join(name))
+        }
+        Err(e) => Err(Error::io(
+            format!("cannot inspect {}", db_path.display()),
+            e,
+        )),
+        Ok(_) => {
+            let md = match std::fs::metadata(db_path) {
+                Ok(md) => md,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    return Err(refuse(
+                        "a symbolic link to a file that does not exist; \
+                         create the database file or name it directly"
+                            .into(),
+                    ));
+                }
+                Err(e) => {
+                    return Err(Error::io(
+                        format!("cannot inspect {}", db_path.display()),
+                        e,
+                    ));
+                }
+            };
+            if md.is_dir() {
+                return Err(refuse("a directory, not a database file".into()));
+            }
+            if !md.is_file() {
+                return Err(refuse("not a regular file".into()));
+            }
+            if md.nlink() > 1 {
+                return Err(refuse(format!(
+                    "the database file has {} hard links; one file reached by several \
+                     names would get one lock file per name (and SQLite one journal per \
+                     name), so dblock refuses it",
+                    md.nlink()
+                )));
+            }
+            std::fs::canonicalize(db_path)
+                .map_err(|e| Error::io(format!("cannot resolve {}", db_path.display()), e))
+        }
+    }
+}
+
+/// The lock file beside a (resolved) database: `PATH-locks`.
+pub(crate) fn lock_file_path(db_path: &Path) -> PathBuf {
+    let mut s = db_path.as_os_str().to_os_string();
+    s.push("-locks");
+    PathBuf::from(s)
+}
+
+/// One open descriptor of a lock file, with the file's identity.
+#[derive(Debug)]
+pub(crate) struct Desc {
+    pub(crate) file: File,
+    dev: u64,
+    ino: u64,
+}
+
+impl Desc {
+    fn open(path: &Path) -> std::io::Result<Desc> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .custom_flags(libc::O_CLOEXEC)
+            .open(path)?;
+        let md = file.metadata()?;
+        Ok(Desc {
+            file,
+            dev: md.dev(),
+            ino: md.ino(),
+        })
+    }
+
+    /// Whether `path` still names this descriptor's file.
+    pub(crate) fn is_named_by(&self, path: &Path) -> bool {
+        match std::fs::metadata(path) {
+            Ok(md) => md.dev() == self.dev && md.ino() == self.ino,
+            Err(_) => false,
+        }
+    }
+}
+
+/// A lock file as this process uses it: shared by every handle on it.
+pub(crate) struct LockFile {
+    pub(crate) path: PathBuf,
+    pub(crate) flavor: Flavor,
+    network_fs: Option<&'static str>,
+    /// The descriptor new requests lock through, and those the path named before it
+    /// (kept open while locks on them are held: see [`LockFile::reopen`]).
+    pub(crate) current: Mutex<Arc<Desc>>,
+    /// Descriptors never to be closed while this file is in use (POSIX locks).
+    spares: Mutex<Vec<File>>,
+    /// Keys (file offsets) this process holds in this file.
+    pub(crate) table: Mutex<super::Table>,
+    /// Tasks waiting for a lock; releases notify only when there are some.
+    pub(crate) waiters: AtomicUsize,
+    pub(crate) released: Notify,
+}
+
+impl std::fmt::Debug for LockFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LockFile")
+            .field("path", &self.path)
+            .finish()
+    }
+}
+
+/// The process's open lock files, by path (after resolution).
+static OPEN: Mutex<Vec<(PathBuf, Weak<LockFile>)>> = Mutex::new(Vec::new());
+
+impl LockFile {
+    /// The process's lock file at `path` (resolved), opened (and created) if no handle
+    /// of this process has it open.
+    pub(crate) fn open(
+        path: PathBuf,
+        allow_network_filesystem: bool,
+    ) -> Result<Arc<LockFile>, Error> {
+        let flavor = sys::flavor().map_err(Error::Unsupported)?;
+        let mut open = OPEN.lock().unwrap_or_else(|p| p.into_inner());
+        open.retain(|(_, w)| w.strong_count() > 0);
+        let found = open
+            .iter()
+            .find(|(p, _)| *p == path)
+            .and_then(|(_, w)| w.upgrade());
+        let lf = match found {
+            Some(lf) => lf,
+            None => {
+                let desc = Desc::open(&path).map_err(|e| {
+                    Error::io(format!("cannot open lock file {}", path.display()), e)
+                })?;
+                let network_fs = sys::network_filesystem(&desc.file)
+                    .map_err(|e| Error::io(format!("cannot inspect {}", path.display()), e))?;
+                let lf = Arc::new(LockFile {
+                    path: path.clone(),
+                    flavor,
+                    network_fs,
+                    current: Mutex::new(Arc::new(desc)),
+                    spares: Mutex::new(Vec::new()),
+                    table: Mutex::new(super::Table::default()),
+                    waiters: AtomicUsize::new(0),
+                    released: Notify::new(),
+                });
+                open.push((path, Arc::downgrade(&lf)));
+                lf
+            }
+        };
+        drop(open);
+        if let (Some(filesystem), false) = (lf.network_fs, allow_network_filesystem) {
+            return Err(Error::UnsupportedFilesystem {
+                path: lf.path.clone(),
+                filesystem,
+            });
+        }
+        Ok(lf)
+    }
+
+    /// The descriptor new requests lock through.
+    pub(crate) fn current(&self) -> Arc<Desc> {
+        self.current
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// The path no longer names `stale`'s file: opens the file it names now (creating it
+    /// if it was deleted) and makes that the descriptor new requests use. Descriptors of
+    /// the old file stay open while locks on it are held (their holders keep an `Arc`).
+    pub(crate) fn reopen(&self, stale: &Arc<Desc>) -> Result<(), Error> {
+        let mut current = self.current.lock().unwrap_or_else(|p| p.into_inner());
+        if !Arc::ptr_eq(&current, stale) {
+            return Ok(()); // another request reopened it already
+        }
+        let desc = Desc::open(&self.path).map_err(|e| {
+            Error::io(
+                format!("cannot reopen lock file {}", self.path.display()),
+                e,
+            )
+        })?;
+        if desc.dev == current.dev && desc.ino == current.ino {
+            // The path names our file again (renamed back). Never close a second
+            // descriptor of a file holding POSIX locks: keep it.
+            self.spares
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(desc.file);
+            return Ok(());
+        }
+        *current = Arc::new(desc);
+        Ok(())
+    }
+}

@@ -1,0 +1,200 @@
+//! Waiting in line for a lock another process holds. The protocol is in the
+//! [module docs](super#waiting-in-line).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use tokio::sync::oneshot;
+
+use crate::Error;
+use crate::locks::Mode;
+
+use super::file::{Desc, LockFile};
+use super::sys;
+use super::{Shared, SqliteHeld};
+
+/// The gate byte of the lock byte at `offset`: its neighbour in an aligned pair, so that
+/// one system call can try both.
+pub(crate) fn gate(offset: u64) -> u64 {
+    offset ^ 1
+}
+
+/// The first byte of the pair (gate and lock) of `offset`.
+pub(crate) fn pair(offset: u64) -> u64 {
+    offset & !1
+}
+
+/// This process's place in line for one key: one thread waiting in the kernel, for
+/// whichever local request wants the lock when it comes.
+pub(crate) struct Queued {
+    mode: Mode,
+    /// Who gets the lock when the kernel grants it; `None` once every request that
+    /// wanted it gave up (the thread then leaves the line, or a new request of the same
+    /// mode takes the place over).
+    taker: Option<Taker>,
+}
+
+struct Taker {
+    id: u64,
+    shared: Arc<Shared>,
+    tx: oneshot::Sender<Result<SqliteHeld, Error>>,
+}
+
+pub(crate) type Receiver = oneshot::Receiver<Result<SqliteHeld, Error>>;
+
+static IDS: AtomicU64 = AtomicU64::new(1);
+
+/// Takes over this process's place in line for `offset` if it waits in `mode` for
+/// nobody; `None` if the place is taken or waits in the other mode.
+pub(crate) fn adopt(
+    queued: &mut Queued,
+    shared: &Arc<Shared>,
+    mode: Mode,
+) -> Option<(u64, Receiver)> {
+    if queued.mode != mode || queued.taker.is_some() {
+        return None;
+    }
+    let (tx, rx) = oneshot::channel();
+    let id = IDS.fetch_add(1, Ordering::Relaxed);
+    queued.taker = Some(Taker {
+        id,
+        shared: shared.clone(),
+        tx,
+    });
+    Some((id, rx))
+}
+
+/// Joins the line for `offset`: a thread waits in the kernel (see the module docs). The
+/// caller holds the table lock and has checked that the process is not in line yet.
+pub(crate) fn join(
+    lf: &Arc<LockFile>,
+    queued: &mut std::collections::HashMap<u64, Queued>,
+    shared: &Arc<Shared>,
+    offset: u64,
+    mode: Mode,
+) -> Result<(u64, Receiver), Error> {
+    let (tx, rx) = oneshot::channel();
+    let id = IDS.fetch_add(1, Ordering::Relaxed);
+    let thread_lf = lf.clone();
+    std::thread::Builder::new()
+        // Named for the key, as tools show it (15 bytes): `dblock-` and the low 32 bits
+        // of the offset in hex.
+        .name(format!("dblock-{:08x}", offset as u32))
+        .spawn(move || wait_in_kernel(thread_lf, offset, mode))
+        .map_err(|e| Error::io("cannot start a thread to wait for a lock", e))?;
+    queued.insert(
+        offset,
+        Queued {
+            mode,
+            taker: Some(Taker {
+                id,
+                shared: shared.clone(),
+                tx,
+            }),
+        },
+    );
+    Ok((id, rx))
+}
+
+/// Gives up request `id`'s claim on the place in line, if it still has it.
+pub(crate) fn give_up(lf: &LockFile, offset: u64, id: u64) {
+    let mut table = lf.table.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(q) = table.queued.get_mut(&offset)
+        && q.taker.as_ref().is_some_and(|t| t.id == id)
+    {
+        q.taker = None; // drops its Arc<Shared> and channel
+    }
+}
+
+/// The first interval between two looks at the lock byte from the head of the line; each
+/// look waits one interval longer, up to [`HEAD_POLL_MAX`].
+const HEAD_POLL: Duration = Duration::from_micros(50);
+const HEAD_POLL_MAX: Duration = Duration::from_millis(1);
+
+/// Whether any request still wants the place in line for `offset`.
+fn wanted(lf: &LockFile, offset: u64) -> bool {
+    let table = lf.table.lock().unwrap_or_else(|p| p.into_inner());
+    table.queued.get(&offset).is_some_and(|q| q.taker.is_some())
+}
+
+/// The thread of a place in line: take the gate (the kernel queues conflicting waiters
+/// in arrival order), then, at the head of the line, the lock byte (polled, so that a
+/// place nobody wants any more is left at once); give the gate back; hand the lock to
+/// whoever wants it now, or give it back too.
+fn wait_in_kernel(lf: Arc<LockFile>, offset: u64, mode: Mode) {
+    let flavor = lf.flavor;
+    let outcome: Result<Option<Arc<Desc>>, std::io::Error> = loop {
+        let desc = lf.current();
+        match sys::lock_wait(&desc.file, flavor, gate(offset), 1, Mode::Exclusive) {
+            Ok(()) => {}
+            // POSIX locks: the kernel's deadlock detection sees one owner per process, so
+            // another of this process's threads waiting elsewhere can make it see a cycle
+            // that is not there (gates are only ever held by heads of lines, which do not
+            // wait in the kernel). Look again shortly; leave if nobody wants the place.
+            Err(e) if e.raw_os_error() == Some(libc::EDEADLK) => {
+                if !wanted(&lf, offset) {
+                    break Ok(None);
+                }
+                std::thread::sleep(HEAD_POLL_MAX);
+                continue;
+            }
+            Err(e) => break Err(e),
+        }
+        // At the head of the line. Nobody can pass now (they need the gate), so the lock
+        // byte is polled rather than waited for in the kernel: a wait there could not be
+        // cut off, and a request given up must leave the line at once, not when the lock
+        // comes free (a writer that gave up would otherwise still hold back readers).
+        let mut polls = 0u32;
+        let got = loop {
+            if !wanted(&lf, offset) {
+                break Ok(false);
+            }
+            match sys::try_lock(&desc.file, flavor, offset, 1, mode) {
+                Ok(sys::Attempt::Granted) => break Ok(true),
+                Ok(sys::Attempt::Busy) => {}
+                Err(e) => break Err(e),
+            }
+            polls = polls.saturating_add(1);
+            std::thread::sleep(HEAD_POLL.saturating_mul(polls).min(HEAD_POLL_MAX));
+        };
+        let _ = sys::unlock(&desc.file, flavor, gate(offset), 1);
+        match got {
+            Ok(true) => {}
+            Ok(false) => break Ok(None),
+            Err(e) => break Err(e),
+        }
+        if desc.is_named_by(&lf.path) {
+            break Ok(Some(desc));
+        }
+        // Granted in a file the path no longer names: give it back, line up again in
+        // the file it names now.
+        let _ = sys::unlock(&desc.file, flavor, offset, 1);
+        if let Err(e) = lf.reopen(&desc) {
+            break Err(std::io::Error::other(e.to_string()));
+        }
+    };
+    let mut table = lf.table.lock().unwrap_or_else(|p| p.into_inner());
+    let taker = table.queued.remove(&offset).and_then(|q| q.taker);
+    // Sent values are dropped (and a lock so released) only after the table is unlocked.
+    let mut undelivered = None;
+    match (outcome, taker) {
+        (Ok(Some(desc)), Some(taker)) => {
+            table.held.insert(offset, super::Slot::new(mode, desc));
+            let held = SqliteHeld::new(&taker.shared, offset, mode);
+            undelivered = taker.tx.send(Ok(held)).err();
+        }
+        (Ok(Some(desc)), None) => {
+            // Everyone gave up while the lock was being granted.
+            let _ = sys::unlock(&desc.file, flavor, offset, 1);
+        }
+        (Err(e), Some(taker)) => {
+            let err = Error::io(format!("cannot lock {}", lf.path.display()), e);
+            let _ = taker.tx.send(Err(err));
+        }
+        (Err(_), None) | (Ok(None), _) => {}
+    }
+    drop(table);
+    drop(undelivered);
+    lf.released.notify_waiters();
+}

@@ -1,0 +1,232 @@
+//! The embedded backend's identity is the file, not the spelling of its path: every way
+//! of naming one database reaches one lock, across real processes; paths that cannot be
+//! a database are refused before anything is created; a replaced lock file does not
+//! split holders.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::path::Path;
+use std::process::Stdio;
+use std::time::Duration;
+
+use dblock::{Error, Locks, LossReason};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+const WORKER: &str = env!("CARGO_BIN_EXE_dblock-worker");
+
+/// A worker process running `args` in `cwd`, with its stdout lines.
+fn spawn(
+    cwd: &Path,
+    args: &[&str],
+) -> (
+    Child,
+    tokio::io::Lines<BufReader<tokio::process::ChildStdout>>,
+) {
+    let mut child = Command::new(WORKER)
+        .args(args)
+        .current_dir(cwd)
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    (child, lines)
+}
+
+/// Starts a worker that takes `name` through `url` and keeps it; returns once it says so.
+async fn holder(cwd: &Path, url: &str, name: &str) -> Child {
+    let (child, mut lines) = spawn(cwd, &["hold", url, name]);
+    let held = tokio::time::timeout(Duration::from_secs(10), lines.next_line()).await;
+    assert!(
+        matches!(&held, Ok(Ok(Some(l))) if l.starts_with("held")),
+        "{held:?}"
+    );
+    child
+}
+
+/// Every spelling of one database — a symbolic link to the file, a symbolic link to its
+/// directory, a relative path with `..` in it — is one lock, between real processes.
+/// Before the fix each spelling had a lock file of its own and both processes held the
+/// name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_spelling_of_one_database_is_one_lock_across_processes() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    std::fs::create_dir(root.join("real")).unwrap();
+    let db = root.join("real/app.db");
+    std::fs::write(&db, b"").unwrap();
+    std::os::unix::fs::symlink(&db, root.join("file-link.db")).unwrap();
+    std::os::unix::fs::symlink(root.join("real"), root.join("dir-link")).unwrap();
+    let canonical = format!("sqlite:{}", db.display());
+    let spellings = [
+        format!("sqlite:{}", root.join("file-link.db").display()),
+        format!("sqlite:{}", root.join("dir-link/app.db").display()),
+        "sqlite:real/../real/./app.db".to_string(), // relative to the worker's cwd
+        format!("sqlite://{}", db.display()),
+    ];
+    let here = Locks::connect(&canonical).await.unwrap();
+    for (i, url) in spellings.iter().enumerate() {
+        let name = format!("spelling-{i}");
+        let mut child = holder(root, url, &name).await;
+        assert!(
+            here.try_lock(&name).await.unwrap().is_none(),
+            "{url} and {canonical} must be one lock"
+        );
+        child.start_kill().unwrap();
+        let _ = child.wait().await;
+        // The holder's death frees it for the other spelling: one lock, not two files.
+        let g = tokio::time::timeout(Duration::from_secs(5), here.lock(&name)).await;
+        assert!(matches!(g, Ok(Ok(_))), "{url}: {g:?}");
+    }
+    let locks_files: Vec<_> = walk(root)
+        .into_iter()
+        .filter(|p| p.to_string_lossy().ends_with("-locks"))
+        .collect();
+    assert_eq!(
+        locks_files,
+        vec![root.join("real/app.db-locks")],
+        "one lock file"
+    );
+}
+
+fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let e = e.unwrap();
+        let ft = e.file_type().unwrap();
+        if ft.is_dir() {
+            out.extend(walk(&e.path()));
+        } else if ft.is_file() {
+            out.push(e.path());
+        }
+    }
+    out.sort();
+    out
+}
+
+/// A database file with two hard links cannot be told apart from two files by its
+/// path, so it is refused (from either name) with a typed error, not given two lock
+/// files.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hard_linked_database_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = dir.path().join("a.db");
+    std::fs::write(&a, b"").unwrap();
+    std::fs::hard_link(&a, dir.path().join("b.db")).unwrap();
+    for name in ["a.db", "b.db"] {
+        let url = format!("sqlite:{}", dir.path().join(name).display());
+        match Locks::connect(&url).await {
+            Err(Error::InvalidUrl { reason, .. }) => {
+                assert!(reason.contains("hard links"), "{reason}")
+            }
+            other => panic!("{url}: {other:?}"),
+        }
+    }
+    assert!(!dir.path().join("a.db-locks").exists());
+    assert!(!dir.path().join("b.db-locks").exists());
+}
+
+/// `sqlite:` pointing at a directory (or a device) is refused, and leaves no stray
+/// `DIR-locks` file behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_directory_or_a_device_is_not_a_database() {
+    let dir = tempfile::tempdir().unwrap();
+    let sub = dir.path().join("sub");
+    std::fs::create_dir(&sub).unwrap();
+    for url in [
+        format!("sqlite:{}", sub.display()),
+        format!("sqlite:{}/", sub.display()),
+        "sqlite:/dev/null".to_string(),
+    ] {
+        let r = Locks::connect(&url).await;
+        assert!(matches!(r, Err(Error::InvalidUrl { .. })), "{url}: {r:?}");
+    }
+    assert!(!dir.path().join("sub-locks").exists(), "no stray lock file");
+    // A symbolic link to nothing: SQLite would create its target, but which spelling
+    // then owns the lock file is unclear. Refused.
+    std::os::unix::fs::symlink(
+        dir.path().join("missing.db"),
+        dir.path().join("dangling.db"),
+    )
+    .unwrap();
+    let r = Locks::connect(&format!(
+        "sqlite:{}",
+        dir.path().join("dangling.db").display()
+    ))
+    .await;
+    assert!(matches!(r, Err(Error::InvalidUrl { .. })), "{r:?}");
+}
+
+/// How a lock file gets replaced.
+#[derive(Debug, Clone, Copy)]
+enum Replace {
+    Delete,
+    RenameOver,
+}
+
+fn replace(lock_file: &Path, how: Replace) {
+    match how {
+        Replace::Delete => std::fs::remove_file(lock_file).unwrap(),
+        Replace::RenameOver => {
+            let tmp = lock_file.with_extension("new");
+            std::fs::write(&tmp, b"").unwrap();
+            std::fs::rename(&tmp, lock_file).unwrap();
+        }
+    }
+}
+
+/// A process that opened the lock file before it was replaced, and takes a lock after,
+/// takes it in the file the path names now — where a process started later sees it.
+/// Before the fix it locked the orphaned file and both processes held the name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replaced_lock_file_does_not_split_later_holders() {
+    for how in [Replace::Delete, Replace::RenameOver] {
+        let db = dblock_testkit::SqliteDb::new();
+        let early = db.locks().await; // opens the lock file now
+        replace(&db.dir.path().join("locks.db-locks"), how);
+        let g = early.lock("x").await.unwrap();
+        // A process started after the replacement opens the new file: it must see `g`.
+        let (mut waiter, mut lines) = spawn(db.dir.path(), &["wait", &db.url, "x"]);
+        let early_line = tokio::time::timeout(Duration::from_millis(500), lines.next_line()).await;
+        assert!(
+            early_line.is_err(),
+            "{how:?}: a later process got a held lock: {early_line:?}"
+        );
+        drop(g);
+        let got = tokio::time::timeout(Duration::from_secs(10), lines.next_line()).await;
+        assert!(
+            matches!(&got, Ok(Ok(Some(l))) if l == "acquired"),
+            "{how:?}: {got:?}"
+        );
+        assert!(waiter.wait().await.unwrap().success());
+    }
+}
+
+/// A lock held while its file is replaced can no longer exclude processes that open the
+/// new file; its guard says so instead of claiming to hold it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_whose_file_was_replaced_reports_itself_lost() {
+    for how in [Replace::Delete, Replace::RenameOver] {
+        let db = dblock_testkit::SqliteDb::new();
+        let locks = db.locks().await;
+        let mut g = locks.lock("held").await.unwrap();
+        let mut other = locks.lock("other").await.unwrap();
+        assert!(g.is_held());
+        g.check().await.unwrap();
+        replace(&db.dir.path().join("locks.db-locks"), how);
+        assert!(!g.is_held(), "{how:?}");
+        match g.check().await {
+            Err(Error::LockLost {
+                reason: LossReason::LockFileReplaced { path },
+            }) => assert!(path.ends_with("locks.db-locks")),
+            r => panic!("{how:?}: {r:?}"),
+        }
+        assert!(matches!(other.check().await, Err(Error::LockLost { .. })));
+        assert!(matches!(g.release().await, Err(Error::LockLost { .. })));
+        drop(other);
+        // New grants in this process go to the new file and hold there.
+        let mut again = locks.lock("held").await.unwrap();
+        again.check().await.unwrap();
+        assert!(again.is_held());
+    }
+}
