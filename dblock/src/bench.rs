@@ -20,11 +20,15 @@
 //! handoffs. Numbers come from this machine and this server:
 //! compare ratios, not absolute figures.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::{Error, Locks};
+use crate::error::Error;
+use crate::key::Key;
+use crate::locks::Locks;
+use crate::raw::BenchFloor;
 
 /// One measured line of the report.
 #[derive(Debug, Clone, PartialEq)]
@@ -137,9 +141,10 @@ where
     }
     let mut latencies_us = Vec::new();
     for t in tasks {
-        let lat = t
-            .await
-            .map_err(|e| Error::Unsupported(format!("a benchmark worker failed: {e}")))??;
+        let lat = t.await.map_err(|e| Error::Io {
+            context: "a benchmark worker failed".into(),
+            source: std::io::Error::other(e),
+        })??;
         latencies_us.extend(lat);
     }
     Ok(Sample {
@@ -242,30 +247,16 @@ async fn dblock_cycle(locks: &Locks, name: &str) -> Result<Duration, Error> {
     Ok(d)
 }
 
-/// What the floor is measured with.
-enum Floor {
-    #[cfg(feature = "postgres")]
-    Postgres(Box<(tokio_postgres::Config, crate::postgres::tls::Connector)>),
-    #[cfg(feature = "sqlite")]
-    Sqlite(std::path::PathBuf),
-}
-
 type BoxCycle =
     std::pin::Pin<Box<dyn std::future::Future<Output = Result<Duration, Error>> + Send>>;
 
+/// What the floor is measured with: the backend's own (see [`BenchFloor`]).
+struct Floor;
+
 impl Floor {
     async fn open(locks: &Locks) -> Result<Floor, Error> {
-        match &locks.inner.backend {
-            #[cfg(feature = "postgres")]
-            crate::locks::Backend::Postgres(b) => match b.native_config() {
-                Some(c) => Ok(Floor::Postgres(Box::new(c))),
-                None => Err(Error::Unsupported(
-                    "the benchmark needs a postgres:// URL, not an sqlx pool".into(),
-                )),
-            },
-            #[cfg(feature = "sqlite")]
-            crate::locks::Backend::Sqlite(b) => Ok(Floor::Sqlite(b.lock_path())),
-        }
+        // Fails here, before any workload, when the backend has no floor.
+        floor_of(locks).map(|_| Floor)
     }
 
     /// A cycle of the floor: per worker, its own raw connection (or descriptor).
@@ -275,116 +266,24 @@ impl Floor {
         hot: bool,
     ) -> Result<impl Fn(usize, u64) -> BoxCycle + Clone + Send + 'static, Error> {
         let ns = locks.namespace().to_string();
-        let raw: std::sync::Arc<RawSet> = std::sync::Arc::new(match self {
-            #[cfg(feature = "postgres")]
-            Floor::Postgres(c) => RawSet::Postgres(c.clone(), tokio::sync::Mutex::new(Vec::new())),
-            #[cfg(feature = "sqlite")]
-            Floor::Sqlite(p) => RawSet::Sqlite(p.clone(), std::sync::Mutex::new(Vec::new())),
-        });
+        let raw = floor_of(locks)?;
         Ok(move |w: usize, i: u64| {
-            let raw = raw.clone();
             let key = match hot {
-                true => crate::Key::derive(&ns, "bench:hot"),
-                false => crate::Key::derive(&ns, &format!("bench:{w}:{}", i % 64)),
+                true => Key::derive(&ns, "bench:hot"),
+                false => Key::derive(&ns, &format!("bench:{w}:{}", i % 64)),
             };
-            Box::pin(async move { raw.cycle(w, key, hot).await }) as BoxCycle
+            raw.clone().cycle(w, key, hot)
         })
     }
 }
 
-/// Raw connections or descriptors, one per worker, opened on first use.
-enum RawSet {
-    #[cfg(feature = "postgres")]
-    Postgres(
-        Box<(tokio_postgres::Config, crate::postgres::tls::Connector)>,
-        tokio::sync::Mutex<Vec<Option<std::sync::Arc<tokio_postgres::Client>>>>,
-    ),
-    #[cfg(feature = "sqlite")]
-    Sqlite(
-        std::path::PathBuf,
-        std::sync::Mutex<Vec<Option<std::sync::Arc<std::fs::File>>>>,
-    ),
-}
-
-impl RawSet {
-    async fn cycle(&self, w: usize, key: crate::Key, hot: bool) -> Result<Duration, Error> {
-        match self {
-            #[cfg(feature = "postgres")]
-            RawSet::Postgres(config, clients) => {
-                let client = {
-                    let mut cs = clients.lock().await;
-                    if cs.len() <= w {
-                        cs.resize(w + 1, None);
-                    }
-                    match &cs[w] {
-                        Some(c) => c.clone(),
-                        None => {
-                            let (c, conn) =
-                                // Over the same TLS as dblock's connections: the floor
-                                // pays what they pay.
-                                config.1.connect(&config.0).await.map_err(|e| {
-                                    Error::Connect {
-                                        target: "the benchmark's floor".into(),
-                                        message: crate::postgres::tls::describe(&e),
-                                    }
-                                })?;
-                            tokio::spawn(conn);
-                            let c = std::sync::Arc::new(c);
-                            cs[w] = Some(c.clone());
-                            c
-                        }
-                    }
-                };
-                let lost = |e: tokio_postgres::Error| Error::ConnectionLost {
-                    message: e.to_string(),
-                };
-                let sql = format!("SELECT pg_advisory_xact_lock({})", key.as_i64());
-                if !hot {
-                    let t = Instant::now();
-                    client.simple_query(&sql).await.map_err(lost)?;
-                    return Ok(t.elapsed());
-                }
-                client.simple_query("BEGIN").await.map_err(lost)?;
-                let t = Instant::now();
-                client.simple_query(&sql).await.map_err(lost)?;
-                let d = t.elapsed();
-                client.simple_query("COMMIT").await.map_err(lost)?;
-                Ok(d)
-            }
-            #[cfg(feature = "sqlite")]
-            RawSet::Sqlite(path, files) => {
-                let file = {
-                    let mut fs = files.lock().unwrap_or_else(|p| p.into_inner());
-                    if fs.len() <= w {
-                        fs.resize(w + 1, None);
-                    }
-                    match &fs[w] {
-                        Some(f) => f.clone(),
-                        None => {
-                            let f = std::fs::OpenOptions::new()
-                                .read(true)
-                                .write(true)
-                                .open(path)
-                                .map_err(|e| Error::io("the benchmark's floor", e))?;
-                            let f = std::sync::Arc::new(f);
-                            fs[w] = Some(f.clone());
-                            f
-                        }
-                    }
-                };
-                let t = Instant::now();
-                loop {
-                    match crate::sqlite::raw_try_lock(&file, key.file_offset()) {
-                        Ok(true) => break,
-                        Ok(false) => tokio::task::yield_now().await,
-                        Err(e) => return Err(Error::io("the benchmark's floor", e)),
-                    }
-                }
-                let d = t.elapsed();
-                crate::sqlite::raw_unlock(&file, key.file_offset())
-                    .map_err(|e| Error::io("the benchmark's floor", e))?;
-                Ok(d)
-            }
-        }
+/// A fresh set of the backend's raw connections (or descriptors).
+fn floor_of(locks: &Locks) -> Result<Arc<dyn BenchFloor>, Error> {
+    match locks.inner.backend.bench_floor() {
+        Some(floor) => floor,
+        None => Err(Error::Unsupported(format!(
+            "the {} backend has no benchmark floor",
+            locks.backend_name()
+        ))),
     }
 }

@@ -1,5 +1,6 @@
 //! The one error type of dblock.
 
+use std::fmt;
 use std::io;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -82,7 +83,7 @@ pub enum Error {
     #[error("timed out waiting for {waiting_for}{}", after.map(|a| format!(" (after {a:?})")).unwrap_or_default())]
     Timeout {
         /// What was being waited for.
-        waiting_for: &'static str,
+        waiting_for: WaitingFor,
         /// How long dblock waited, when it set the bound itself.
         after: Option<Duration>,
     },
@@ -95,7 +96,7 @@ pub enum Error {
     #[error("the lock was lost: {reason}")]
     LockLost {
         /// Why it was lost.
-        reason: crate::LossReason,
+        reason: LossReason,
     },
 
     /// A fenced write was refused because a newer holder of the name exists: this
@@ -280,27 +281,135 @@ fn at_statement(statement: &Option<(usize, usize)>) -> String {
     }
 }
 
-/// What a [`Error::Timeout`] waited for when the server's own `lock_timeout` (set by an
-/// administrator) ended a wait that had no deadline of its own.
-pub(crate) const SERVER_LOCK_TIMEOUT: &str = "the lock (the server's lock_timeout ended the wait)";
+/// What an [`Error::Timeout`] waited for: one variant per outcome, so that callers
+/// match kinds, not message text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum WaitingFor {
+    /// The lock itself: the server's own `lock_timeout` (set by an administrator) ended
+    /// a wait that had no deadline of its own. The lock was simply not obtained.
+    LockServerLockTimeout,
+    /// The lock itself: the server's `statement_timeout` cancelled the wait.
+    LockServerStatementTimeout,
+    /// The server to answer a lock request, past the request's deadline: the server
+    /// stopped answering, and dblock gave the connection up.
+    ServerReply,
+    /// A free connection in dblock's pool (all `max_connections` in use).
+    PoolConnection,
+    /// A connection from the caller's sqlx pool (its `acquire_timeout`).
+    SqlxPoolConnection,
+    /// The fencing table to be created (under the migration lock), within a fenced
+    /// request's deadline.
+    FencingTable,
+    /// The migration lock, under which dblock creates its fencing table, within a
+    /// fenced request's deadline.
+    MigrationLock,
+}
+
+impl WaitingFor {
+    /// Whether the wait was for the lock itself, ended by the server: the lock is held
+    /// by someone else, nothing is wrong with the connection.
+    pub fn is_lock(self) -> bool {
+        matches!(
+            self,
+            WaitingFor::LockServerLockTimeout | WaitingFor::LockServerStatementTimeout
+        )
+    }
+
+    /// Whether the wait was for the database or a connection to it (it stopped
+    /// answering, or every connection was in use).
+    pub fn is_connection(self) -> bool {
+        matches!(
+            self,
+            WaitingFor::ServerReply | WaitingFor::PoolConnection | WaitingFor::SqlxPoolConnection
+        )
+    }
+}
+
+impl fmt::Display for WaitingFor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            WaitingFor::LockServerLockTimeout => {
+                "the lock (the server's lock_timeout ended the wait)"
+            }
+            WaitingFor::LockServerStatementTimeout => {
+                "the lock (the server cancelled the wait: statement_timeout)"
+            }
+            WaitingFor::ServerReply => "the server to answer a lock request",
+            WaitingFor::PoolConnection => {
+                "a free connection in dblock's pool (raise max_connections)"
+            }
+            WaitingFor::SqlxPoolConnection => "a connection from the sqlx pool",
+            WaitingFor::FencingTable => "the fencing table to be created",
+            WaitingFor::MigrationLock => {
+                "the migration lock (dblock creates its fencing table under it)"
+            }
+        })
+    }
+}
+
+/// Why a held lock was lost.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LossReason {
+    /// The lock's connection closed or failed: the server restarted or shut down, an
+    /// operator terminated the backend (`pg_terminate_backend`), the network broke.
+    ConnectionClosed {
+        /// What the driver or the server said.
+        message: String,
+    },
+    /// The connection stopped answering health checks for this long; dblock closed it.
+    Unresponsive {
+        /// How long the check went unanswered.
+        after: Duration,
+    },
+    /// The embedded backend's lock file was deleted or replaced while the lock was held:
+    /// requests made since lock the file the path names now, where this lock is not
+    /// seen (see [`sqlite`](crate::sqlite#identity-is-the-file-not-the-spelling)).
+    LockFileReplaced {
+        /// The lock file's path.
+        path: std::path::PathBuf,
+    },
+}
+
+impl fmt::Display for LossReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LossReason::ConnectionClosed { message } => {
+                write!(f, "its connection closed ({message})")
+            }
+            LossReason::Unresponsive { after } => {
+                write!(f, "its connection did not answer a check for {after:?}")
+            }
+            LossReason::LockFileReplaced { path } => {
+                write!(f, "its lock file {} was replaced", path.display())
+            }
+        }
+    }
+}
 
 impl Error {
     /// Whether this error says the wait for the lock itself ran out (the server's
     /// `lock_timeout` ended a wait), as opposed to a connection or server failure: the
     /// lock was simply not obtained.
     pub fn is_lock_wait_timeout(&self) -> bool {
-        matches!(self, Error::Timeout { waiting_for, .. } if *waiting_for == SERVER_LOCK_TIMEOUT)
+        matches!(
+            self,
+            Error::Timeout {
+                waiting_for: WaitingFor::LockServerLockTimeout,
+                ..
+            }
+        )
     }
 
     /// Whether this error says the database could not be reached or stopped answering
-    /// (as opposed to a bad request).
+    /// (as opposed to a bad request, or a lock wait the server ended: see
+    /// [`Error::is_lock_wait_timeout`]).
     pub fn is_connection(&self) -> bool {
         match self {
             Error::MigrationFailed { source, .. } => source.is_connection(),
-            _ => matches!(
-                self,
-                Error::Connect { .. } | Error::ConnectionLost { .. } | Error::Timeout { .. }
-            ),
+            Error::Timeout { waiting_for, .. } => waiting_for.is_connection(),
+            _ => matches!(self, Error::Connect { .. } | Error::ConnectionLost { .. }),
         }
     }
 
@@ -390,6 +499,35 @@ mod tests {
         assert_eq!(redact_url("postgres://u@h/db"), "postgres://u@h/db");
         assert_eq!(redact_url("sqlite:/tmp/x.db"), "sqlite:/tmp/x.db");
         assert_eq!(redact_url("postgres://h:5432/db"), "postgres://h:5432/db");
+    }
+
+    #[test]
+    fn a_server_ended_lock_wait_is_not_a_connection_failure() {
+        for (w, lock_timeout, connection) in [
+            (WaitingFor::LockServerLockTimeout, true, false),
+            (WaitingFor::LockServerStatementTimeout, false, false),
+            (WaitingFor::ServerReply, false, true),
+            (WaitingFor::PoolConnection, false, true),
+            (WaitingFor::SqlxPoolConnection, false, true),
+            (WaitingFor::FencingTable, false, false),
+            (WaitingFor::MigrationLock, false, false),
+        ] {
+            let e = Error::Timeout {
+                waiting_for: w,
+                after: None,
+            };
+            assert_eq!(e.is_lock_wait_timeout(), lock_timeout, "{w:?}");
+            assert_eq!(e.is_connection(), connection, "{w:?}");
+        }
+        // The message is what it was when the kind was a string.
+        let e = Error::Timeout {
+            waiting_for: WaitingFor::LockServerLockTimeout,
+            after: None,
+        };
+        assert_eq!(
+            e.to_string(),
+            "timed out waiting for the lock (the server's lock_timeout ended the wait)"
+        );
     }
 
     #[test]

@@ -65,9 +65,10 @@
 //! durable write costs on that database — typically well under a millisecond on
 //! PostgreSQL with fast storage, a few milliseconds of fsync on SQLite.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
-use crate::{Error, Key};
+use crate::error::Error;
+use crate::key::Key;
 
 /// A grant's fencing token, and what it takes to check it. Cheap to clone; it stays
 /// valid (and checkable) after the guard is dropped or the lock is lost.
@@ -138,23 +139,7 @@ impl Fence {
         &self,
         tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
     ) -> Result<(), Error> {
-        use sqlx::Row;
-        // One simple-protocol statement (the key is an integer): no server-side prepared
-        // statement, which a transaction-pooling pooler may not carry.
-        let sql = format!(
-            "SELECT token FROM {} WHERE key = {} FOR SHARE",
-            self.table,
-            self.key.as_i64()
-        );
-        let conn: &mut sqlx::PgConnection = tx;
-        let row = sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
-            .fetch_optional(conn)
-            .await
-            .map_err(crate::postgres::xact::map_sqlx)?;
-        let latest: Option<i64> = match row {
-            Some(r) => Some(r.try_get(0).map_err(crate::postgres::xact::map_sqlx)?),
-            None => None,
-        };
+        let latest = crate::postgres::fence::check(tx, &self.table, self.key).await?;
         self.stale(latest)
     }
 
@@ -177,23 +162,14 @@ impl Fence {
         &self,
         tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
     ) -> Result<(), Error> {
-        let conn: &mut sqlx::SqliteConnection = tx;
-        let latest: Option<i64> =
-            sqlx::query_scalar("SELECT token FROM dblock_fencing WHERE key = ?1")
-                .bind(self.key.as_i64())
-                .fetch_optional(conn)
-                .await
-                .map_err(|e| Error::Database {
-                    code: None,
-                    message: format!("fencing check: {e}"),
-                })?;
+        let latest = crate::sqlite::fence::check(tx, self.key).await?;
         self.stale(latest)
     }
 }
 
 /// The table that keeps the latest token of every fenced name: on PostgreSQL in the
 /// schema [`PG_SCHEMA`], in the database file on SQLite.
-pub const TABLE: &str = "dblock_fencing";
+pub const TABLE: &str = crate::raw::FENCING_TABLE;
 
 /// The schema of the PostgreSQL fencing table, whatever the handle's `search_path`:
 /// `public`.
@@ -204,113 +180,4 @@ pub const TABLE: &str = "dblock_fencing";
 /// kept the table in the schema in use; when the table in `public` is created, the
 /// latest token of every key in any older `dblock_fencing` table the role can read is
 /// carried over, so tokens never go back on upgrade.
-pub const PG_SCHEMA: &str = "public";
-
-/// The PostgreSQL DDL of the fencing table `table` (`"public".dblock_fencing`): creates
-/// it if it is missing, seeded with the latest tokens of older tables of that name in
-/// other schemas. Run under the migration lock.
-#[cfg(feature = "postgres")]
-pub(crate) fn pg_table_ddl(table: &str) -> String {
-    let lit = crate::postgres::quote_literal(table);
-    let schema = crate::postgres::quote_literal(PG_SCHEMA);
-    format!(
-        "DO $dblock$ DECLARE s text; BEGIN \
-         IF to_regclass({lit}) IS NULL THEN \
-         CREATE TABLE {table} (\
-         key bigint PRIMARY KEY, \
-         namespace text NOT NULL, \
-         name text NOT NULL, \
-         token bigint NOT NULL, \
-         holder text NOT NULL, \
-         granted_at timestamptz NOT NULL); \
-         FOR s IN SELECT n.nspname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
-         WHERE c.relname = '{TABLE}' AND c.relkind = 'r' AND n.nspname <> {schema} \
-         AND has_table_privilege(c.oid, 'SELECT') LOOP \
-         EXECUTE format('INSERT INTO {table} AS f SELECT key, namespace, name, token, holder, \
-         granted_at FROM %I.{TABLE} ON CONFLICT (key) DO UPDATE SET token = \
-         greatest(f.token, EXCLUDED.token)', s); \
-         END LOOP; END IF; END $dblock$"
-    )
-}
-
-/// This process, as recorded beside each grant: `host:pid`.
-pub(crate) fn holder_id() -> &'static str {
-    static ID: OnceLock<String> = OnceLock::new();
-    ID.get_or_init(|| {
-        let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-            .map(|h| h.trim().to_string())
-            .unwrap_or_else(|_| "unknown-host".into());
-        format!("{host}:{}", std::process::id())
-    })
-}
-
-/// The next token for `req`'s name in the embedded database, committed before it is
-/// returned. Called with the lock held.
-#[cfg(feature = "sqlite")]
-pub(crate) async fn sqlite_next_token(
-    shared: &crate::sqlite::Shared,
-    req: &crate::locks::Req<'_>,
-) -> Result<i64, crate::Error> {
-    let db = shared.db().await?;
-    let fail = |e: sqlx::Error| crate::Error::Database {
-        code: None,
-        message: format!("fencing token: {e}"),
-    };
-    sqlx::query(SQLITE_TABLE_DDL)
-        .execute(db)
-        .await
-        .map_err(fail)?;
-    sqlx::query_scalar::<_, i64>(
-        "INSERT INTO dblock_fencing (key, namespace, name, token, holder, granted_at) \
-         VALUES (?1, ?2, ?3, 1, ?4, strftime('%Y-%m-%dT%H:%M:%fZ', 'now')) \
-         ON CONFLICT (key) DO UPDATE SET token = token + 1, holder = excluded.holder, \
-         granted_at = excluded.granted_at RETURNING token",
-    )
-    .bind(req.key.as_i64())
-    .bind(req.namespace)
-    .bind(req.name)
-    .bind(holder_id())
-    .fetch_one(db)
-    .await
-    .map_err(fail)
-}
-
-/// The SQLite DDL of the fencing table.
-#[cfg(feature = "sqlite")]
-pub(crate) const SQLITE_TABLE_DDL: &str = "CREATE TABLE IF NOT EXISTS dblock_fencing (\
-     key INTEGER PRIMARY KEY, \
-     namespace TEXT NOT NULL, \
-     name TEXT NOT NULL, \
-     token INTEGER NOT NULL, \
-     holder TEXT NOT NULL, \
-     granted_at TEXT NOT NULL)";
-
-/// The latest grant of `key` recorded in the embedded database, if any.
-#[cfg(feature = "sqlite")]
-pub(crate) async fn sqlite_latest_grant(
-    shared: &crate::sqlite::Shared,
-    key: Key,
-) -> Result<Option<crate::leader::LeaderInfo>, Error> {
-    let db = shared.db().await?;
-    let fail = |e: sqlx::Error| Error::Database {
-        code: None,
-        message: format!("fencing table: {e}"),
-    };
-    sqlx::query(SQLITE_TABLE_DDL)
-        .execute(db)
-        .await
-        .map_err(fail)?;
-    let row: Option<(String, i64, String)> =
-        sqlx::query_as("SELECT holder, token, granted_at FROM dblock_fencing WHERE key = ?1")
-            .bind(key.as_i64())
-            .fetch_optional(db)
-            .await
-            .map_err(fail)?;
-    Ok(
-        row.map(|(holder, token, elected_at)| crate::leader::LeaderInfo {
-            holder,
-            token,
-            elected_at,
-        }),
-    )
-}
+pub const PG_SCHEMA: &str = crate::raw::PG_FENCING_SCHEMA;

@@ -2,58 +2,11 @@
 
 use std::fmt;
 use std::future::Future;
-use std::time::Duration;
 
-use crate::locks::{Grant, Mode};
-use crate::{Error, Key};
-
-/// Why a held lock was lost.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum LossReason {
-    /// The lock's connection closed or failed: the server restarted or shut down, an
-    /// operator terminated the backend (`pg_terminate_backend`), the network broke.
-    ConnectionClosed {
-        /// What the driver or the server said.
-        message: String,
-    },
-    /// The connection stopped answering health checks for this long; dblock closed it.
-    Unresponsive {
-        /// How long the check went unanswered.
-        after: Duration,
-    },
-    /// The embedded backend's lock file was deleted or replaced while the lock was held:
-    /// requests made since lock the file the path names now, where this lock is not
-    /// seen (see [`sqlite`](crate::sqlite#identity-is-the-file-not-the-spelling)).
-    LockFileReplaced {
-        /// The lock file's path.
-        path: std::path::PathBuf,
-    },
-}
-
-impl fmt::Display for LossReason {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            LossReason::ConnectionClosed { message } => {
-                write!(f, "its connection closed ({message})")
-            }
-            LossReason::Unresponsive { after } => {
-                write!(f, "its connection did not answer a check for {after:?}")
-            }
-            LossReason::LockFileReplaced { path } => {
-                write!(f, "its lock file {} was replaced", path.display())
-            }
-        }
-    }
-}
-
-/// The backend half of a guard.
-pub(crate) enum Held {
-    #[cfg(feature = "postgres")]
-    Postgres(crate::postgres::PgHeld),
-    #[cfg(feature = "sqlite")]
-    Sqlite(crate::sqlite::SqliteHeld),
-}
+use crate::error::{Error, LossReason};
+use crate::fencing::Fence;
+use crate::key::Key;
+use crate::raw::{Grant, Mode, RawHeld};
 
 /// A held lock. Dropping it releases the lock at once; [`release`](LockGuard::release)
 /// does the same and reports errors.
@@ -71,8 +24,9 @@ pub struct LockGuard {
     name: Box<str>,
     key: Key,
     mode: Mode,
-    fence: Option<crate::fencing::Fence>,
-    held: Option<Held>,
+    fence: Option<Fence>,
+    /// The backend's half: releases on drop.
+    held: Box<dyn RawHeld>,
 }
 
 impl fmt::Debug for LockGuard {
@@ -94,8 +48,8 @@ impl LockGuard {
             mode,
             fence: grant
                 .fence
-                .map(|(token, table)| crate::fencing::Fence::new(name, key, token, table)),
-            held: Some(grant.held),
+                .map(|(token, table)| Fence::new(name, key, token, table)),
+            held: grant.held,
         }
     }
 
@@ -118,13 +72,13 @@ impl LockGuard {
     /// ([`Request::fenced`](crate::Request::fenced)): greater than every earlier grant's
     /// token for this name.
     pub fn fencing_token(&self) -> Option<i64> {
-        self.fence.as_ref().map(crate::fencing::Fence::token)
+        self.fence.as_ref().map(Fence::token)
     }
 
     /// The fence of this grant, to check in the transaction that makes the writes the
     /// lock protects (see [`fencing`](crate::fencing)); `None` unless a token was asked
     /// for.
-    pub fn fence(&self) -> Option<&crate::fencing::Fence> {
+    pub fn fence(&self) -> Option<&Fence> {
         self.fence.as_ref()
     }
 
@@ -132,13 +86,7 @@ impl LockGuard {
     /// connection has been seen to close or stop answering. A lock can be lost a moment
     /// before this notices; fencing tokens guard writes against that window.
     pub fn is_held(&self) -> bool {
-        match &self.held {
-            #[cfg(feature = "postgres")]
-            Some(Held::Postgres(h)) => h.loss().is_none(),
-            #[cfg(feature = "sqlite")]
-            Some(Held::Sqlite(h)) => h.loss().is_none(),
-            None => false,
-        }
+        self.held.loss().is_none()
     }
 
     /// A future that resolves, with the reason, when the lock is lost; it never
@@ -163,25 +111,13 @@ impl LockGuard {
     /// sqlx pool is only read while a request or a check runs on it, so there a closed
     /// connection is noticed at the next check, within `check_interval`. A transaction-scoped lock that
     /// is lost takes its transaction with it. Locks of the embedded backend live as long
-    /// as the process; the one way to lose one, its lock file being replaced, is seen by
-    /// [`check`](LockGuard::check) and [`is_held`](LockGuard::is_held), not here.
+    /// as the process and are never lost.
     ///
     /// # Cancel safety
     ///
     /// Dropping the future has no effect on the lock.
     pub fn lost(&self) -> impl Future<Output = LossReason> + Send + 'static {
-        let watch = match &self.held {
-            #[cfg(feature = "postgres")]
-            Some(Held::Postgres(h)) => Some(h.watch_loss()),
-            _ => None,
-        };
-        async move {
-            match watch {
-                #[cfg(feature = "postgres")]
-                Some(w) => w.await,
-                _ => std::future::pending().await,
-            }
-        }
+        self.held.lost()
     }
 
     /// Checks with the server, now, that the lock is still held. On a connection that
@@ -200,16 +136,7 @@ impl LockGuard {
     /// whose reply the connection reads and drops when no one waits for it any more, on
     /// a connection of the lock's own and on a multiplexing handle's shared one alike.
     pub async fn check(&mut self) -> Result<(), Error> {
-        match &mut self.held {
-            #[cfg(feature = "postgres")]
-            Some(Held::Postgres(h)) => h.check().await,
-            #[cfg(feature = "sqlite")]
-            Some(Held::Sqlite(h)) => match h.loss() {
-                None => Ok(()),
-                Some(reason) => Err(Error::LockLost { reason }),
-            },
-            None => Err(Error::Unsupported("the guard was already released".into())),
-        }
+        self.held.check().await
     }
 
     /// Releases the lock now and waits for the database to confirm it.
@@ -223,21 +150,8 @@ impl LockGuard {
     ///
     /// Cancelling the release still releases: the connection is closed if the reply
     /// had not arrived.
-    pub async fn release(mut self) -> Result<(), Error> {
-        match self.held.take() {
-            #[cfg(feature = "postgres")]
-            Some(Held::Postgres(h)) => h.release().await,
-            #[cfg(feature = "sqlite")]
-            Some(Held::Sqlite(h)) => {
-                let loss = h.loss();
-                h.release();
-                match loss {
-                    None => Ok(()),
-                    Some(reason) => Err(Error::LockLost { reason }),
-                }
-            }
-            None => Ok(()),
-        }
+    pub async fn release(self) -> Result<(), Error> {
+        self.held.release().await
     }
 }
 

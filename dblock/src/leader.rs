@@ -44,8 +44,10 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
+use crate::error::{Error, LossReason};
 use crate::fencing::Fence;
-use crate::{Error, LockGuard, Locks, LossReason};
+use crate::guard::LockGuard;
+use crate::locks::Locks;
 
 /// This candidate's role, as [`Election::watch`] reports it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -117,7 +119,7 @@ impl Election {
     /// Cancelling it withdraws the candidacy; it never leaves this process leading.
     pub async fn campaign(&self) -> Result<Term, Error> {
         let mut req = self.locks.request(&self.name).fenced();
-        if self.locks.backend_name() == "postgres" {
+        if self.locks.inner.backend.has_leases() {
             req = req.lease(self.lease);
         }
         let guard = req.lock().await?;
@@ -196,14 +198,17 @@ impl Election {
     /// A read; cancelling it has no effect.
     pub async fn leader(&self) -> Result<Option<LeaderInfo>, Error> {
         let key = self.locks.key(&self.name)?;
-        match &self.locks.inner.backend {
-            #[cfg(feature = "postgres")]
-            crate::locks::Backend::Postgres(b) => b.latest_grant(key).await,
-            #[cfg(feature = "sqlite")]
-            crate::locks::Backend::Sqlite(b) => {
-                crate::fencing::sqlite_latest_grant(&b.shared, key).await
-            }
-        }
+        let Some(store) = self.locks.inner.backend.fencing() else {
+            return Err(Error::Unsupported(format!(
+                "the {} backend keeps no fencing tokens to read the leader from",
+                self.locks.backend_name()
+            )));
+        };
+        Ok(store.latest_grant(key).await?.map(|g| LeaderInfo {
+            holder: g.holder,
+            token: g.token,
+            elected_at: g.granted_at,
+        }))
     }
 }
 

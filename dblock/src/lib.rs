@@ -56,6 +56,9 @@
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+/// The `dblock bench` workloads: the command-line program's, not a public API (no
+/// stability promised).
+#[doc(hidden)]
 pub mod bench;
 mod conninfo;
 mod error;
@@ -68,16 +71,18 @@ pub mod migrate;
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub mod postgres;
+mod raw;
 #[cfg(feature = "sqlite")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
 pub mod sqlite;
 mod target;
 
-pub use error::Error;
+pub use error::{Error, LossReason, WaitingFor};
 pub use fencing::Fence;
-pub use guard::{LockGuard, LossReason};
+pub use guard::LockGuard;
 pub use key::{DEFAULT_NAMESPACE, Key, MAX_NAME_LEN, MAX_NAMESPACE_LEN, NAMESPACE_SETTING};
-pub use locks::{Builder, Locks, Mode, Request, Scope};
+pub use locks::{Builder, Locks, Request};
+pub use raw::{Mode, Scope};
 pub use target::{URL_ENV_VARS, default_sqlite_path, url_from_env};
 
 #[cfg(feature = "macros")]

@@ -5,90 +5,13 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::guard::{Held, LockGuard};
-use crate::key::{check_name, check_namespace};
-use crate::target::Target;
-use crate::{Error, Key};
-
-/// Whether a lock excludes everyone, or only exclusive holders.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub enum Mode {
-    /// One holder at a time (a writer).
-    #[default]
-    Exclusive,
-    /// Any number of shared holders at once, and no exclusive holder (readers).
-    Shared,
-}
-
-/// How long a PostgreSQL lock lives on its connection. The embedded backend has one
-/// kind of lock and ignores this.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub enum Scope {
-    /// A transaction-scoped advisory lock (`pg_advisory_xact_lock`): the guard keeps a
-    /// transaction open on its connection and ends it to release. Works behind PgBouncer
-    /// in transaction pooling mode. The default.
-    #[default]
-    Transaction,
-    /// A session-scoped advisory lock (`pg_advisory_lock`), released by
-    /// `pg_advisory_unlock`. No transaction stays open while it is held, but it is lost
-    /// or leaked behind a transaction-pooling PgBouncer.
-    Session,
-}
-
-/// How long a request waits for a lock someone else holds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Wait {
-    /// Until it is granted.
-    Forever,
-    /// Not at all.
-    Try,
-    /// Until this instant.
-    Until(Instant),
-}
-
-impl Wait {
-    /// The instant after which to give up, if any.
-    pub(crate) fn deadline(self) -> Option<Instant> {
-        match self {
-            Wait::Forever => None,
-            Wait::Try => Some(Instant::now()),
-            Wait::Until(t) => Some(t),
-        }
-    }
-}
-
-/// One request as the backends see it: the name checked and keyed.
-#[derive(Debug, Clone)]
-pub(crate) struct Req<'a> {
-    pub(crate) namespace: &'a str,
-    pub(crate) name: &'a str,
-    pub(crate) key: Key,
-    pub(crate) mode: Mode,
-    pub(crate) scope: Scope,
-    pub(crate) wait: Wait,
-    pub(crate) fenced: bool,
-    pub(crate) lease: Option<Duration>,
-}
-
-/// A grant as a backend returns it.
-pub(crate) struct Grant {
-    pub(crate) held: Held,
-    /// The fencing token, and the fencing table as SQL names it.
-    pub(crate) fence: Option<(i64, Arc<str>)>,
-}
-
-/// What a handle talks to.
-// One per handle, behind an Arc: the size of the PostgreSQL variant costs nothing.
-#[allow(clippy::large_enum_variant)]
-pub(crate) enum Backend {
-    #[cfg(feature = "postgres")]
-    Postgres(crate::postgres::PgBackend),
-    #[cfg(feature = "sqlite")]
-    Sqlite(crate::sqlite::SqliteBackend),
-}
+use crate::error::{Error, WaitingFor};
+use crate::guard::LockGuard;
+use crate::key::{Key, check_name, check_namespace};
+use crate::raw::{Mode, Options, RawLocks, Req, Scope, Wait};
 
 pub(crate) struct Inner {
-    pub(crate) backend: Backend,
+    pub(crate) backend: Box<dyn RawLocks>,
     pub(crate) namespace: String,
     pub(crate) scope: Scope,
 }
@@ -199,21 +122,12 @@ impl Locks {
     #[cfg(feature = "postgres")]
     #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
     pub fn pooler(&self) -> crate::postgres::Pooler {
-        match &self.inner.backend {
-            Backend::Postgres(b) => b.pooler.0,
-            #[cfg(feature = "sqlite")]
-            Backend::Sqlite(_) => crate::postgres::Pooler::None,
-        }
+        self.inner.backend.pooler()
     }
 
     /// `"postgres"` or `"sqlite"`.
     pub fn backend_name(&self) -> &'static str {
-        match &self.inner.backend {
-            #[cfg(feature = "postgres")]
-            Backend::Postgres(_) => "postgres",
-            #[cfg(feature = "sqlite")]
-            Backend::Sqlite(_) => "sqlite",
-        }
+        self.inner.backend.name()
     }
 
     /// The key `name` maps to in this handle's namespace.
@@ -374,7 +288,7 @@ impl<'a> Request<'a> {
             // Not expected: dblock sets lock_timeout for each slice of the wait and asks
             // again when it ends; kept for a server that answers otherwise.
             None => Err(Error::Timeout {
-                waiting_for: crate::error::SERVER_LOCK_TIMEOUT,
+                waiting_for: WaitingFor::LockServerLockTimeout,
                 after: None,
             }),
         }
@@ -433,12 +347,7 @@ impl<'a> Request<'a> {
             fenced: self.fenced,
             lease: self.lease,
         };
-        let grant = match &inner.backend {
-            #[cfg(feature = "postgres")]
-            Backend::Postgres(b) => b.acquire(&req).await?,
-            #[cfg(feature = "sqlite")]
-            Backend::Sqlite(b) => b.acquire(&req).await?,
-        };
+        let grant = inner.backend.acquire(&req).await?;
         Ok(grant.map(|g| LockGuard::new(self.name, req.key, self.mode, g)))
     }
 }
@@ -451,14 +360,7 @@ pub struct Builder {
     sqlx_pool: Option<sqlx::PgPool>,
     namespace: Option<String>,
     scope: Scope,
-    pub(crate) max_connections: usize,
-    pub(crate) acquire_timeout: Duration,
-    pub(crate) check_interval: Duration,
-    pub(crate) check_timeout: Duration,
-    pub(crate) allow_network_filesystem: bool,
-    pub(crate) multiplex: usize,
-    #[cfg(feature = "postgres")]
-    pub(crate) pooler: crate::postgres::Pooler,
+    opts: Options,
 }
 
 // By hand: the URL may hold a password, which Debug output must not show.
@@ -470,12 +372,16 @@ impl std::fmt::Debug for Builder {
         d.field("sqlx_pool", &self.sqlx_pool);
         d.field("namespace", &self.namespace)
             .field("scope", &self.scope)
-            .field("max_connections", &self.max_connections)
-            .field("acquire_timeout", &self.acquire_timeout)
-            .field("check_interval", &self.check_interval)
-            .field("check_timeout", &self.check_timeout)
-            .field("allow_network_filesystem", &self.allow_network_filesystem)
-            .field("multiplex", &self.multiplex)
+            .field("max_connections", &self.opts.max_connections)
+            .field("acquire_timeout", &self.opts.acquire_timeout)
+            .field("check_interval", &self.opts.check_interval)
+            .field("check_timeout", &self.opts.check_timeout)
+            .field(
+                "allow_network_filesystem",
+                &self.opts.allow_network_filesystem,
+            )
+            .field("multiplex", &self.opts.multiplex)
+            .field("pooler", &self.opts.pooler)
             .finish()
     }
 }
@@ -488,14 +394,7 @@ impl Default for Builder {
             sqlx_pool: None,
             namespace: None,
             scope: Scope::Transaction,
-            max_connections: 64,
-            acquire_timeout: Duration::from_secs(30),
-            check_interval: Duration::from_secs(1),
-            check_timeout: Duration::from_secs(5),
-            allow_network_filesystem: false,
-            multiplex: 0,
-            #[cfg(feature = "postgres")]
-            pooler: crate::postgres::Pooler::Detect,
+            opts: Options::default(),
         }
     }
 }
@@ -538,7 +437,7 @@ impl Builder {
     /// waiting lock pins one; requests beyond wait for one to come free (see
     /// [`acquire_timeout`](Builder::acquire_timeout)).
     pub fn max_connections(mut self, n: usize) -> Self {
-        self.max_connections = n.max(1);
+        self.opts.max_connections = n.max(1);
         self
     }
 
@@ -550,7 +449,7 @@ impl Builder {
     /// `try_lock` not at all). A handle on an sqlx pool uses that pool's
     /// `acquire_timeout` instead.
     pub fn acquire_timeout(mut self, timeout: Duration) -> Self {
-        self.acquire_timeout = timeout;
+        self.opts.acquire_timeout = timeout;
         self
     }
 
@@ -559,14 +458,14 @@ impl Builder {
     /// dblock's own connections a connection the server closes is noticed at once
     /// regardless; on connections borrowed from an sqlx pool, at the next check.
     pub fn check_interval(mut self, interval: Duration) -> Self {
-        self.check_interval = interval.max(Duration::from_millis(10));
+        self.opts.check_interval = interval.max(Duration::from_millis(10));
         self
     }
 
     /// How long a check may go unanswered before the lock is declared lost and its
     /// connection closed; five seconds unless set.
     pub fn check_timeout(mut self, timeout: Duration) -> Self {
-        self.check_timeout = timeout.max(Duration::from_millis(10));
+        self.opts.check_timeout = timeout.max(Duration::from_millis(10));
         self
     }
 
@@ -593,7 +492,7 @@ impl Builder {
     /// # Ok(()) }
     /// ```
     pub fn multiplex(mut self, n: usize) -> Self {
-        self.multiplex = n.min(64);
+        self.opts.multiplex = n.min(64);
         self
     }
 
@@ -601,7 +500,7 @@ impl Builder {
     /// where byte-range locks may not exclude across hosts. Off unless set: such file
     /// systems are refused with [`Error::UnsupportedFilesystem`].
     pub fn allow_network_filesystem(mut self, allow: bool) -> Self {
-        self.allow_network_filesystem = allow;
+        self.opts.allow_network_filesystem = allow;
         self
     }
 
@@ -614,7 +513,7 @@ impl Builder {
     #[cfg(feature = "postgres")]
     #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
     pub fn pooler(mut self, pooler: crate::postgres::Pooler) -> Self {
-        self.pooler = pooler;
+        self.opts.pooler = pooler;
         self
     }
 
@@ -627,35 +526,19 @@ impl Builder {
     /// # Cancel safety
     ///
     /// As [`Locks::connect`].
-    pub async fn build(#[allow(unused_mut)] mut self) -> Result<Locks, Error> {
+    pub async fn build(self) -> Result<Locks, Error> {
         if let Some(ns) = &self.namespace {
             check_namespace(ns)?;
         }
         #[cfg(feature = "postgres")]
         if let Some(pool) = self.sqlx_pool.clone() {
-            let (b, ns) = crate::postgres::PgBackend::from_sqlx(pool, &self).await?;
-            return self.finish(Backend::Postgres(b), ns);
+            let (b, ns) = crate::postgres::from_sqlx(pool, &self.opts).await?;
+            return self.finish(b, ns);
         }
-        let target = match self.url.clone().or_else(crate::target::url_from_env) {
-            #[cfg(feature = "postgres")]
-            Some(url) => {
-                // dblock's own `pooler=` parameter, which the driver would refuse.
-                let (url, declared) =
-                    crate::postgres::pooler::split_url(&url).map_err(|reason| {
-                        Error::InvalidUrl {
-                            url: crate::error::redact_url(&url),
-                            reason,
-                        }
-                    })?;
-                if let Some(p) = declared {
-                    self.pooler = p;
-                }
-                Target::parse(&url)?
-            }
-            #[cfg(not(feature = "postgres"))]
-            Some(url) => Target::parse(&url)?,
+        let (backend, namespace) = match self.url.clone().or_else(crate::target::url_from_env) {
+            Some(url) => crate::target::open(&url, &self.opts).await?,
             #[cfg(feature = "sqlite")]
-            None => Target::default_embedded()?,
+            None => crate::target::open_default(&self.opts)?,
             #[cfg(not(feature = "sqlite"))]
             None => {
                 return Err(Error::InvalidUrl {
@@ -664,22 +547,10 @@ impl Builder {
                 });
             }
         };
-        let (backend, namespace) = match target {
-            #[cfg(feature = "postgres")]
-            Target::Postgres { config, shown, tls } => {
-                let (b, ns) = crate::postgres::PgBackend::open(*config, shown, tls, &self).await?;
-                (Backend::Postgres(b), ns)
-            }
-            #[cfg(feature = "sqlite")]
-            Target::Sqlite { path } => (
-                Backend::Sqlite(crate::sqlite::SqliteBackend::open(path, &self)?),
-                crate::DEFAULT_NAMESPACE.to_string(),
-            ),
-        };
         self.finish(backend, namespace)
     }
 
-    fn finish(self, backend: Backend, default_namespace: String) -> Result<Locks, Error> {
+    fn finish(self, backend: Box<dyn RawLocks>, default_namespace: String) -> Result<Locks, Error> {
         let namespace = self.namespace.unwrap_or(default_namespace);
         check_namespace(&namespace)?;
         Ok(Locks {

@@ -1,64 +1,55 @@
-//! Which database a URL names, and where the embedded default lives.
+//! Which database a URL names, and where the embedded default lives: the one place
+//! that knows every backend (one line each in [`open`]).
 
 use std::path::PathBuf;
 
-use crate::Error;
-use crate::error::redact_url;
+use crate::error::{Error, redact_url};
+use crate::raw::{Options, RawLocks};
 
 /// The environment variables read, in order, by [`Locks::from_env`](crate::Locks::from_env)
 /// and the command-line program when no URL is given.
 pub const URL_ENV_VARS: [&str; 2] = ["DBLOCK_DATABASE_URL", "DATABASE_URL"];
 
-/// A database named by a URL, parsed but not yet opened.
-#[derive(Debug, Clone)]
-pub(crate) enum Target {
-    /// `postgres://` or `postgresql://`.
+/// Opens the backend a database URL names, and the default namespace it brings.
+pub(crate) async fn open(url: &str, opts: &Options) -> Result<(Box<dyn RawLocks>, String), Error> {
+    let invalid = |reason: String| Error::InvalidUrl {
+        url: redact_url(url),
+        reason,
+    };
+    // libpq's `key=value` strings name no scheme: PostgreSQL's.
     #[cfg(feature = "postgres")]
-    Postgres {
-        config: Box<tokio_postgres::Config>,
-        /// The URL as it may be shown: password redacted.
-        shown: String,
-        /// The TLS the URL asked for, its certificate files read.
-        tls: crate::postgres::tls::Connector,
-    },
-    /// `sqlite:PATH`, `sqlite://PATH`, or the default file.
-    #[cfg(feature = "sqlite")]
-    Sqlite { path: PathBuf },
+    if crate::conninfo::is_key_value(url) {
+        return crate::postgres::open(url, opts).await;
+    }
+    let Some(colon) = url.find(':') else {
+        return Err(invalid(
+            "expected postgres://…, postgresql://…, key=value … or sqlite:PATH".into(),
+        ));
+    };
+    match url[..colon].to_ascii_lowercase().as_str() {
+        #[cfg(feature = "postgres")]
+        "postgres" | "postgresql" => crate::postgres::open(url, opts).await,
+        #[cfg(feature = "sqlite")]
+        "sqlite" => crate::sqlite::open(url, opts),
+        #[cfg(not(feature = "postgres"))]
+        "postgres" | "postgresql" => Err(invalid(
+            "this build of dblock has no PostgreSQL support (cargo feature \"postgres\")".into(),
+        )),
+        #[cfg(not(feature = "sqlite"))]
+        "sqlite" => Err(invalid(
+            "this build of dblock has no SQLite support (cargo feature \"sqlite\")".into(),
+        )),
+        other => Err(invalid(format!(
+            "unknown scheme {other:?}: expected postgres://…, postgresql://… or sqlite:PATH"
+        ))),
+    }
 }
 
-impl Target {
-    /// Parses a database URL.
-    pub(crate) fn parse(url: &str) -> Result<Target, Error> {
-        let invalid = |reason: String| Error::InvalidUrl {
-            url: redact_url(url),
-            reason,
-        };
-        if crate::conninfo::is_key_value(url) {
-            return parse_postgres(url).map_err(invalid);
-        }
-        let scheme = match url.find(':') {
-            Some(i) => &url[..i],
-            None => {
-                return Err(invalid(
-                    "expected postgres://…, postgresql://…, key=value … or sqlite:PATH".into(),
-                ));
-            }
-        };
-        match scheme.to_ascii_lowercase().as_str() {
-            "postgres" | "postgresql" => parse_postgres(url).map_err(invalid),
-            "sqlite" => parse_sqlite(url).map_err(invalid),
-            other => Err(invalid(format!(
-                "unknown scheme {other:?}: expected postgres://…, postgresql://… or sqlite:PATH"
-            ))),
-        }
-    }
-
-    /// The embedded default: `$XDG_STATE_HOME/dblock/locks.db`, or
-    /// `$HOME/.local/state/dblock/locks.db` when `XDG_STATE_HOME` is unset or empty.
-    #[cfg(feature = "sqlite")]
-    pub(crate) fn default_embedded() -> Result<Target, Error> {
-        default_sqlite_path().map(|path| Target::Sqlite { path })
-    }
+/// Opens the embedded default: `$XDG_STATE_HOME/dblock/locks.db`, or
+/// `$HOME/.local/state/dblock/locks.db` when `XDG_STATE_HOME` is unset or empty.
+#[cfg(feature = "sqlite")]
+pub(crate) fn open_default(opts: &Options) -> Result<(Box<dyn RawLocks>, String), Error> {
+    crate::sqlite::open_path(default_sqlite_path()?, opts)
 }
 
 /// The path of the embedded default database file (see [`Locks::from_env`](crate::Locks::from_env)).
@@ -91,74 +82,17 @@ pub fn url_from_env() -> Option<String> {
         .find(|s| !s.is_empty())
 }
 
-#[cfg(feature = "postgres")]
-fn parse_postgres(url: &str) -> Result<Target, String> {
-    // libpq's conventions: both string forms, its environment, its password file.
-    let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
-    let parsed = crate::conninfo::parse(url, &env)?;
-    let tls = crate::postgres::tls::Connector::new(&parsed.tls)?;
-    Ok(Target::Postgres {
-        config: Box::new(parsed.config),
-        shown: parsed.shown,
-        tls,
-    })
-}
-
-#[cfg(not(feature = "postgres"))]
-fn parse_postgres(_: &str) -> Result<Target, String> {
-    Err("this build of dblock has no PostgreSQL support (cargo feature \"postgres\")".into())
-}
-
-#[cfg(feature = "sqlite")]
-fn parse_sqlite(url: &str) -> Result<Target, String> {
-    // `sqlite:PATH` and sqlx's `sqlite://PATH` (so `sqlite:///abs` is absolute);
-    // anything after `?` (sqlx's `mode=rwc` and the like) is ignored.
-    let rest = &url["sqlite:".len()..];
-    let rest = rest.strip_prefix("//").unwrap_or(rest);
-    let path = rest.split('?').next().unwrap_or_default();
-    if path.is_empty() {
-        return Err("no file path after sqlite:".into());
-    }
-    if path == ":memory:" || path.starts_with("file::memory:") {
-        return Err("an in-memory database cannot be shared between processes".into());
-    }
-    Ok(Target::Sqlite {
-        path: PathBuf::from(path),
-    })
-}
-
-#[cfg(not(feature = "sqlite"))]
-fn parse_sqlite(_: &str) -> Result<Target, String> {
-    Err("this build of dblock has no SQLite support (cargo feature \"sqlite\")".into())
-}
-
 #[cfg(test)]
 mod tests {
+    use futures_util::FutureExt;
+
     use super::*;
 
-    #[test]
-    fn sqlite_urls_name_files() {
-        let path = |u: &str| match Target::parse(u).unwrap() {
-            Target::Sqlite { path } => path,
-            #[allow(unreachable_patterns)]
-            _ => panic!("{u} is not sqlite"),
-        };
-        assert_eq!(path("sqlite:/tmp/a.db"), PathBuf::from("/tmp/a.db"));
-        assert_eq!(path("sqlite:///tmp/a.db"), PathBuf::from("/tmp/a.db"));
-        assert_eq!(path("sqlite://rel/a.db"), PathBuf::from("rel/a.db"));
-        assert_eq!(path("sqlite:a.db?mode=rwc"), PathBuf::from("a.db"));
-    }
-
-    #[test]
-    fn postgres_urls_parse_with_both_schemes() {
-        for u in [
-            "postgres://postgres@127.0.0.1:5432/test",
-            "postgresql://u:pw@localhost/db?application_name=x",
-        ] {
-            assert!(
-                matches!(Target::parse(u), Ok(Target::Postgres { .. })),
-                "{u}"
-            );
+    fn opened(url: &str) -> Result<(), Error> {
+        // Every URL here fails before any I/O: the future is ready at its first poll.
+        match open(url, &Options::default()).now_or_never() {
+            Some(r) => r.map(|_| ()),
+            None => panic!("{url} did not fail at once"),
         }
     }
 
@@ -173,17 +107,17 @@ mod tests {
             "sqlite::memory:",
             "postgres://u@h:notaport/db",
         ] {
+            let r = opened(u);
             assert!(
-                matches!(Target::parse(u), Err(Error::InvalidUrl { .. })),
-                "{u:?} gave {:?}",
-                Target::parse(u)
+                matches!(r, Err(Error::InvalidUrl { .. })),
+                "{u:?} gave {r:?}"
             );
         }
     }
 
     #[test]
     fn error_messages_hide_passwords() {
-        let e = Target::parse("postgres://u:hunter2@h:notaport/db").unwrap_err();
+        let e = opened("postgres://u:hunter2@h:notaport/db").unwrap_err();
         assert!(!e.to_string().contains("hunter2"), "{e}");
     }
 }

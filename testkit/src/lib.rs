@@ -209,8 +209,11 @@ impl PgSchema {
         let mut n = 0;
         for (pid, _, granted) in self.advisory(key).await {
             if granted {
+                // With a timeout (PostgreSQL 14+) it returns once the backend has
+                // exited, so its locks are gone: the client may see its socket close
+                // before that, and a test that asks for the lock at once would race.
                 self.admin
-                    .query("SELECT pg_terminate_backend($1)", &[&pid])
+                    .query("SELECT pg_terminate_backend($1, 5000)", &[&pid])
                     .await
                     .unwrap();
                 n += 1;

@@ -145,23 +145,6 @@ pub(crate) fn hazards(sql: &str, server_version_num: Option<u32>) -> Vec<Hazard>
         .collect()
 }
 
-/// The server's `server_version_num`, on a connection of its own.
-#[cfg(feature = "postgres")]
-pub(crate) async fn server_version_num(
-    b: &crate::postgres::PgBackend,
-) -> Result<u32, crate::Error> {
-    use crate::postgres::{Armed, first_value};
-    let armed = Armed::new(b.pinned().await?);
-    let rows = super::pg::q(&armed, "SELECT current_setting('server_version_num')").await?;
-    armed.disarm().recycle();
-    first_value(&rows, 0)
-        .and_then(|v| v.parse().ok())
-        .ok_or_else(|| crate::Error::Database {
-            code: None,
-            message: "server_version_num is not a number".into(),
-        })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -154,63 +154,26 @@ pub(crate) mod adopt;
 mod files;
 mod layout;
 mod lint;
-mod revert;
-mod set;
-mod split;
+pub(crate) mod plan;
+pub(crate) mod revert;
+pub(crate) mod set;
+pub(crate) mod split;
 
-#[cfg(feature = "postgres")]
-pub(crate) mod pg;
-#[cfg(feature = "sqlite")]
-mod sqlite;
-
-use std::collections::HashSet;
 use std::fmt;
 use std::time::Duration;
 
-use crate::locks::Backend;
-use crate::{Error, Locks};
+use crate::error::Error;
+use crate::locks::Locks;
+use crate::raw::MigrationTarget;
+use adopt::adopt_or_refuse;
+use plan::{Record, plan};
+use std::collections::HashSet;
 
 pub use files::MAX_FILE_BYTES;
 pub use layout::Layout;
 pub use lint::Hazard;
+pub use plan::{Applied, MIGRATION_LOCK_KEY, Report, TABLE, lock_prefixed};
 pub use set::{Migration, Migrations, NO_TRANSACTION_HEADER, SQLX_NO_TRANSACTION};
-
-/// The advisory-lock key every migration and every start-up DDL script takes first:
-/// the ASCII bytes of `DBLOCKM` and a version byte, so that it is recognisable in
-/// `pg_locks` (classid 1145195599 = `0x44424c4f`, objid 1129008385 = `0x434b4d01`,
-/// objsubid 1).
-///
-/// One key for the whole database, not one per script: the catalogue indexes that
-/// concurrent `CREATE … IF NOT EXISTS` collide on are database-wide, so two *different*
-/// scripts race exactly as two runs of one script do.
-///
-/// ```sql
-/// SELECT pid, mode, granted FROM pg_locks
-///  WHERE locktype = 'advisory' AND classid = 1145195599 AND objid = 1129008385 AND objsubid = 1;
-/// ```
-pub const MIGRATION_LOCK_KEY: i64 = 0x4442_4c4f_434b_4d01;
-
-/// The table, in the schema in use (PostgreSQL) or the database file (SQLite), that
-/// records the applied migrations: `version`, `name`, `checksum`, `applied_at`,
-/// `duration_ms`.
-pub const TABLE: &str = "dblock_migrations";
-
-/// `ddl` with the migration lock's acquisition as its first statement.
-///
-/// Sent as one simple-protocol message, the whole script runs in one implicit
-/// transaction: the lock is held for all of it and released at its end, on success and
-/// on failure alike, with nothing for the caller to release.
-///
-/// ```
-/// let sql = dblock::migrate::lock_prefixed("CREATE TABLE IF NOT EXISTS t (x int);");
-/// assert_eq!(
-///     sql,
-///     "SELECT pg_advisory_xact_lock(4918577646357138689);\nCREATE TABLE IF NOT EXISTS t (x int);"
-/// );
-/// ```
-pub fn lock_prefixed(ddl: &str) -> String {
-    format!("SELECT pg_advisory_xact_lock({MIGRATION_LOCK_KEY});\n{ddl}")
-}
 
 /// Runs the idempotent start-up script `ddl` under the migration lock, on a connection
 /// of `pool`: the seed's primitive (see [above](self#start-up-scripts-run_script)).
@@ -285,12 +248,7 @@ impl Locks {
     /// On SQLite, the transaction is rolled back and the lock released.
     pub async fn run_script(&self, ddl: &str) -> Result<(), Error> {
         check_script(ddl)?;
-        match &self.inner.backend {
-            #[cfg(feature = "postgres")]
-            Backend::Postgres(b) => pg::run_script(b, ddl).await,
-            #[cfg(feature = "sqlite")]
-            Backend::Sqlite(b) => sqlite::run_script(b, ddl).await,
-        }
+        target(self)?.run_script(ddl).await
     }
 }
 
@@ -406,12 +364,9 @@ impl<'a> Runner<'a> {
             Some(f) => f.as_mut(),
             None => &mut ignore,
         };
-        match &self.locks.inner.backend {
-            #[cfg(feature = "postgres")]
-            Backend::Postgres(b) => pg::run(b, set, self.ignore_missing, on_applied).await,
-            #[cfg(feature = "sqlite")]
-            Backend::Sqlite(b) => sqlite::run(b, set, self.ignore_missing, on_applied).await,
-        }
+        target(self.locks)?
+            .run(set, self.ignore_missing, on_applied)
+            .await
     }
 
     /// The migrations a run would apply now, in order, after the same checks a run
@@ -497,17 +452,7 @@ impl<'a> Runner<'a> {
             Some(f) => f.as_mut(),
             None => &mut ignore,
         };
-        match &self.locks.inner.backend {
-            #[cfg(feature = "postgres")]
-            Backend::Postgres(b) => revert::pg::revert(b, set, to, on_reverted).await,
-            #[cfg(feature = "sqlite")]
-            Backend::Sqlite(_) => {
-                let _ = (set, to, on_reverted);
-                Err(Error::Unsupported(
-                    "migrate revert is implemented on PostgreSQL only".into(),
-                ))
-            }
-        }
+        target(self.locks)?.revert(set, to, on_reverted).await
     }
 
     /// The server's `server_version_num` (`160004` for 16.4), for
@@ -525,14 +470,7 @@ impl<'a> Runner<'a> {
     ) -> impl std::future::Future<Output = Result<Option<u32>, Error>> + Send + 'a {
         // Not `self` across the await: the callback is Send but not Sync.
         let locks = self.locks;
-        async move {
-            match &locks.inner.backend {
-                #[cfg(feature = "postgres")]
-                Backend::Postgres(b) => lint::server_version_num(b).await.map(Some),
-                #[cfg(feature = "sqlite")]
-                Backend::Sqlite(_) => Ok(None),
-            }
-        }
+        async move { target(locks)?.server_version_num().await }
     }
 
     /// Records migrations as applied **without running them**, under the migration lock:
@@ -556,81 +494,29 @@ impl<'a> Runner<'a> {
     pub async fn baseline(self, to: Option<i64>) -> Result<Vec<&'a Migration>, Error> {
         let (set, locks) = (self.set, self.locks);
         let list = set.checked()?;
-        let versions = match &locks.inner.backend {
-            #[cfg(feature = "postgres")]
-            Backend::Postgres(b) => adopt::pg::baseline(b, list, to).await?,
-            #[cfg(feature = "sqlite")]
-            Backend::Sqlite(b) => adopt::sqlite::baseline(b, list, to).await?,
-        };
+        let versions = target(locks)?.baseline(list, to).await?;
         Ok(versions.into_iter().filter_map(|v| set.get(v)).collect())
     }
 }
 
-/// Sets another tool's `history` beside dblock's `records`: refuses if it cannot be
-/// adopted as it stands; otherwise adds to `records` what the other tool applied, and
-/// returns the rows to record (see [the module](adopt)).
-pub(crate) fn adopt_or_refuse(
-    set: &[Migration],
-    records: &mut Vec<Record>,
-    history: &adopt::History,
-) -> Result<Vec<Record>, Error> {
-    let r = adopt::reconcile(set, records, history);
-    if let Some(e) = adopt::refusal(records, history, &r) {
-        return Err(e);
-    }
-    records.extend(r.adopt.iter().cloned().chain(r.unknown));
-    Ok(r.adopt)
-}
-
 /// Other tools' histories, read without the lock.
 async fn history(locks: &Locks) -> Result<adopt::History, Error> {
-    match &locks.inner.backend {
-        #[cfg(feature = "postgres")]
-        Backend::Postgres(b) => adopt::pg::history_unlocked(b).await,
-        #[cfg(feature = "sqlite")]
-        Backend::Sqlite(b) => adopt::sqlite::history_unlocked(b).await,
-    }
+    target(locks)?.history().await
 }
 
 /// The bookkeeping rows, read without the lock, if the table exists.
 async fn records(locks: &Locks) -> Result<Option<Vec<Record>>, Error> {
-    match &locks.inner.backend {
-        #[cfg(feature = "postgres")]
-        Backend::Postgres(b) => pg::records(b).await,
-        #[cfg(feature = "sqlite")]
-        Backend::Sqlite(b) => sqlite::records(b).await,
-    }
+    target(locks)?.records().await
 }
 
-/// What a run did.
-#[derive(Debug, Clone, Default)]
-#[non_exhaustive]
-pub struct Report {
-    /// The migrations this run applied, in order.
-    pub applied: Vec<Applied>,
-    /// How many migrations of the set were applied before this run (adopted ones
-    /// included).
-    pub already_applied: usize,
-    /// How many migrations another tool had applied this run adopted: recorded as
-    /// applied without running them, after verifying their checksums (see
-    /// [the module](crate::migrate#adopting-another-tools-history)).
-    pub adopted: usize,
-}
-
-/// One migration a run applied.
-#[derive(Debug, Clone)]
-#[non_exhaustive]
-pub struct Applied {
-    /// Its version.
-    pub version: i64,
-    /// Its name.
-    pub name: String,
-    /// Its file name, `VERSION_NAME.sql`.
-    pub file_name: String,
-    /// How long its SQL took (as recorded in `duration_ms`).
-    pub duration: Duration,
-    /// Whether it ran outside a transaction.
-    pub no_transaction: bool,
+/// The handle's backend as the runner sees it.
+fn target(locks: &Locks) -> Result<&dyn MigrationTarget, Error> {
+    locks.inner.backend.migrations().ok_or_else(|| {
+        Error::Unsupported(format!(
+            "the {} backend has no migration runner",
+            locks.backend_name()
+        ))
+    })
 }
 
 /// The state of each migration of a set and a database ([`Runner::status`]).
@@ -710,49 +596,6 @@ impl fmt::Display for State {
     }
 }
 
-/// One bookkeeping row.
-#[derive(Debug, Clone)]
-pub(crate) struct Record {
-    pub(crate) version: i64,
-    pub(crate) name: String,
-    pub(crate) checksum: String,
-    pub(crate) applied_at: String,
-    pub(crate) duration_ms: i64,
-}
-
-/// What to apply, in order, after checking the records against the set.
-pub(crate) fn plan<'s>(
-    set: &'s [Migration],
-    records: &[Record],
-    ignore_missing: bool,
-) -> Result<Vec<&'s Migration>, Error> {
-    let mut unknown = Vec::new();
-    for r in records {
-        match set.binary_search_by_key(&r.version, Migration::version) {
-            Ok(i) => {
-                let m = &set[i];
-                if m.checksum() != r.checksum {
-                    return Err(Error::MigrationEdited {
-                        file: m.file().to_string(),
-                        version: m.version(),
-                        applied_checksum: r.checksum.clone(),
-                        checksum: m.checksum().to_string(),
-                    });
-                }
-            }
-            Err(_) => unknown.push(format!("{} ({})", r.version, r.name)),
-        }
-    }
-    if !unknown.is_empty() && !ignore_missing {
-        return Err(Error::UnknownMigrations { missing: unknown });
-    }
-    let applied: HashSet<i64> = records.iter().map(|r| r.version).collect();
-    Ok(set
-        .iter()
-        .filter(|m| !applied.contains(&m.version()))
-        .collect())
-}
-
 fn status_of(set: &[Migration], records: Vec<Record>, ignore_missing: bool) -> Status {
     let mut entries: Vec<StatusEntry> = set
         .iter()
@@ -801,39 +644,9 @@ fn status_of(set: &[Migration], records: Vec<Record>, ignore_missing: bool) -> S
     }
 }
 
-/// The error of migration `m` failing, at `statement` (k of n) if it runs outside a
-/// transaction.
-pub(crate) fn failed(m: &Migration, statement: Option<(usize, usize)>, e: Error) -> Error {
-    let source = match e {
-        // "CREATE INDEX CONCURRENTLY cannot run inside a transaction block"
-        Error::Database { code, message }
-            if code.as_deref() == Some("25001") && !m.no_transaction() =>
-        {
-            Error::Database {
-                code,
-                message: format!(
-                    "{message}; hint: make {NO_TRANSACTION_HEADER:?} the file's first line"
-                ),
-            }
-        }
-        other => other,
-    };
-    Error::MigrationFailed {
-        file: m.file().to_string(),
-        version: m.version(),
-        name: m.name().to_string(),
-        statement,
-        source: Box::new(source),
-    }
-}
-
-/// A duration in whole milliseconds, as the bookkeeping table records it.
-pub(crate) fn millis(d: Duration) -> i64 {
-    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
-}
-
 #[cfg(test)]
 mod tests {
+    use super::plan::failed;
     use super::*;
 
     #[test]

@@ -27,10 +27,13 @@
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 
-use super::native::{NativeConn, Pool};
-use super::{Key, LossReason, QueryError, first_value, quote_literal};
-use crate::locks::{Grant, Mode, Req};
-use crate::{Error, Scope};
+use super::native::NativeConn;
+use super::pool::Pool;
+use super::sql::{first_value, quote_literal};
+use super::wire::{Link, QueryError};
+use crate::error::{Error, LossReason};
+use crate::key::Key;
+use crate::raw::{BoxFuture, Grant, Mode, RawHeld, Req, Scope, holder_id};
 
 pub(crate) struct Mux {
     inner: Arc<MuxInner>,
@@ -119,7 +122,7 @@ impl Mux {
                  holder = EXCLUDED.holder, granted_at = EXCLUDED.granted_at RETURNING token",
                 ns = quote_literal(req.namespace),
                 name = quote_literal(req.name),
-                holder = quote_literal(crate::fencing::holder_id()),
+                holder = quote_literal(holder_id()),
             ),
             None => format!("SELECT pg_try_advisory_lock{shared}({k})"),
         };
@@ -137,7 +140,7 @@ impl Mux {
             Ok(rows) => rows,
             Err(e) => {
                 // A fenced request may have taken the lock before its INSERT failed.
-                conn.fire(&unlock);
+                conn.send(&unlock);
                 return Err(e.into_error());
             }
         };
@@ -153,12 +156,12 @@ impl Mux {
         }
         let claim = claim.keep();
         Ok(Attempt::Granted(Grant {
-            held: crate::guard::Held::Postgres(super::PgHeld::Shared(MuxHeld {
+            held: Box::new(MuxHeld {
                 conn,
                 unlock,
                 key: claim,
                 released: false,
-            })),
+            }),
             fence: token.zip(fence_table.cloned()),
         }))
     }
@@ -229,7 +232,7 @@ impl Pending<'_> {
 impl Drop for Pending<'_> {
     fn drop(&mut self) {
         if self.armed {
-            self.conn.fire(self.unlock);
+            self.conn.send(self.unlock);
         }
     }
 }
@@ -245,15 +248,15 @@ pub(crate) struct MuxHeld {
 }
 
 impl MuxHeld {
-    pub(crate) fn link(&self) -> &Arc<super::conn::Link> {
+    fn link(&self) -> &Arc<Link> {
         self.conn.link()
     }
 
-    pub(crate) fn loss(&self) -> Option<LossReason> {
+    fn loss(&self) -> Option<LossReason> {
         self.conn.link().loss()
     }
 
-    pub(crate) async fn check(&mut self) -> Result<(), Error> {
+    async fn check(&mut self) -> Result<(), Error> {
         if let Some(reason) = self.loss() {
             return Err(Error::LockLost { reason });
         }
@@ -268,7 +271,7 @@ impl MuxHeld {
         }
     }
 
-    pub(crate) async fn release(mut self) -> Result<(), Error> {
+    async fn release(mut self) -> Result<(), Error> {
         if let Some(reason) = self.loss() {
             return Err(Error::LockLost { reason });
         }
@@ -297,11 +300,29 @@ impl MuxHeld {
     }
 }
 
+impl RawHeld for MuxHeld {
+    fn loss(&self) -> Option<LossReason> {
+        MuxHeld::loss(self)
+    }
+
+    fn lost(&self) -> BoxFuture<'static, LossReason> {
+        Box::pin(self.link().watch())
+    }
+
+    fn check(&mut self) -> BoxFuture<'_, Result<(), Error>> {
+        Box::pin(MuxHeld::check(self))
+    }
+
+    fn release(self: Box<Self>) -> BoxFuture<'static, Result<(), Error>> {
+        Box::pin(MuxHeld::release(*self))
+    }
+}
+
 impl Drop for MuxHeld {
     fn drop(&mut self) {
         // Sent before `key` leaves the table (fields drop after this body).
         if !self.released {
-            self.conn.fire(&self.unlock);
+            self.conn.send(&self.unlock);
         }
     }
 }

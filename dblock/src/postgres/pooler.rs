@@ -43,52 +43,7 @@ use std::borrow::Cow;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-/// What lies between dblock and the PostgreSQL server (see the
-/// [`pooler`](crate::postgres::pooler) module).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-#[non_exhaustive]
-pub enum Pooler {
-    /// Find out when the handle is built: no pooler, or a pooler taken to pool
-    /// transactions. The default.
-    #[default]
-    Detect,
-    /// No pooler: dblock talks to PostgreSQL itself.
-    None,
-    /// A pooler in session mode: each client connection keeps one server connection.
-    Session,
-    /// A pooler in transaction mode: each transaction may run on a different server
-    /// connection.
-    Transaction,
-}
-
-impl Pooler {
-    /// The value as the URL parameter spells it.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Pooler::Detect => "detect",
-            Pooler::None => "none",
-            Pooler::Session => "session",
-            Pooler::Transaction => "transaction",
-        }
-    }
-
-    /// Whether session state survives from one transaction to the next.
-    pub(crate) fn keeps_sessions(self) -> bool {
-        !matches!(self, Pooler::Transaction)
-    }
-
-    fn parse(v: &str) -> Result<Pooler, String> {
-        match v.to_ascii_lowercase().as_str() {
-            "detect" | "" => Ok(Pooler::Detect),
-            "none" | "direct" => Ok(Pooler::None),
-            "session" => Ok(Pooler::Session),
-            "transaction" => Ok(Pooler::Transaction),
-            other => Err(format!(
-                "pooler={other}: expected transaction, session, none or detect"
-            )),
-        }
-    }
-}
+pub use crate::raw::Pooler;
 
 /// How an effective [`Pooler::Transaction`] became known, for error messages.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -24,9 +24,14 @@
 //! Every permission error dblock meets on its own table says which command fixes it
 //! ([`Error::PermissionDenied`]).
 
-use super::{Armed, PgBackend, QueryError, quote_ident};
-use crate::locks::Backend;
-use crate::{Error, Locks};
+use super::backend::PgBackend;
+use super::bookkeeping::own_ddl;
+use super::conn::Armed;
+use super::sql::{first_value, quote_ident, quote_literal};
+use super::wire::QueryError;
+use crate::error::Error;
+use crate::locks::Locks;
+use crate::raw::{FENCING_TABLE, PG_FENCING_SCHEMA};
 
 /// SQLSTATE insufficient_privilege.
 pub(crate) const INSUFFICIENT_PRIVILEGE: &str = "42501";
@@ -47,25 +52,25 @@ pub(crate) const INSUFFICIENT_PRIVILEGE: &str = "42501";
 /// The table is created in a transaction of its own, and each grant is a statement of
 /// its own: cancelled, the setup is partly done, and running it again completes it.
 pub async fn setup(locks: &Locks, grant_to: &[&str]) -> Result<(), Error> {
-    let b = match &locks.inner.backend {
-        Backend::Postgres(b) => b,
-        #[cfg(feature = "sqlite")]
-        Backend::Sqlite(_) => {
-            return Err(Error::Unsupported(
-                "the embedded backend needs no setup: its tables are created in the lock file"
-                    .into(),
-            ));
-        }
+    let Some(b) = locks
+        .inner
+        .backend
+        .as_any()
+        .and_then(|b| b.downcast_ref::<PgBackend>())
+    else {
+        return Err(Error::Unsupported(
+            "the embedded backend needs no setup: its tables are created in the lock file".into(),
+        ));
     };
-    let schema = crate::fencing::PG_SCHEMA;
-    let table = format!("{}.{}", quote_ident(schema), crate::fencing::TABLE);
+    let schema = PG_FENCING_SCHEMA;
+    let table = format!("{}.{}", quote_ident(schema), FENCING_TABLE);
     let armed = Armed::new(b.pinned().await?);
-    let ddl = crate::fencing::pg_table_ddl(&table);
+    let ddl = super::fence::table_ddl(&table);
     let fix = format!(
         "run dblock setup as a role that may create tables in schema {schema:?} and grant on \
          them (its owner)"
     );
-    crate::migrate::pg::own_ddl(&armed, &ddl, None)
+    own_ddl(&armed, &ddl, None)
         .await
         .map_err(|e| owner_needed(e, &fix))?;
     for role in grant_to {
@@ -73,8 +78,8 @@ pub async fn setup(locks: &Locks, grant_to: &[&str]) -> Result<(), Error> {
             true => ("PUBLIC".to_string(), "public".to_string()),
             false => (quote_ident(role), role.to_string()),
         };
-        let lit = super::quote_literal(&name);
-        let tlit = super::quote_literal(&table);
+        let lit = quote_literal(&name);
+        let tlit = quote_literal(&table);
         let sql = format!(
             "GRANT USAGE ON SCHEMA {s} TO {grantee}; \
              GRANT SELECT, INSERT, UPDATE ON {table} TO {grantee}; \
@@ -89,7 +94,7 @@ pub async fn setup(locks: &Locks, grant_to: &[&str]) -> Result<(), Error> {
             .await
             .map_err(QueryError::into_error)
             .map_err(|e| owner_needed(e, &fix))?;
-        if super::first_value(&rows, 2).as_deref() != Some("t") {
+        if first_value(&rows, 2).as_deref() != Some("t") {
             return Err(Error::PermissionDenied {
                 message: format!("no privileges were granted to {name} on {table}"),
                 fix,
@@ -105,7 +110,7 @@ pub(crate) fn setup_command(role: &str) -> String {
     format!(
         "have a role that may create tables in schema {:?} (its owner) run once: \
          dblock setup --db URL --grant {role} (or the SQL in the dblock::postgres::setup docs)",
-        crate::fencing::PG_SCHEMA
+        PG_FENCING_SCHEMA
     )
 }
 

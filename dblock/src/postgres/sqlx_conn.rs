@@ -21,8 +21,9 @@ use sqlx::{AssertSqlSafe, Either, PgPool, Postgres, Row};
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
-use super::conn::{Link, QueryError, Results};
-use crate::{Error, LossReason};
+use super::wire::{Link, LostOnDrop, QueryError, Results};
+use super::xact::map_sqlx;
+use crate::error::{Error, LossReason};
 
 /// Where borrowed connections come from.
 pub(crate) struct SqlxSource {
@@ -37,7 +38,7 @@ impl SqlxSource {
         // The lock's deadline bounds the wait for the lock; the wait for a connection is
         // bounded by the pool's own acquire_timeout.
         let acquired = self.pool.acquire().await;
-        let conn = acquired.map_err(crate::postgres::xact::map_sqlx)?;
+        let conn = acquired.map_err(map_sqlx)?;
         let (tx, rx) = mpsc::unbounded_channel();
         let link = Link::new();
         tokio::spawn(run_connection(
@@ -55,7 +56,7 @@ enum Cmd {
     Query(String, oneshot::Sender<Result<Results, QueryError>>),
     /// A health check, run to its end even if no one waits for its reply any more.
     Check(oneshot::Sender<Result<(), QueryError>>),
-    Fire(String),
+    Send(String),
     Recycle,
     Abandon,
 }
@@ -93,8 +94,8 @@ impl SqlxConn {
         rx.await.unwrap_or_else(|_| Err(gone()))
     }
 
-    pub(crate) fn fire(&self, sql: &str) -> bool {
-        self.tx.send(Cmd::Fire(sql.to_string())).is_ok()
+    pub(crate) fn send(&self, sql: &str) -> bool {
+        self.tx.send(Cmd::Send(sql.to_string())).is_ok()
     }
 
     pub(crate) fn recycle(self) {
@@ -120,7 +121,7 @@ async fn run_connection(
     interval: Duration,
     timeout: Duration,
 ) {
-    let _dropped = super::conn::LostOnDrop(link.clone());
+    let _dropped = LostOnDrop(link.clone());
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tick.reset();
@@ -163,7 +164,7 @@ async fn run_connection(
                         return close(conn);
                     }
                 }
-                Some(Cmd::Fire(sql)) => {
+                Some(Cmd::Send(sql)) => {
                     if let Err(e) = run(&mut conn, &sql).await {
                         // A release that failed leaves the session's state unknown.
                         let message = match e {

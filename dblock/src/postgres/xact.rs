@@ -94,7 +94,7 @@ pub async fn try_lock(
 pub async fn current_namespace(conn: &mut PgConnection) -> Result<String, Error> {
     let sql = format!(
         "SELECT current_setting({}, true)",
-        super::quote_literal(crate::NAMESPACE_SETTING)
+        super::sql::quote_literal(crate::NAMESPACE_SETTING)
     );
     let row = sqlx::raw_sql(AssertSqlSafe(sql))
         .fetch_one(conn)
@@ -129,7 +129,7 @@ pub fn map_sqlx(e: sqlx::Error) -> Error {
             message: e.to_string(),
         },
         sqlx::Error::PoolTimedOut => Error::Timeout {
-            waiting_for: "a connection from the sqlx pool",
+            waiting_for: crate::error::WaitingFor::SqlxPoolConnection,
             after: None,
         },
         other => Error::Database {

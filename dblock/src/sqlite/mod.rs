@@ -77,7 +77,7 @@
 //! replacement. Locks granted *before* it stay on the old file, where later requests no
 //! longer see them: [`LockGuard::check`](crate::LockGuard::check) and
 //! [`LockGuard::is_held`](crate::LockGuard::is_held) report such a lock as lost
-//! ([`LossReason::LockFileReplaced`](crate::LossReason::LockFileReplaced)), and fencing
+//! ([`LossReason::LockFileReplaced`]), and fencing
 //! tokens (kept in the database, not the lock file) still reject its writes.
 
 //!
@@ -95,7 +95,12 @@
 //! and so reports cycles that are not there; such a report is retried). See
 //! `docs/platforms.md` for what is tested where.
 
+mod adopt;
+mod bookkeeping;
+pub(crate) mod fence;
 mod file;
+mod floor;
+mod migrate;
 mod queue;
 mod sys;
 
@@ -105,13 +110,36 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use crate::Error;
-use crate::guard::Held;
-use crate::locks::{Builder, Grant, Mode, Req, Wait};
+use crate::error::{Error, LossReason};
+use crate::raw::{
+    BenchFloor, BoxFuture, FENCING_TABLE, FencingStore, Grant, MigrationTarget, Mode, Options,
+    RawHeld, RawLocks, Req, Wait,
+};
 
 pub(crate) use file::lock_file_path;
 use file::{Desc, LockFile};
-pub(crate) use sys::Attempt;
+use sys::Attempt;
+
+/// Opens the backend a `sqlite:PATH` or `sqlite://PATH` URL names; the default
+/// namespace with it.
+pub(crate) fn open(url: &str, opts: &Options) -> Result<(Box<dyn RawLocks>, String), Error> {
+    let path = parse_url(url).map_err(|reason| Error::InvalidUrl {
+        url: crate::error::redact_url(url),
+        reason,
+    })?;
+    open_path(path, opts)
+}
+
+/// Opens the backend on the database file `path`; the default namespace with it.
+pub(crate) fn open_path(
+    path: PathBuf,
+    opts: &Options,
+) -> Result<(Box<dyn RawLocks>, String), Error> {
+    Ok((
+        Box::new(SqliteBackend::open(path, opts)?),
+        crate::key::DEFAULT_NAMESPACE.to_string(),
+    ))
+}
 
 /// The backend of a handle on an SQLite file.
 pub(crate) struct SqliteBackend {
@@ -171,7 +199,7 @@ enum Step {
 impl SqliteBackend {
     /// Resolves `db_path` to its file and opens (creating if needed) the lock file
     /// beside it, and its directory.
-    pub(crate) fn open(db_path: PathBuf, opts: &Builder) -> Result<SqliteBackend, Error> {
+    fn open(db_path: PathBuf, opts: &Options) -> Result<SqliteBackend, Error> {
         let db_path = file::resolve_db_path(&db_path)?;
         let lock = LockFile::open(lock_file_path(&db_path), opts.allow_network_filesystem)?;
         Ok(SqliteBackend {
@@ -183,7 +211,7 @@ impl SqliteBackend {
         })
     }
 
-    pub(crate) async fn acquire(&self, req: &Req<'_>) -> Result<Option<Grant>, Error> {
+    async fn acquire(&self, req: &Req<'_>) -> Result<Option<Grant>, Error> {
         let offset = req.key.file_offset();
         let held = match self.shared.take_now(offset, req.mode)? {
             true => SqliteHeld::new(&self.shared, offset, req.mode),
@@ -196,13 +224,13 @@ impl SqliteBackend {
         // releases.
         let fence = match req.fenced {
             true => Some((
-                crate::fencing::sqlite_next_token(&self.shared, req).await?,
-                Arc::from(crate::fencing::TABLE),
+                fence::next_token(&self.shared, req).await?,
+                Arc::from(FENCING_TABLE),
             )),
             false => None,
         };
         Ok(Some(Grant {
-            held: Held::Sqlite(held),
+            held: Box::new(held),
             fence,
         }))
     }
@@ -443,24 +471,28 @@ impl Shared {
     }
 }
 
-impl SqliteBackend {
-    /// The lock file's path.
-    pub(crate) fn lock_path(&self) -> PathBuf {
-        self.shared.lock.path.clone()
+impl RawLocks for SqliteBackend {
+    fn name(&self) -> &'static str {
+        "sqlite"
     }
-}
 
-/// An exclusive lock attempt on `offset` of `file`, bypassing the process's table (for
-/// the benchmark's floor), with this process's kind of lock.
-pub(crate) fn raw_try_lock(file: &std::fs::File, offset: u64) -> std::io::Result<bool> {
-    let flavor = sys::flavor().map_err(std::io::Error::other)?;
-    sys::try_lock(file, flavor, offset, 1, Mode::Exclusive).map(|a| a == Attempt::Granted)
-}
+    fn acquire<'a>(&'a self, req: &'a Req<'a>) -> BoxFuture<'a, Result<Option<Grant>, Error>> {
+        Box::pin(SqliteBackend::acquire(self, req))
+    }
 
-/// Unlocks `offset` of `file` (for the benchmark's floor).
-pub(crate) fn raw_unlock(file: &std::fs::File, offset: u64) -> std::io::Result<()> {
-    let flavor = sys::flavor().map_err(std::io::Error::other)?;
-    sys::unlock(file, flavor, offset, 1)
+    fn fencing(&self) -> Option<&dyn FencingStore> {
+        Some(self)
+    }
+
+    fn migrations(&self) -> Option<&dyn MigrationTarget> {
+        Some(self)
+    }
+
+    fn bench_floor(&self) -> Option<Result<Arc<dyn BenchFloor>, Error>> {
+        Some(Ok(Arc::new(floor::Floor::new(
+            self.shared.lock.path.clone(),
+        ))))
+    }
 }
 
 /// The embedded half of a guard.
@@ -481,17 +513,17 @@ impl SqliteHeld {
         }
     }
 
-    pub(crate) fn release(mut self) {
+    fn release(mut self) {
         self.released = true;
         self.shared.release(self.offset, self.mode);
     }
 
     /// `None` while the lock is held in the file its path names; the loss otherwise
     /// (the lock file was replaced since the grant: see [`file`]).
-    pub(crate) fn loss(&self) -> Option<crate::LossReason> {
+    fn loss(&self) -> Option<LossReason> {
         match self.shared.in_current_file(self.offset) {
             true => None,
-            false => Some(crate::LossReason::LockFileReplaced {
+            false => Some(LossReason::LockFileReplaced {
                 path: self.shared.lock.path.clone(),
             }),
         }
@@ -503,5 +535,64 @@ impl Drop for SqliteHeld {
         if !self.released {
             self.shared.release(self.offset, self.mode);
         }
+    }
+}
+
+/// The embedded backend's locks end only with their process, or when their lock file
+/// is replaced: nothing to ask a server, no loss to wait for (a replaced file is seen
+/// by `check`, `is_held` and `release`).
+impl RawHeld for SqliteHeld {
+    fn loss(&self) -> Option<LossReason> {
+        SqliteHeld::loss(self)
+    }
+
+    fn lost(&self) -> BoxFuture<'static, LossReason> {
+        Box::pin(std::future::pending())
+    }
+
+    fn check(&mut self) -> BoxFuture<'_, Result<(), Error>> {
+        Box::pin(std::future::ready(match SqliteHeld::loss(self) {
+            None => Ok(()),
+            Some(reason) => Err(Error::LockLost { reason }),
+        }))
+    }
+
+    fn release(self: Box<Self>) -> BoxFuture<'static, Result<(), Error>> {
+        let loss = SqliteHeld::loss(&self);
+        SqliteHeld::release(*self);
+        Box::pin(std::future::ready(match loss {
+            None => Ok(()),
+            Some(reason) => Err(Error::LockLost { reason }),
+        }))
+    }
+}
+
+/// The database file a `sqlite:PATH` or `sqlite://PATH` URL names.
+pub(crate) fn parse_url(url: &str) -> Result<PathBuf, String> {
+    // `sqlite:PATH` and sqlx's `sqlite://PATH` (so `sqlite:///abs` is absolute);
+    // anything after `?` (sqlx's `mode=rwc` and the like) is ignored.
+    let rest = &url["sqlite:".len()..];
+    let rest = rest.strip_prefix("//").unwrap_or(rest);
+    let path = rest.split('?').next().unwrap_or_default();
+    if path.is_empty() {
+        return Err("no file path after sqlite:".into());
+    }
+    if path == ":memory:" || path.starts_with("file::memory:") {
+        return Err("an in-memory database cannot be shared between processes".into());
+    }
+    Ok(PathBuf::from(path))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sqlite_urls_name_files() {
+        let path = |u: &str| parse_url(u).unwrap();
+        assert_eq!(path("sqlite:/tmp/a.db"), PathBuf::from("/tmp/a.db"));
+        assert_eq!(path("sqlite:///tmp/a.db"), PathBuf::from("/tmp/a.db"));
+        assert_eq!(path("sqlite://rel/a.db"), PathBuf::from("rel/a.db"));
+        assert_eq!(path("sqlite:a.db?mode=rwc"), PathBuf::from("a.db"));
     }
 }

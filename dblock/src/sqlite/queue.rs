@@ -8,7 +8,7 @@ use std::time::Duration;
 use tokio::sync::oneshot;
 
 use crate::Error;
-use crate::locks::Mode;
+use crate::raw::Mode;
 
 use super::file::{Desc, LockFile};
 use super::sys;

@@ -9,7 +9,7 @@ use std::io;
 use std::os::fd::AsRawFd;
 use std::sync::OnceLock;
 
-use crate::Mode;
+use crate::raw::Mode;
 
 /// The environment variable that selects the kind of byte-range lock: `ofd` or `posix`.
 pub(crate) const FLAVOR_ENV: &str = "DBLOCK_FILE_LOCKS";

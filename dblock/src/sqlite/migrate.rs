@@ -6,45 +6,49 @@
 use std::time::{Duration, Instant};
 
 use sqlx::pool::PoolConnection;
-use sqlx::{AssertSqlSafe, Connection, Row, Sqlite};
+use sqlx::{AssertSqlSafe, Connection, Sqlite};
 
-use super::{Applied, MIGRATION_LOCK_KEY, Migration, Record, Report, failed, millis, plan};
-use crate::sqlite::{SqliteBackend, SqliteHeld};
-use crate::{Error, Key};
+use super::SqliteBackend;
+use super::bookkeeping::{CREATE_TABLE, connection, lock, map, read_records};
+use crate::error::Error;
+use crate::migrate::adopt::{History, adopt_or_refuse};
+use crate::migrate::plan::{Applied, Record, Report, failed, millis, plan};
+use crate::migrate::set::Migration;
+use crate::raw::{BoxFuture, MigrationTarget};
 
-pub(crate) const CREATE_TABLE: &str = "CREATE TABLE IF NOT EXISTS dblock_migrations (\
-     version INTEGER PRIMARY KEY, \
-     name TEXT NOT NULL, \
-     checksum TEXT NOT NULL, \
-     applied_at TEXT NOT NULL, \
-     duration_ms INTEGER NOT NULL)";
+impl MigrationTarget for SqliteBackend {
+    fn run_script<'a>(&'a self, ddl: &'a str) -> BoxFuture<'a, Result<(), Error>> {
+        Box::pin(run_script(self, ddl))
+    }
 
-pub(crate) fn map(e: sqlx::Error) -> Error {
-    match e {
-        sqlx::Error::Database(db) => Error::Database {
-            code: None,
-            message: db.message().to_string(),
-        },
-        other => Error::Database {
-            code: None,
-            message: other.to_string(),
-        },
+    fn records(&self) -> BoxFuture<'_, Result<Option<Vec<Record>>, Error>> {
+        Box::pin(records(self))
+    }
+
+    fn run<'a>(
+        &'a self,
+        set: &'a [Migration],
+        ignore_missing: bool,
+        on_applied: &'a mut (dyn FnMut(&Applied) + Send),
+    ) -> BoxFuture<'a, Result<Report, Error>> {
+        Box::pin(run(self, set, ignore_missing, on_applied))
+    }
+
+    fn history(&self) -> BoxFuture<'_, Result<History, Error>> {
+        Box::pin(super::adopt::history_unlocked(self))
+    }
+
+    fn baseline<'a>(
+        &'a self,
+        set: &'a [Migration],
+        to: Option<i64>,
+    ) -> BoxFuture<'a, Result<Vec<i64>, Error>> {
+        Box::pin(super::adopt::baseline(self, set, to))
     }
 }
 
-/// Waits for the migration lock: the byte at the key's offset, as for any lock, but
-/// taken by its raw key rather than derived from a name. Polled, so cancellable; the
-/// kernel drops it if the process dies.
-pub(crate) async fn lock(b: &SqliteBackend) -> Result<SqliteHeld, Error> {
-    b.lock_key(Key::from_i64(MIGRATION_LOCK_KEY)).await
-}
-
-pub(crate) async fn connection(b: &SqliteBackend) -> Result<PoolConnection<Sqlite>, Error> {
-    b.shared.db().await?.acquire().await.map_err(map)
-}
-
 /// The seed's primitive on SQLite: the script in one transaction under the lock.
-pub(crate) async fn run_script(b: &SqliteBackend, ddl: &str) -> Result<(), Error> {
+async fn run_script(b: &SqliteBackend, ddl: &str) -> Result<(), Error> {
     let _lock = lock(b).await?;
     let mut conn = connection(b).await?;
     // Dropped unfinished, the transaction rolls back (sent to the connection's worker
@@ -58,7 +62,7 @@ pub(crate) async fn run_script(b: &SqliteBackend, ddl: &str) -> Result<(), Error
 }
 
 /// The bookkeeping rows, read without the lock; `None` if the table does not exist.
-pub(crate) async fn records(b: &SqliteBackend) -> Result<Option<Vec<Record>>, Error> {
+async fn records(b: &SqliteBackend) -> Result<Option<Vec<Record>>, Error> {
     let mut conn = connection(b).await?;
     let exists: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'dblock_migrations'",
@@ -72,28 +76,7 @@ pub(crate) async fn records(b: &SqliteBackend) -> Result<Option<Vec<Record>>, Er
     read_records(&mut conn).await.map(Some)
 }
 
-pub(crate) async fn read_records(conn: &mut PoolConnection<Sqlite>) -> Result<Vec<Record>, Error> {
-    let rows = sqlx::query(
-        "SELECT version, name, checksum, applied_at, duration_ms FROM dblock_migrations \
-         ORDER BY version",
-    )
-    .fetch_all(&mut **conn)
-    .await
-    .map_err(map)?;
-    rows.iter()
-        .map(|r| {
-            Ok(Record {
-                version: r.try_get(0).map_err(map)?,
-                name: r.try_get(1).map_err(map)?,
-                checksum: r.try_get(2).map_err(map)?,
-                applied_at: r.try_get(3).map_err(map)?,
-                duration_ms: r.try_get(4).map_err(map)?,
-            })
-        })
-        .collect()
-}
-
-pub(crate) async fn run(
+async fn run(
     b: &SqliteBackend,
     set: &[Migration],
     ignore_missing: bool,
@@ -109,10 +92,10 @@ pub(crate) async fn run(
         .map_err(map)?;
     let mut records = read_records(&mut conn).await?;
     // sqlx's history: adopted, or refused, before anything is applied.
-    let history = super::adopt::sqlite::history(&mut conn).await?;
-    let adopted = super::adopt_or_refuse(set, &mut records, &history)?;
+    let history = super::adopt::history(&mut conn).await?;
+    let adopted = adopt_or_refuse(set, &mut records, &history)?;
     let pending = plan(set, &records, ignore_missing)?;
-    super::adopt::sqlite::record(&mut conn, &adopted).await?;
+    super::adopt::record(&mut conn, &adopted).await?;
     let mut report = Report {
         applied: Vec::with_capacity(pending.len()),
         already_applied: set.len() - pending.len(),

@@ -4,50 +4,84 @@
 
 use std::time::{Duration, Instant};
 
-use super::{Applied, MIGRATION_LOCK_KEY, Migration, Record, Report, TABLE, failed, millis, plan};
-use crate::Error;
-use crate::postgres::{
-    Armed, PgBackend, QueryError, Results, first_value, quote_ident, quote_literal,
+use super::backend::PgBackend;
+use super::bookkeeping::{POOLER_FIX, create_table, q, read_records, table, wait_for_lock};
+use super::conn::Armed;
+use super::sql::{first_value, quote_literal};
+use super::wire::QueryError;
+use crate::error::{Error, LossReason};
+use crate::migrate::adopt::{History, adopt_or_refuse};
+use crate::migrate::plan::{
+    Applied, MIGRATION_LOCK_KEY, Record, Report, failed, lock_prefixed, millis, plan,
 };
+use crate::migrate::set::Migration;
+use crate::raw::{BoxFuture, MigrationTarget};
 
-/// The first pause between two attempts at the lock; it doubles up to [`POLL_MAX`].
-const POLL_FIRST: Duration = Duration::from_millis(20);
-const POLL_MAX: Duration = Duration::from_millis(100);
+impl MigrationTarget for PgBackend {
+    fn run_script<'a>(&'a self, ddl: &'a str) -> BoxFuture<'a, Result<(), Error>> {
+        Box::pin(run_script(self, ddl))
+    }
+
+    fn records(&self) -> BoxFuture<'_, Result<Option<Vec<Record>>, Error>> {
+        Box::pin(records(self))
+    }
+
+    fn run<'a>(
+        &'a self,
+        set: &'a [Migration],
+        ignore_missing: bool,
+        on_applied: &'a mut (dyn FnMut(&Applied) + Send),
+    ) -> BoxFuture<'a, Result<Report, Error>> {
+        Box::pin(run(self, set, ignore_missing, on_applied))
+    }
+
+    fn history(&self) -> BoxFuture<'_, Result<History, Error>> {
+        Box::pin(super::adopt::history_unlocked(self))
+    }
+
+    fn baseline<'a>(
+        &'a self,
+        set: &'a [Migration],
+        to: Option<i64>,
+    ) -> BoxFuture<'a, Result<Vec<i64>, Error>> {
+        Box::pin(super::adopt::baseline(self, set, to))
+    }
+
+    fn revert<'a>(
+        &'a self,
+        set: &'a [Migration],
+        to: Option<i64>,
+        on_reverted: &'a mut (dyn FnMut(&Applied) + Send),
+    ) -> BoxFuture<'a, Result<Vec<Applied>, Error>> {
+        Box::pin(super::revert::revert(self, set, to, on_reverted))
+    }
+
+    fn server_version_num(&self) -> BoxFuture<'_, Result<Option<u32>, Error>> {
+        Box::pin(async move { server_version_num(self).await.map(Some) })
+    }
+}
+
+/// The server's `server_version_num`, on a connection of its own.
+async fn server_version_num(b: &PgBackend) -> Result<u32, Error> {
+    let armed = Armed::new(b.pinned().await?);
+    let rows = q(&armed, "SELECT current_setting('server_version_num')").await?;
+    armed.disarm().recycle();
+    first_value(&rows, 0)
+        .and_then(|v| v.parse().ok())
+        .ok_or_else(|| Error::Database {
+            code: None,
+            message: "server_version_num is not a number".into(),
+        })
+}
 
 /// How often the server checks, while a statement of the run executes, that the client
 /// is still there (PostgreSQL 14 and later), in milliseconds.
 const CLIENT_CHECK_MS: u32 = 1000;
 
-/// Why a migration run (or baseline, or revert) is refused behind a transaction pooler,
-/// and what to do.
-pub(crate) const POOLER_FIX: &str = "it holds the migration lock across many transactions, \
-     and runs statements outside any; run migrations through a URL that reaches PostgreSQL \
-     directly, or through a session-pooling port (say so with pooler=session)";
-
-/// The qualified bookkeeping table.
-pub(crate) fn table(b: &PgBackend) -> Result<String, Error> {
-    match &b.schema {
-        Some(s) => Ok(format!("{}.{TABLE}", quote_ident(s))),
-        None => Err(Error::Unsupported(
-            "migrations need a schema for their bookkeeping table, and no schema of the \
-             search_path exists"
-                .into(),
-        )),
-    }
-}
-
-pub(crate) async fn q(armed: &Armed, sql: &str) -> Result<Results, Error> {
-    armed
-        .conn()
-        .query(sql)
-        .await
-        .map_err(QueryError::into_error)
-}
-
 /// The seed's primitive on one of the handle's connections.
-pub(crate) async fn run_script(b: &PgBackend, ddl: &str) -> Result<(), Error> {
+async fn run_script(b: &PgBackend, ddl: &str) -> Result<(), Error> {
     let armed = Armed::new(b.pinned().await?);
-    let res = armed.conn().query(&super::lock_prefixed(ddl)).await;
+    let res = armed.conn().query(&lock_prefixed(ddl)).await;
     let conn = armed.disarm();
     match res {
         // A failed multi-statement message rolls its implicit transaction back: the
@@ -68,7 +102,7 @@ pub(crate) async fn run_script(b: &PgBackend, ddl: &str) -> Result<(), Error> {
 }
 
 /// The bookkeeping rows, read without the lock; `None` if the table does not exist.
-pub(crate) async fn records(b: &PgBackend) -> Result<Option<Vec<Record>>, Error> {
+async fn records(b: &PgBackend) -> Result<Option<Vec<Record>>, Error> {
     let table = table(b)?;
     let armed = Armed::new(b.pinned().await?);
     let exists = q(
@@ -84,136 +118,6 @@ pub(crate) async fn records(b: &PgBackend) -> Result<Option<Vec<Record>>, Error>
     Ok(records)
 }
 
-pub(crate) async fn read_records(armed: &Armed, table: &str) -> Result<Vec<Record>, Error> {
-    // One text column per row (the connection layer reads first columns), the name
-    // last since it is the only field that could hold anything.
-    let rows = q(
-        armed,
-        &format!(
-            "SELECT concat_ws(E'\\t', version, checksum, duration_ms, \
-             to_char(applied_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"'), name) \
-             FROM {table} ORDER BY version"
-        ),
-    )
-    .await?;
-    rows.first()
-        .map(|rows| rows.iter().map(|r| parse_record(r.as_deref())).collect())
-        .unwrap_or(Ok(Vec::new()))
-}
-
-fn parse_record(row: Option<&str>) -> Result<Record, Error> {
-    let bad = || Error::Database {
-        code: None,
-        message: format!("unexpected row in {TABLE}: {row:?}"),
-    };
-    let mut f = row.ok_or_else(bad)?.splitn(5, '\t');
-    let mut next = || f.next().ok_or_else(bad);
-    let version = next()?.parse().map_err(|_| bad())?;
-    let checksum = next()?.to_string();
-    let duration_ms = next()?.parse().map_err(|_| bad())?;
-    let applied_at = next()?.to_string();
-    let name = next()?.to_string();
-    Ok(Record {
-        version,
-        name,
-        checksum,
-        applied_at,
-        duration_ms,
-    })
-}
-
-/// Waits for the migration lock, as a session lock, holding no snapshot: a short
-/// `pg_try_advisory_lock` in autocommit now and then, idle in between (see the module
-/// documentation). With a deadline (the caller's, when dblock waits on its behalf),
-/// gives up with [`Error::Timeout`] once it has passed; it always tries once.
-pub(crate) async fn wait_for_lock(
-    armed: &Armed,
-    deadline: Option<tokio::time::Instant>,
-) -> Result<(), Error> {
-    let sql = format!("SELECT pg_try_advisory_lock({MIGRATION_LOCK_KEY})");
-    let started = tokio::time::Instant::now();
-    let mut pause = POLL_FIRST;
-    loop {
-        let rows = q(armed, &sql).await?;
-        if first_value(&rows, 0).as_deref() == Some("t") {
-            return Ok(());
-        }
-        let mut next = tokio::time::Instant::now() + pause;
-        if let Some(d) = deadline.filter(|&d| next > d) {
-            if tokio::time::Instant::now() >= d {
-                return Err(Error::Timeout {
-                    waiting_for: "the migration lock (dblock creates its fencing table under it)",
-                    after: Some(started.elapsed()),
-                });
-            }
-            // One last try at the deadline.
-            next = d;
-        }
-        tokio::time::sleep_until(next).await;
-        pause = (pause * 2).min(POLL_MAX);
-    }
-}
-
-/// Runs dblock's own idempotent DDL under the migration lock, waiting for it the
-/// runner's way (no snapshot held, so never in the way of a CREATE INDEX CONCURRENTLY).
-/// If anything fails the connection is abandoned by the caller's [`Armed`], which
-/// releases the lock.
-///
-/// The lock is a transaction-scoped one taken with `pg_try_advisory_xact_lock` in a
-/// transaction that then runs the DDL and commits: everything on one server session
-/// even through a transaction-pooling pooler, which a session lock would not be.
-pub(crate) async fn own_ddl(
-    armed: &Armed,
-    ddl: &str,
-    deadline: Option<tokio::time::Instant>,
-) -> Result<(), Error> {
-    let attempt = format!(
-        "BEGIN ISOLATION LEVEL READ COMMITTED; SELECT pg_try_advisory_xact_lock({MIGRATION_LOCK_KEY})"
-    );
-    let started = tokio::time::Instant::now();
-    let mut pause = POLL_FIRST;
-    loop {
-        let rows = q(armed, &attempt).await?;
-        if first_value(&rows, 1).as_deref() == Some("t") {
-            break;
-        }
-        // Idle, holding nothing, between attempts.
-        q(armed, "ROLLBACK").await?;
-        let mut next = tokio::time::Instant::now() + pause;
-        if let Some(d) = deadline.filter(|&d| next > d) {
-            if tokio::time::Instant::now() >= d {
-                return Err(Error::Timeout {
-                    waiting_for: "the migration lock (dblock creates its fencing table under it)",
-                    after: Some(started.elapsed()),
-                });
-            }
-            // One last try at the deadline.
-            next = d;
-        }
-        tokio::time::sleep_until(next).await;
-        pause = (pause * 2).min(POLL_MAX);
-    }
-    match q(armed, &format!("{ddl}; COMMIT")).await {
-        Ok(_) => Ok(()),
-        Err(e) => {
-            let _ = q(armed, "ROLLBACK").await;
-            Err(e)
-        }
-    }
-}
-
-/// The bookkeeping table's definition.
-pub(crate) fn create_table(table: &str) -> String {
-    format!(
-        "CREATE TABLE IF NOT EXISTS {table} (\
-         version bigint PRIMARY KEY, \
-         name text NOT NULL, \
-         checksum text NOT NULL, \
-         applied_at timestamptz NOT NULL DEFAULT now(), \
-         duration_ms bigint NOT NULL)"
-    )
-}
-
 /// A run's connection and what it has changed on the session.
 struct Session {
     armed: Armed,
@@ -225,7 +129,7 @@ struct Session {
     role: String,
 }
 
-pub(crate) async fn run(
+async fn run(
     b: &PgBackend,
     set: &[Migration],
     ignore_missing: bool,
@@ -282,13 +186,13 @@ impl Session {
         );
         q(&self.armed, &create_table(table))
             .await
-            .map_err(|e| crate::postgres::owner_needed(e, &fix))?;
+            .map_err(|e| super::owner_needed(e, &fix))?;
         let mut records = read_records(&self.armed, table).await?;
         // Another tool's history: adopted, or refused, before anything is applied.
-        let history = super::adopt::pg::history(&self.armed).await?;
-        let adopted = super::adopt_or_refuse(set, &mut records, &history)?;
+        let history = super::adopt::history(&self.armed).await?;
+        let adopted = adopt_or_refuse(set, &mut records, &history)?;
         let pending = plan(set, &records, ignore_missing)?;
-        super::adopt::pg::record(&self.armed, table, &adopted).await?;
+        super::adopt::record(&self.armed, table, &adopted).await?;
         let mut report = Report {
             applied: Vec::with_capacity(pending.len()),
             already_applied: set.len() - pending.len(),
@@ -422,7 +326,7 @@ impl Session {
                     conn.abandon();
                     if ok {
                         Err(Error::LockLost {
-                            reason: crate::LossReason::ConnectionClosed {
+                            reason: LossReason::ConnectionClosed {
                                 message: "the session no longer held the migration lock at \
                                           the end of the run (a pooler between dblock and the \
                                           server may have switched sessions)"
@@ -440,30 +344,5 @@ impl Session {
                 if ok { Err(e.into_error()) } else { Ok(()) }
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn bookkeeping_rows_parse_with_any_name() {
-        let r = parse_record(Some(
-            "12\tabc\t34\t2026-05-01T12:00:00.123Z\tname\twith\ttabs",
-        ))
-        .unwrap();
-        assert_eq!(
-            (
-                r.version,
-                r.checksum.as_str(),
-                r.duration_ms,
-                r.name.as_str()
-            ),
-            (12, "abc", 34, "name\twith\ttabs")
-        );
-        assert_eq!(r.applied_at, "2026-05-01T12:00:00.123Z");
-        assert!(parse_record(Some("x\tabc")).is_err());
-        assert!(parse_record(None).is_err());
     }
 }

@@ -1,0 +1,150 @@
+//! What the runner and the backends' runners share: the migration lock's key, the
+//! bookkeeping table's name and rows, what to apply, and what a run reports.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use super::set::{Migration, NO_TRANSACTION_HEADER};
+use crate::error::Error;
+
+/// The advisory-lock key every migration and every start-up DDL script takes first:
+/// the ASCII bytes of `DBLOCKM` and a version byte, so that it is recognisable in
+/// `pg_locks` (classid 1145195599 = `0x44424c4f`, objid 1129008385 = `0x434b4d01`,
+/// objsubid 1).
+///
+/// One key for the whole database, not one per script: the catalogue indexes that
+/// concurrent `CREATE … IF NOT EXISTS` collide on are database-wide, so two *different*
+/// scripts race exactly as two runs of one script do.
+///
+/// ```sql
+/// SELECT pid, mode, granted FROM pg_locks
+///  WHERE locktype = 'advisory' AND classid = 1145195599 AND objid = 1129008385 AND objsubid = 1;
+/// ```
+pub const MIGRATION_LOCK_KEY: i64 = 0x4442_4c4f_434b_4d01;
+
+/// The table, in the schema in use (PostgreSQL) or the database file (SQLite), that
+/// records the applied migrations: `version`, `name`, `checksum`, `applied_at`,
+/// `duration_ms`.
+pub const TABLE: &str = "dblock_migrations";
+
+/// `ddl` with the migration lock's acquisition as its first statement.
+///
+/// Sent as one simple-protocol message, the whole script runs in one implicit
+/// transaction: the lock is held for all of it and released at its end, on success and
+/// on failure alike, with nothing for the caller to release.
+///
+/// ```
+/// let sql = dblock::migrate::lock_prefixed("CREATE TABLE IF NOT EXISTS t (x int);");
+/// assert_eq!(
+///     sql,
+///     "SELECT pg_advisory_xact_lock(4918577646357138689);\nCREATE TABLE IF NOT EXISTS t (x int);"
+/// );
+/// ```
+pub fn lock_prefixed(ddl: &str) -> String {
+    format!("SELECT pg_advisory_xact_lock({MIGRATION_LOCK_KEY});\n{ddl}")
+}
+
+/// What a run did.
+#[derive(Debug, Clone, Default)]
+#[non_exhaustive]
+pub struct Report {
+    /// The migrations this run applied, in order.
+    pub applied: Vec<Applied>,
+    /// How many migrations of the set were applied before this run (adopted ones
+    /// included).
+    pub already_applied: usize,
+    /// How many migrations another tool had applied this run adopted: recorded as
+    /// applied without running them, after verifying their checksums (see
+    /// [the module](crate::migrate#adopting-another-tools-history)).
+    pub adopted: usize,
+}
+
+/// One migration a run applied.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct Applied {
+    /// Its version.
+    pub version: i64,
+    /// Its name.
+    pub name: String,
+    /// Its file name, `VERSION_NAME.sql`.
+    pub file_name: String,
+    /// How long its SQL took (as recorded in `duration_ms`).
+    pub duration: Duration,
+    /// Whether it ran outside a transaction.
+    pub no_transaction: bool,
+}
+
+/// One bookkeeping row.
+#[derive(Debug, Clone)]
+pub(crate) struct Record {
+    pub(crate) version: i64,
+    pub(crate) name: String,
+    pub(crate) checksum: String,
+    pub(crate) applied_at: String,
+    pub(crate) duration_ms: i64,
+}
+
+/// What to apply, in order, after checking the records against the set.
+pub(crate) fn plan<'s>(
+    set: &'s [Migration],
+    records: &[Record],
+    ignore_missing: bool,
+) -> Result<Vec<&'s Migration>, Error> {
+    let mut unknown = Vec::new();
+    for r in records {
+        match set.binary_search_by_key(&r.version, Migration::version) {
+            Ok(i) => {
+                let m = &set[i];
+                if m.checksum() != r.checksum {
+                    return Err(Error::MigrationEdited {
+                        file: m.file().to_string(),
+                        version: m.version(),
+                        applied_checksum: r.checksum.clone(),
+                        checksum: m.checksum().to_string(),
+                    });
+                }
+            }
+            Err(_) => unknown.push(format!("{} ({})", r.version, r.name)),
+        }
+    }
+    if !unknown.is_empty() && !ignore_missing {
+        return Err(Error::UnknownMigrations { missing: unknown });
+    }
+    let applied: HashSet<i64> = records.iter().map(|r| r.version).collect();
+    Ok(set
+        .iter()
+        .filter(|m| !applied.contains(&m.version()))
+        .collect())
+}
+
+/// The error of migration `m` failing, at `statement` (k of n) if it runs outside a
+/// transaction.
+pub(crate) fn failed(m: &Migration, statement: Option<(usize, usize)>, e: Error) -> Error {
+    let source = match e {
+        // "CREATE INDEX CONCURRENTLY cannot run inside a transaction block"
+        Error::Database { code, message }
+            if code.as_deref() == Some("25001") && !m.no_transaction() =>
+        {
+            Error::Database {
+                code,
+                message: format!(
+                    "{message}; hint: make {NO_TRANSACTION_HEADER:?} the file's first line"
+                ),
+            }
+        }
+        other => other,
+    };
+    Error::MigrationFailed {
+        file: m.file().to_string(),
+        version: m.version(),
+        name: m.name().to_string(),
+        statement,
+        source: Box::new(source),
+    }
+}
+
+/// A duration in whole milliseconds, as the bookkeeping table records it.
+pub(crate) fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}

@@ -1,0 +1,232 @@
+//! Reading other tools' histories on PostgreSQL, and recording adopted rows (see
+//! `migrate::adopt`).
+
+use super::backend::PgBackend;
+use super::bookkeeping::{self as pg, q};
+use super::conn::Armed;
+use super::sql::{first_value, quote_literal};
+use crate::error::Error;
+use crate::migrate::adopt::{History, OtherTool, SQLX_TABLE, SqlxRow, baseline_records};
+use crate::migrate::plan::{MIGRATION_LOCK_KEY, Record};
+use crate::migrate::set::Migration;
+
+/// What other tools recorded, read through the session's `search_path` as those
+/// tools find their tables.
+pub(crate) async fn history(armed: &Armed) -> Result<History, Error> {
+    let mut h = History::default();
+    let found = q(
+        armed,
+        "SELECT concat_ws(',', \
+           CASE WHEN to_regclass('_sqlx_migrations') IS NOT NULL THEN 'sqlx' END, \
+           CASE WHEN EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = \
+             coalesce(to_regclass('schema_migrations'), 0) AND attname = 'dirty' \
+             AND NOT attisdropped) THEN 'golang-migrate' END, \
+           CASE WHEN to_regclass('flyway_schema_history') IS NOT NULL THEN 'flyway' END, \
+           CASE WHEN to_regclass('refinery_schema_history') IS NOT NULL THEN 'refinery' END, \
+           CASE WHEN to_regclass('goose_db_version') IS NOT NULL THEN 'goose' END)",
+    )
+    .await?;
+    let found = first_value(&found, 0).unwrap_or_default();
+    for tool in found.split(',').filter(|t| !t.is_empty()) {
+        match tool {
+            "sqlx" => h.sqlx = sqlx_rows(armed).await?,
+            "golang-migrate" => {
+                let rows = q(
+                    armed,
+                    "SELECT version::text || ' ' || dirty::text FROM schema_migrations \
+                     ORDER BY version DESC LIMIT 1",
+                )
+                .await?;
+                if let Some(v) = first_value(&rows, 0) {
+                    let (version, dirty) = v.split_once(' ').unwrap_or((&v, "false"));
+                    if let Ok(version) = version.parse() {
+                        h.others.push(OtherTool {
+                            tool: "golang-migrate",
+                            table: "schema_migrations",
+                            version,
+                            dirty: dirty == "true",
+                        });
+                    }
+                }
+            }
+            "flyway" => {
+                latest(
+                    armed,
+                    &mut h,
+                    "Flyway",
+                    "flyway_schema_history",
+                    "SELECT max(version::numeric)::bigint::text FROM flyway_schema_history \
+                 WHERE success AND version ~ '^[0-9]{1,18}$'",
+                )
+                .await?
+            }
+            "refinery" => {
+                latest(
+                    armed,
+                    &mut h,
+                    "refinery",
+                    "refinery_schema_history",
+                    "SELECT max(version)::text FROM refinery_schema_history",
+                )
+                .await?
+            }
+            "goose" => {
+                latest(
+                    armed,
+                    &mut h,
+                    "goose",
+                    "goose_db_version",
+                    "SELECT max(version_id)::text FROM goose_db_version WHERE is_applied \
+                 AND version_id > 0",
+                )
+                .await?
+            }
+            _ => {}
+        }
+    }
+    Ok(h)
+}
+
+async fn latest(
+    armed: &Armed,
+    h: &mut History,
+    tool: &'static str,
+    table: &'static str,
+    sql: &str,
+) -> Result<(), Error> {
+    let rows = q(armed, sql).await?;
+    if let Some(version) = first_value(&rows, 0).and_then(|v| v.parse().ok()) {
+        h.others.push(OtherTool {
+            tool,
+            table,
+            version,
+            dirty: false,
+        });
+    }
+    Ok(())
+}
+
+async fn sqlx_rows(armed: &Armed) -> Result<Vec<SqlxRow>, Error> {
+    // One text column per row, the description last (it may hold anything).
+    let rows = q(
+        armed,
+        &format!(
+            "SELECT concat_ws(E'\\t', version, success, encode(checksum, 'hex'), \
+             execution_time, to_char(installed_on AT TIME ZONE 'UTC', \
+             'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"'), description) \
+             FROM {SQLX_TABLE} ORDER BY version"
+        ),
+    )
+    .await?;
+    rows.first()
+        .map(|rows| rows.iter().map(|r| parse(r.as_deref())).collect())
+        .unwrap_or(Ok(Vec::new()))
+}
+
+fn parse(row: Option<&str>) -> Result<SqlxRow, Error> {
+    let bad = || Error::Database {
+        code: None,
+        message: format!("unexpected row in {SQLX_TABLE}: {row:?}"),
+    };
+    let mut f = row.ok_or_else(bad)?.splitn(6, '\t');
+    let mut next = || f.next().ok_or_else(bad);
+    Ok(SqlxRow {
+        version: next()?.parse().map_err(|_| bad())?,
+        success: next()? == "t",
+        checksum: next()?.to_string(),
+        execution_time: next()?.parse().map_err(|_| bad())?,
+        installed_on: next()?.to_string(),
+        description: next()?.to_string(),
+    })
+}
+
+/// [`history`] on a connection of its own, without the lock (status, dry runs).
+pub(crate) async fn history_unlocked(b: &PgBackend) -> Result<History, Error> {
+    let armed = Armed::new(b.pinned().await?);
+    let h = history(&armed).await?;
+    armed.disarm().recycle();
+    Ok(h)
+}
+
+/// `Runner::baseline` on PostgreSQL: under the migration lock (waited for without a
+/// snapshot), the table, then the rows. On any failure the connection is abandoned
+/// (its `Armed` drops), which releases the lock.
+pub(crate) async fn baseline(
+    b: &PgBackend,
+    set: &[Migration],
+    to: Option<i64>,
+) -> Result<Vec<i64>, Error> {
+    b.refuse_behind_pooler("a migration baseline", pg::POOLER_FIX)?;
+    let table = pg::table(b)?;
+    let armed = Armed::new(b.pinned().await?);
+    pg::wait_for_lock(&armed, None).await?;
+    q(&armed, &pg::create_table(&table)).await?;
+    let records = pg::read_records(&armed, &table).await?;
+    let h = history(&armed).await?;
+    let rows = baseline_records(set, &records, &h, to)?;
+    record(&armed, &table, &rows).await?;
+    let unlocked = q(
+        &armed,
+        &format!("SELECT pg_advisory_unlock({MIGRATION_LOCK_KEY})"),
+    )
+    .await?;
+    if first_value(&unlocked, 0).as_deref() == Some("t") {
+        armed.disarm().recycle();
+    }
+    Ok(rows.iter().map(|r| r.version).collect())
+}
+
+/// Records `rows` as applied in dblock's `table`, in one statement (all or none).
+pub(crate) async fn record(armed: &Armed, table: &str, rows: &[Record]) -> Result<(), Error> {
+    if rows.is_empty() {
+        return Ok(());
+    }
+    let values: Vec<String> = rows
+        .iter()
+        .map(|r| {
+            let at = if r.applied_at.is_empty() {
+                "now()".to_string()
+            } else {
+                format!("{}::timestamptz", quote_literal(&r.applied_at))
+            };
+            format!(
+                "({}, {}, {}, {at}, {})",
+                r.version,
+                quote_literal(&r.name),
+                quote_literal(&r.checksum),
+                r.duration_ms
+            )
+        })
+        .collect();
+    q(
+        armed,
+        &format!(
+            "INSERT INTO {table} (version, name, checksum, applied_at, duration_ms) VALUES {}",
+            values.join(", ")
+        ),
+    )
+    .await?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sqlx_rows_parse_with_any_description() {
+        let r = parse(Some(
+            "20240101000000\tt\tab01\t1500000\t2026-05-01T12:00:00.123Z\tinit\tx",
+        ))
+        .unwrap();
+        assert_eq!(
+            (r.version, r.success, r.checksum.as_str()),
+            (20240101000000, true, "ab01")
+        );
+        assert_eq!(
+            (r.execution_time, r.description.as_str()),
+            (1_500_000, "init\tx")
+        );
+        assert!(parse(Some("1\tf")).is_err());
+    }
+}

@@ -1,0 +1,472 @@
+//! The PostgreSQL backend: where its connections come from, what it learns when it
+//! opens, and one acquisition — plan, send, read, grant or clean up.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::conn::{Armed, Conn};
+use super::held::Pinned;
+use super::mux;
+use super::plan::Plan;
+use super::pool::Pool;
+use super::pooler::{Known, Pooler};
+use super::sql::first_value;
+use super::sqlx_conn::SqlxSource;
+use super::tls::Connector;
+use super::wire::QueryError;
+use crate::error::{Error, WaitingFor};
+use crate::key::{DEFAULT_NAMESPACE, NAMESPACE_SETTING};
+use crate::raw::{
+    BenchFloor, BoxFuture, FencingStore, Grant, MigrationTarget, Options, RawLocks, Req, Scope,
+    Wait,
+};
+
+/// Where a backend's connections come from.
+pub(super) enum Source {
+    /// dblock's own pool (tokio-postgres), from a URL.
+    Native(Pool),
+    /// The caller's sqlx pool.
+    Sqlx(SqlxSource),
+}
+
+impl Source {
+    /// A connection. Waiting for one (all in use) is bounded by the pool's acquire
+    /// timeout.
+    pub(super) async fn get(&self) -> Result<Conn, Error> {
+        self.get_until(None).await
+    }
+
+    /// A connection for a lock request: on dblock's own pool the wait for one to come
+    /// free ends at the request's deadline too (an sqlx pool keeps its own bound).
+    pub(super) async fn get_until(&self, deadline: Option<Instant>) -> Result<Conn, Error> {
+        match self {
+            Source::Native(p) => p.get_until(deadline).await.map(Conn::Native),
+            Source::Sqlx(p) => p.get().await.map(Conn::Sqlx),
+        }
+    }
+}
+
+/// The backend of a handle built from a `postgres://` URL.
+pub(crate) struct PgBackend {
+    pub(super) source: Source,
+    /// Shared connections for session locks, when the handle multiplexes.
+    mux: Option<mux::Mux>,
+    /// Whether lock requests set `client_connection_check_interval` (sqlx connections
+    /// on PostgreSQL 14+: the only way to end a cut-off wait without a cancel request).
+    check_disconnect: bool,
+    /// `server_version_num`.
+    version: u32,
+    /// How often held connections are checked (a lease must be longer).
+    check_interval: Duration,
+    /// How long a check may go unanswered (and a release, before it is given up).
+    check_timeout: Duration,
+    /// The schema `current_schema()` named when the handle was built (where dblock's
+    /// own tables go).
+    pub(crate) schema: Option<String>,
+    /// Set once the fencing table is known to exist: its qualified name.
+    pub(super) fence_ready: tokio::sync::OnceCell<Arc<str>>,
+    /// The sessions' own `lock_timeout` (an administrator's, for the role or database),
+    /// read when the handle was built: it still ends a wait without a deadline, which
+    /// dblock runs in slices of its own `lock_timeout` (see [`WAIT_SLICE_MS`](super::plan::WAIT_SLICE_MS)).
+    server_lock_timeout: Option<Duration>,
+    /// What lies between dblock and the server ([`Pooler::Detect`] resolved), and how
+    /// that is known.
+    pub(crate) pooler: (Pooler, Known),
+    /// `inet_server_port()` as the first connection saw it (`None` on a Unix socket).
+    server_port: Option<u16>,
+    /// The role the handle connects as (`current_user`), for the setup command that
+    /// permission errors name.
+    pub(crate) role: String,
+}
+
+impl PgBackend {
+    /// Connects once (so a bad URL or an unreachable server fails here, not at the first
+    /// lock) and reads the schema in use and the default namespace
+    /// ([`NAMESPACE_SETTING`](crate::NAMESPACE_SETTING), else [`DEFAULT_NAMESPACE`](crate::DEFAULT_NAMESPACE)).
+    pub(crate) async fn open(
+        config: tokio_postgres::Config,
+        shown: String,
+        tls: Connector,
+        opts: &Options,
+    ) -> Result<(PgBackend, String), Error> {
+        let pool = Pool::new(
+            config,
+            shown,
+            tls,
+            opts.max_connections,
+            opts.acquire_timeout,
+            opts.check_interval,
+            opts.check_timeout,
+            opts.pooler,
+        );
+        let mux = (opts.multiplex > 0).then(|| mux::Mux::new(pool.clone(), opts.multiplex));
+        let (mut b, ns) = PgBackend::finish_open(Source::Native(pool.clone()), false, opts).await?;
+        if mux.is_some() {
+            // A multiplexing handle keeps to its shared connections until it must wait.
+            pool.close_idle();
+        }
+        b.mux = mux;
+        if let Some(route) = pool.route() {
+            b.set_pooler(route);
+        }
+        Ok((b, ns))
+    }
+
+    /// A backend on the caller's sqlx pool.
+    pub(crate) async fn from_sqlx(
+        pool: sqlx::PgPool,
+        opts: &Options,
+    ) -> Result<(PgBackend, String), Error> {
+        let source = Source::Sqlx(SqlxSource {
+            pool,
+            check_interval: opts.check_interval,
+            check_timeout: opts.check_timeout,
+        });
+        if opts.multiplex > 0 {
+            return Err(Error::Unsupported(
+                "multiplexing needs dblock's own connections (a postgres:// URL), not an sqlx pool"
+                    .into(),
+            ));
+        }
+        let (mut b, ns) = PgBackend::finish_open(source, true, opts).await?;
+        if opts.pooler != Pooler::Detect {
+            b.set_pooler((opts.pooler, Known::Declared));
+        } else if b.server_port.is_some_and(|p| Some(p) != b.sqlx_port()) {
+            b.set_pooler((Pooler::Transaction, Known::Port));
+        }
+        Ok((b, ns))
+    }
+
+    /// Records what lies between dblock and the server.
+    fn set_pooler(&mut self, route: (Pooler, Known)) {
+        self.pooler = route;
+        if route.0 != Pooler::None {
+            // Set per request (SET LOCAL) rather than on the session.
+            self.check_disconnect = self.version >= 140_000;
+        }
+    }
+
+    /// The TCP port the sqlx pool connects to (`None` for a Unix socket).
+    fn sqlx_port(&self) -> Option<u16> {
+        match &self.source {
+            Source::Sqlx(s) => {
+                let o = s.pool.connect_options();
+                (!o.get_host().starts_with('/')).then(|| o.get_port())
+            }
+            Source::Native(_) => None,
+        }
+    }
+
+    /// Refuses, before anything is taken, what cannot work through a
+    /// transaction-pooling pooler.
+    pub(crate) fn refuse_behind_pooler(
+        &self,
+        what: &'static str,
+        fix: &'static str,
+    ) -> Result<(), Error> {
+        match self.pooler {
+            (p, how) if !p.keeps_sessions() => Err(Error::BehindPooler {
+                what,
+                how: how.describe(),
+                fix,
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    async fn finish_open(
+        source: Source,
+        sqlx: bool,
+        opts: &Options,
+    ) -> Result<(PgBackend, String), Error> {
+        let armed = Armed::new(source.get().await?);
+        let rows = armed
+            .conn()
+            .query(&format!(
+                "SELECT current_schema(); SELECT current_setting('server_version_num'); \
+                 SELECT current_setting('{}', true); \
+                 SELECT (extract(epoch FROM current_setting('lock_timeout')::interval) \
+                 * 1000)::bigint; SELECT inet_server_port(); SELECT current_user",
+                NAMESPACE_SETTING
+            ))
+            .await
+            .map_err(QueryError::into_error)?;
+        armed.disarm().recycle();
+        let schema = first_value(&rows, 0);
+        let version: u32 = first_value(&rows, 1)
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        // Never the schema in use: that depends on search_path and on which of its
+        // schemas exist, so two processes meaning one lock could key it differently.
+        let server_port = first_value(&rows, 4).and_then(|v| v.parse().ok());
+        let role = first_value(&rows, 5).unwrap_or_default();
+        let namespace = first_value(&rows, 2)
+            .filter(|ns| !ns.is_empty())
+            .unwrap_or_else(|| DEFAULT_NAMESPACE.to_string());
+        Ok((
+            PgBackend {
+                source,
+                mux: None,
+                check_disconnect: sqlx && version >= 140_000,
+                version,
+                check_interval: opts.check_interval,
+                check_timeout: opts.check_timeout,
+                schema,
+                fence_ready: tokio::sync::OnceCell::new(),
+                pooler: (Pooler::None, Known::Declared),
+                server_port,
+                role,
+                server_lock_timeout: first_value(&rows, 3)
+                    .and_then(|ms| ms.parse::<u64>().ok())
+                    .filter(|&ms| ms > 0)
+                    .map(Duration::from_millis),
+            },
+            namespace,
+        ))
+    }
+
+    /// Takes a lock as `req` says: one round trip on a pinned connection.
+    async fn acquire(&self, req: &Req<'_>) -> Result<Option<Grant>, Error> {
+        if let Some(lease) = req.lease {
+            // The holder must learn of a loss before the server can end its session and
+            // grant the lock to another: a silent connection is declared lost at most
+            // two check intervals (a tick skipped behind a slow answer) plus the check
+            // timeout after the last check that was answered was sent, and the server
+            // idles the session no sooner than `lease` after that check.
+            let worst = 2 * self.check_interval + self.check_timeout;
+            let noticed = worst + (worst / 10).max(LEASE_SLACK);
+            if lease < noticed {
+                return Err(Error::Unsupported(format!(
+                    "a lease ({lease:?}) must be at least twice the check interval plus the \
+                     check timeout, plus a tenth ({noticed:?} here), so that a holder \
+                     cut off learns of the loss before the server can grant the lock to \
+                     another; lengthen the lease or shorten check_interval/check_timeout"
+                )));
+            }
+            if req.scope == Scope::Session && self.version < 140_000 {
+                return Err(Error::Unsupported(
+                    "a lease on a session-scoped lock needs PostgreSQL 14 (idle_session_timeout)"
+                        .into(),
+                ));
+            }
+        }
+        if req.scope == Scope::Session {
+            self.refuse_behind_pooler(
+                "a session-scoped lock",
+                "the pooler would hand the session, and the lock with it, to another client; \
+                 use transaction-scoped locks (the default), or a URL that reaches PostgreSQL \
+                 directly or through a session-pooling port (say so with pooler=session)",
+            )?;
+        }
+        let fence_table = match req.fenced {
+            true => Some(
+                self.fence_table_until(req.wait.deadline())
+                    .await
+                    .map_err(|e| self.fencing_permission(e))?
+                    .clone(),
+            ),
+            false => None,
+        };
+        if let Some(mux) = self.mux.as_ref().filter(|_| mux::Mux::applies(req)) {
+            match mux.try_acquire(req, fence_table.as_ref()).await? {
+                mux::Attempt::Granted(g) => return Ok(Some(g)),
+                mux::Attempt::NotFree if req.wait == Wait::Try => return Ok(None),
+                // Waiting never blocks a shared connection: wait on a connection of its own.
+                mux::Attempt::NotFree | mux::Attempt::HeldHere => {}
+            }
+        }
+        // A wait without a deadline ends where the server's own lock_timeout would have
+        // ended it, had dblock not replaced that with its slices.
+        let server_bound;
+        let req = match (req.wait, self.server_lock_timeout) {
+            (Wait::Forever, Some(t)) => {
+                let mut r = req.clone();
+                r.wait = Instant::now()
+                    .checked_add(t)
+                    .map_or(Wait::Forever, Wait::Until);
+                server_bound = r;
+                &server_bound
+            }
+            _ => req,
+        };
+        let deadline = req.wait.deadline();
+        // Behind a pooler a request may sit in the pooler's queue, which the server's
+        // lock_timeout does not count: the caller's deadline is kept here too.
+        let queued_bound = match (self.pooler.0, req.wait) {
+            (Pooler::None, _) => None,
+            (_, Wait::Until(d)) => Some(d + POOLER_GRACE),
+            _ => None,
+        };
+        // A wait longer than one slice goes round again (see WAIT_SLICE_MS).
+        loop {
+            let conn = match queued_bound {
+                Some(b) => {
+                    match tokio::time::timeout_at(b, self.source.get_until(deadline)).await {
+                        Ok(c) => c?,
+                        Err(_) => return Ok(None),
+                    }
+                }
+                None => self.source.get_until(deadline).await?,
+            };
+            let plan = Plan::new(
+                req,
+                fence_table.as_deref(),
+                self.check_disconnect,
+                self.version >= 120_000,
+            );
+            let armed = Armed::new(conn);
+            let result = match deadline {
+                // The server ends the wait (lock_timeout); the client-side bound is a
+                // backstop for a server that stops answering.
+                Some(d) => {
+                    let request = armed.conn().lock_query(&plan.sql, plan.wanted());
+                    match tokio::time::timeout_at(queued_bound.unwrap_or(d + BACKSTOP), request)
+                        .await
+                    {
+                        Ok(r) => r,
+                        // Not granted by the deadline, counting the pooler's queue.
+                        Err(_) if queued_bound.is_some() => {
+                            drop(armed); // abandons: cancels, closes
+                            return Ok(None);
+                        }
+                        Err(_) => {
+                            drop(armed); // abandons: cancels on the server, closes
+                            return Err(Error::Timeout {
+                                waiting_for: WaitingFor::ServerReply,
+                                after: Some(BACKSTOP),
+                            });
+                        }
+                    }
+                }
+                None => armed.conn().lock_query(&plan.sql, plan.wanted()).await,
+            };
+            let conn = armed.disarm();
+            return match result {
+                Ok(firsts) => match plan.outcome(&firsts) {
+                    Some(token) => {
+                        conn.link().set_holding(true);
+                        Ok(Some(Grant {
+                            held: Box::new(Pinned::new(conn, req, self.check_timeout)),
+                            fence: token.zip(fence_table),
+                        }))
+                    }
+                    None => {
+                        plan.clean_up(&conn, false);
+                        conn.recycle();
+                        Ok(None)
+                    }
+                },
+                Err(QueryError::Db { code, message }) => {
+                    plan.clean_up(&conn, true);
+                    conn.recycle();
+                    if code == LOCK_NOT_AVAILABLE {
+                        // One slice of the wait ended (see WAIT_SLICE_MS) and the
+                        // caller's deadline, if any, is still ahead: wait on, in a new
+                        // statement and transaction.
+                        let ahead = match req.wait {
+                            Wait::Forever => true,
+                            Wait::Until(d) => Instant::now() < d,
+                            Wait::Try => false,
+                        };
+                        if plan.sliced && ahead {
+                            continue;
+                        }
+                        return match req.wait {
+                            Wait::Forever => Err(Error::Timeout {
+                                waiting_for: WaitingFor::LockServerLockTimeout,
+                                after: None,
+                            }),
+                            _ => Ok(None),
+                        };
+                    }
+                    if code == QUERY_CANCELED {
+                        return Err(Error::Timeout {
+                            waiting_for: WaitingFor::LockServerStatementTimeout,
+                            after: None,
+                        });
+                    }
+                    let e = Error::from_sqlstate(&code, message);
+                    Err(match req.fenced {
+                        true => self.fencing_permission(e),
+                        false => e,
+                    })
+                }
+                Err(e @ QueryError::Lost { .. }) => Err(e.into_error()),
+            };
+        }
+    }
+
+    /// The configuration of dblock's own connections, if it uses its own.
+    pub(crate) fn native_config(&self) -> Option<(tokio_postgres::Config, Connector)> {
+        match &self.source {
+            Source::Native(p) => Some((p.config().clone(), p.tls().clone())),
+            Source::Sqlx(_) => None,
+        }
+    }
+
+    /// A connection of this handle's own, pinned for the caller (the migration runner):
+    /// it must go back through [`Conn::recycle`] only with no lock held and no
+    /// transaction open, and through [`Conn::abandon`] (or a dropped [`Armed`]) whenever
+    /// that is in doubt.
+    pub(crate) async fn pinned(&self) -> Result<Conn, Error> {
+        self.source.get().await
+    }
+}
+
+/// How long past a deadline the client waits for the server's own lock_timeout to
+/// answer before giving the connection up.
+pub(super) const BACKSTOP: Duration = Duration::from_secs(2);
+
+/// Behind a pooler, how long past a deadline the client waits for the server's answer
+/// before it gives the request up (the server's own lock_timeout normally answers at
+/// the deadline; a request still queued in the pooler never would).
+const POOLER_GRACE: Duration = Duration::from_millis(100);
+
+const LOCK_NOT_AVAILABLE: &str = "55P03";
+
+/// The least room, beyond the longest time to notice a silent connection, that a lease
+/// must leave for scheduling delays on the client (a tenth of that time if more).
+const LEASE_SLACK: Duration = Duration::from_millis(50);
+
+const QUERY_CANCELED: &str = "57014";
+
+impl RawLocks for PgBackend {
+    fn name(&self) -> &'static str {
+        "postgres"
+    }
+
+    fn acquire<'a>(&'a self, req: &'a Req<'a>) -> BoxFuture<'a, Result<Option<Grant>, Error>> {
+        Box::pin(PgBackend::acquire(self, req))
+    }
+
+    fn has_leases(&self) -> bool {
+        true
+    }
+
+    fn pooler(&self) -> Pooler {
+        self.pooler.0
+    }
+
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        Some(self)
+    }
+
+    fn fencing(&self) -> Option<&dyn FencingStore> {
+        Some(self)
+    }
+
+    fn migrations(&self) -> Option<&dyn MigrationTarget> {
+        Some(self)
+    }
+
+    fn bench_floor(&self) -> Option<Result<Arc<dyn BenchFloor>, Error>> {
+        Some(match self.native_config() {
+            Some((c, tls)) => Ok(Arc::new(super::floor::Floor::new(c, tls))),
+            None => Err(Error::Unsupported(
+                "the benchmark needs a postgres:// URL, not an sqlx pool".into(),
+            )),
+        })
+    }
+}

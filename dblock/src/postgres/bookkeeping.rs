@@ -1,0 +1,198 @@
+//! The PostgreSQL migration runner's shared pieces: the bookkeeping table (its name,
+//! definition and rows) and the migration lock, waited for without holding a snapshot.
+//! Used by the runner (`migrate`), adoption (`adopt`), reverts (`revert`) and the
+//! fencing table's creation (`fence`).
+
+use std::time::Duration;
+
+use super::backend::PgBackend;
+use super::conn::Armed;
+use super::sql::{first_value, quote_ident};
+use super::wire::{QueryError, Results};
+use crate::error::{Error, WaitingFor};
+use crate::migrate::plan::{MIGRATION_LOCK_KEY, Record, TABLE};
+
+/// The first pause between two attempts at the lock; it doubles up to [`POLL_MAX`].
+const POLL_FIRST: Duration = Duration::from_millis(20);
+const POLL_MAX: Duration = Duration::from_millis(100);
+
+/// Why a migration run (or baseline, or revert) is refused behind a transaction pooler,
+/// and what to do.
+pub(crate) const POOLER_FIX: &str = "it holds the migration lock across many transactions, \
+     and runs statements outside any; run migrations through a URL that reaches PostgreSQL \
+     directly, or through a session-pooling port (say so with pooler=session)";
+
+/// The qualified bookkeeping table.
+pub(crate) fn table(b: &PgBackend) -> Result<String, Error> {
+    match &b.schema {
+        Some(s) => Ok(format!("{}.{TABLE}", quote_ident(s))),
+        None => Err(Error::Unsupported(
+            "migrations need a schema for their bookkeeping table, and no schema of the \
+             search_path exists"
+                .into(),
+        )),
+    }
+}
+
+pub(crate) async fn q(armed: &Armed, sql: &str) -> Result<Results, Error> {
+    armed
+        .conn()
+        .query(sql)
+        .await
+        .map_err(QueryError::into_error)
+}
+
+pub(crate) async fn read_records(armed: &Armed, table: &str) -> Result<Vec<Record>, Error> {
+    // One text column per row (the connection layer reads first columns), the name
+    // last since it is the only field that could hold anything.
+    let rows = q(
+        armed,
+        &format!(
+            "SELECT concat_ws(E'\\t', version, checksum, duration_ms, \
+             to_char(applied_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"'), name) \
+             FROM {table} ORDER BY version"
+        ),
+    )
+    .await?;
+    rows.first()
+        .map(|rows| rows.iter().map(|r| parse_record(r.as_deref())).collect())
+        .unwrap_or(Ok(Vec::new()))
+}
+
+fn parse_record(row: Option<&str>) -> Result<Record, Error> {
+    let bad = || Error::Database {
+        code: None,
+        message: format!("unexpected row in {TABLE}: {row:?}"),
+    };
+    let mut f = row.ok_or_else(bad)?.splitn(5, '\t');
+    let mut next = || f.next().ok_or_else(bad);
+    let version = next()?.parse().map_err(|_| bad())?;
+    let checksum = next()?.to_string();
+    let duration_ms = next()?.parse().map_err(|_| bad())?;
+    let applied_at = next()?.to_string();
+    let name = next()?.to_string();
+    Ok(Record {
+        version,
+        name,
+        checksum,
+        applied_at,
+        duration_ms,
+    })
+}
+
+/// Waits for the migration lock, as a session lock, holding no snapshot: a short
+/// `pg_try_advisory_lock` in autocommit now and then, idle in between (see the module
+/// documentation). With a deadline (the caller's, when dblock waits on its behalf),
+/// gives up with [`Error::Timeout`] once it has passed; it always tries once.
+pub(crate) async fn wait_for_lock(
+    armed: &Armed,
+    deadline: Option<tokio::time::Instant>,
+) -> Result<(), Error> {
+    let sql = format!("SELECT pg_try_advisory_lock({MIGRATION_LOCK_KEY})");
+    let started = tokio::time::Instant::now();
+    let mut pause = POLL_FIRST;
+    loop {
+        let rows = q(armed, &sql).await?;
+        if first_value(&rows, 0).as_deref() == Some("t") {
+            return Ok(());
+        }
+        let mut next = tokio::time::Instant::now() + pause;
+        if let Some(d) = deadline.filter(|&d| next > d) {
+            if tokio::time::Instant::now() >= d {
+                return Err(Error::Timeout {
+                    waiting_for: WaitingFor::MigrationLock,
+                    after: Some(started.elapsed()),
+                });
+            }
+            // One last try at the deadline.
+            next = d;
+        }
+        tokio::time::sleep_until(next).await;
+        pause = (pause * 2).min(POLL_MAX);
+    }
+}
+
+/// Runs dblock's own idempotent DDL under the migration lock, waiting for it the
+/// runner's way (no snapshot held, so never in the way of a CREATE INDEX CONCURRENTLY).
+/// If anything fails the connection is abandoned by the caller's [`Armed`], which
+/// releases the lock.
+///
+/// The lock is a transaction-scoped one taken with `pg_try_advisory_xact_lock` in a
+/// transaction that then runs the DDL and commits: everything on one server session
+/// even through a transaction-pooling pooler, which a session lock would not be.
+pub(crate) async fn own_ddl(
+    armed: &Armed,
+    ddl: &str,
+    deadline: Option<tokio::time::Instant>,
+) -> Result<(), Error> {
+    let attempt = format!(
+        "BEGIN ISOLATION LEVEL READ COMMITTED; SELECT pg_try_advisory_xact_lock({MIGRATION_LOCK_KEY})"
+    );
+    let started = tokio::time::Instant::now();
+    let mut pause = POLL_FIRST;
+    loop {
+        let rows = q(armed, &attempt).await?;
+        if first_value(&rows, 1).as_deref() == Some("t") {
+            break;
+        }
+        // Idle, holding nothing, between attempts.
+        q(armed, "ROLLBACK").await?;
+        let mut next = tokio::time::Instant::now() + pause;
+        if let Some(d) = deadline.filter(|&d| next > d) {
+            if tokio::time::Instant::now() >= d {
+                return Err(Error::Timeout {
+                    waiting_for: WaitingFor::MigrationLock,
+                    after: Some(started.elapsed()),
+                });
+            }
+            // One last try at the deadline.
+            next = d;
+        }
+        tokio::time::sleep_until(next).await;
+        pause = (pause * 2).min(POLL_MAX);
+    }
+    match q(armed, &format!("{ddl}; COMMIT")).await {
+        Ok(_) => Ok(()),
+        Err(e) => {
+            let _ = q(armed, "ROLLBACK").await;
+            Err(e)
+        }
+    }
+}
+
+/// The bookkeeping table's definition.
+pub(crate) fn create_table(table: &str) -> String {
+    format!(
+        "CREATE TABLE IF NOT EXISTS {table} (\
+         version bigint PRIMARY KEY, \
+         name text NOT NULL, \
+         checksum text NOT NULL, \
+         applied_at timestamptz NOT NULL DEFAULT now(), \
+         duration_ms bigint NOT NULL)"
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bookkeeping_rows_parse_with_any_name() {
+        let r = parse_record(Some(
+            "12\tabc\t34\t2026-05-01T12:00:00.123Z\tname\twith\ttabs",
+        ))
+        .unwrap();
+        assert_eq!(
+            (
+                r.version,
+                r.checksum.as_str(),
+                r.duration_ms,
+                r.name.as_str()
+            ),
+            (12, "abc", 34, "name\twith\ttabs")
+        );
+        assert_eq!(r.applied_at, "2026-05-01T12:00:00.123Z");
+        assert!(parse_record(Some("x\tabc")).is_err());
+        assert!(parse_record(None).is_err());
+    }
+}

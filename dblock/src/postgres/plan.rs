@@ -1,0 +1,532 @@
+//! The SQL of one acquisition on PostgreSQL, and of a held lock's release: what a
+//! request sends as one simple-protocol message, and how its reply is read.
+
+use std::borrow::Cow;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::conn::Conn;
+use super::sql::{i64_text, quote_literal};
+use super::wire::{LockSql, Release};
+use crate::key::Key;
+use crate::raw::{Mode, Req, Scope, Wait, holder_id};
+
+/// The longest `lock_timeout`, `idle_in_transaction_session_timeout` or
+/// `idle_session_timeout` the server accepts, in milliseconds (2³¹ − 1: about 24.8 days).
+const MAX_SERVER_MS: u128 = i32::MAX as u128;
+
+/// The longest one lock-waiting statement runs, in milliseconds; a longer wait is
+/// several statements (each in a transaction of its own), one after the other.
+///
+/// A backend blocked in `pg_advisory_lock` holds a snapshot, and `CREATE INDEX
+/// CONCURRENTLY` waits for every transaction holding a snapshot older than its own. So a
+/// process that holds a lock others wait for and then runs a CIC migration would wait for
+/// those waiters while they wait for it: a deadlock PostgreSQL cannot see, since the
+/// edge from the lock to the migration runs through the client. Ending every wait after
+/// a slice ends the waiter's transaction, and its next statement's snapshot is newer
+/// than the index build's: CIC waits at most about one slice for dblock's waiters. It
+/// also keeps every wait within the server's limit on `lock_timeout` (2³¹ − 1 ms).
+/// The cost: one round trip per slice of waiting, and a waiter whose slice ends rejoins
+/// the server's queue at its end.
+pub(crate) const WAIT_SLICE_MS: u128 = 2_000;
+
+/// How long a fenced `try_lock` waits for a previous holder's fenced write to commit.
+const FENCED_TRY_ROW_WAIT_MS: u32 = 100;
+
+/// The SQL of one acquisition, and how to read its result.
+pub(crate) struct Plan {
+    pub(crate) sql: LockSql,
+    scope: Scope,
+    key: Key,
+    mode: Mode,
+    /// Whether the request set a lease (which the clean-up must undo).
+    lease: bool,
+    /// The statement whose single boolean row must be `t` for the lock to be held, if
+    /// any (a plan has at most one).
+    must_be_true: Option<usize>,
+    /// Index of the statement returning the fencing token, if any.
+    token_at: Option<usize>,
+    /// Whether the server's lock_timeout is shorter than the wait asked for.
+    pub(crate) sliced: bool,
+}
+
+impl Plan {
+    /// `chain`: whether the server has `ROLLBACK AND CHAIN` (PostgreSQL 12).
+    pub(crate) fn new(
+        req: &Req<'_>,
+        fence_table: Option<&str>,
+        check_disconnect: bool,
+        chain: bool,
+    ) -> Plan {
+        debug_assert!(!req.fenced || fence_table.is_some());
+        let mut kbuf = [0u8; 20];
+        let k = i64_text(req.key.as_i64(), &mut kbuf);
+        let shared = if req.mode == Mode::Shared {
+            "_shared"
+        } else {
+            ""
+        };
+        // Whole milliseconds left, at least 1 (lock_timeout = 0 would mean "forever"),
+        // at most one WAIT_SLICE_MS: a longer wait is asked for again, so that no waiter
+        // holds one statement's snapshot for longer than that.
+        let mut sliced = false;
+        let timeout_ms = match req.wait {
+            Wait::Until(t) => {
+                // Rounded up: the server must not give up before the deadline.
+                let left = t.saturating_duration_since(Instant::now());
+                let ms = left.as_micros().div_ceil(1000);
+                sliced = ms > WAIT_SLICE_MS;
+                if left < Duration::from_millis(1) {
+                    None
+                } else {
+                    Some(ms.min(WAIT_SLICE_MS))
+                }
+            }
+            Wait::Forever => {
+                sliced = true;
+                Some(WAIT_SLICE_MS)
+            }
+            Wait::Try => None,
+        };
+        let try_ =
+            req.wait == Wait::Try || (matches!(req.wait, Wait::Until(_)) && timeout_ms.is_none());
+        let mut sql = LockSql::new();
+        let mut must_be_true = None;
+        let mut token_at = None;
+        let fenced = req.fenced && fence_table.is_some();
+        // A lease beyond the server's limit is capped: it only bounds how long the lock
+        // outlives a silent holder, and a live holder's session is never idle that long.
+        let lease_ms = req.lease.map(|l| l.as_millis().clamp(1, MAX_SERVER_MS));
+        // Lets the server notice, while it waits, that the client went away.
+        const CHECK: &str = "client_connection_check_interval";
+        let check_ms = 250;
+        match (req.scope, fenced) {
+            (Scope::Transaction, false) => {
+                sql.begin(chain);
+                if check_disconnect {
+                    sql.push(&[&format!("SET LOCAL {CHECK} = {check_ms}")]);
+                }
+                if let Some(ms) = lease_ms {
+                    sql.push(&[&format!(
+                        "SET LOCAL idle_in_transaction_session_timeout = {ms}"
+                    )]);
+                }
+                if let Some(ms) = timeout_ms {
+                    sql.push(&[&format!("SET LOCAL lock_timeout = {ms}")]);
+                }
+                let f = if try_ {
+                    "SELECT pg_try_advisory_xact_lock"
+                } else {
+                    "SELECT pg_advisory_xact_lock"
+                };
+                let i = sql.push(&[f, shared, "(", k, ")"]);
+                if try_ {
+                    must_be_true = Some(i);
+                }
+            }
+            (Scope::Session, false) => {
+                if let Some(ms) = lease_ms {
+                    sql.push(&[&format!(
+                        "SELECT set_config('idle_session_timeout', '{ms}', false)"
+                    )]);
+                }
+                if check_disconnect {
+                    sql.push(&[&format!("SELECT set_config('{CHECK}', '{check_ms}', true)")]);
+                }
+                if let Some(ms) = timeout_ms {
+                    sql.push(&[&format!("SELECT set_config('lock_timeout', '{ms}', true)")]);
+                }
+                let f = if try_ {
+                    "SELECT pg_try_advisory_lock"
+                } else {
+                    "SELECT pg_advisory_lock"
+                };
+                let i = sql.push(&[f, shared, "(", k, ")"]);
+                if try_ {
+                    must_be_true = Some(i);
+                }
+            }
+            (scope, true) => {
+                // The token is committed *while the lock is held* and before the grant is
+                // returned: a session lock taken first bridges the commit, so no other
+                // holder can come between the increment and the grant.
+                let table = fence_table.unwrap_or_default();
+                sql.begin(chain);
+                // The token must be durable before it is handed out, whatever the
+                // server's synchronous_commit: a crash must never reissue a token.
+                sql.push(&["SET LOCAL synchronous_commit = on"]);
+                if try_ {
+                    // A try must not wait long on the fencing row, which a previous
+                    // holder's fenced write holds until it commits.
+                    sql.push(&[&format!(
+                        "SET LOCAL lock_timeout = {FENCED_TRY_ROW_WAIT_MS}"
+                    )]);
+                }
+                if check_disconnect {
+                    sql.push(&[&format!("SET LOCAL {CHECK} = {check_ms}")]);
+                }
+                if let Some(ms) = timeout_ms {
+                    sql.push(&[&format!("SET LOCAL lock_timeout = {ms}")]);
+                }
+                let upsert = format!(
+                    "INSERT INTO {table} AS f (key, namespace, name, token, holder, granted_at) \
+                     SELECT {k}, {ns}, {name}, 1, {holder}, now() {cond}\
+                     ON CONFLICT (key) DO UPDATE SET token = f.token + 1, \
+                     holder = EXCLUDED.holder, granted_at = EXCLUDED.granted_at RETURNING token",
+                    ns = quote_literal(req.namespace),
+                    name = quote_literal(req.name),
+                    holder = quote_literal(holder_id()),
+                    cond = if try_ {
+                        format!("WHERE pg_try_advisory_lock({k}) ")
+                    } else {
+                        String::new()
+                    },
+                );
+                if !try_ {
+                    sql.push(&["SELECT pg_advisory_lock(", k, ")"]);
+                }
+                token_at = Some(sql.push(&[&upsert]));
+                sql.push(&["COMMIT"]);
+                if let (Scope::Session, Some(ms)) = (scope, lease_ms) {
+                    sql.push(&[&format!(
+                        "SELECT set_config('idle_session_timeout', '{ms}', false)"
+                    )]);
+                }
+                if scope == Scope::Transaction {
+                    sql.begin(false);
+                    if let Some(ms) = lease_ms {
+                        sql.push(&[&format!(
+                            "SET LOCAL idle_in_transaction_session_timeout = {ms}"
+                        )]);
+                    }
+                    // Re-entrant, so immediate when the session lock above was granted;
+                    // a try, so it never waits when it was not.
+                    must_be_true = Some(sql.push(&["SELECT pg_try_advisory_xact_lock(", k, ")"]));
+                    sql.push(&["SELECT pg_advisory_unlock(", k, ")"]);
+                }
+            }
+        }
+        Plan {
+            sql,
+            scope: req.scope,
+            key: req.key,
+            mode: req.mode,
+            lease: req.lease.is_some(),
+            must_be_true,
+            token_at,
+            sliced,
+        }
+    }
+
+    /// The statements whose first values [`Plan::outcome`] reads.
+    pub(crate) fn wanted(&self) -> [Option<usize>; 2] {
+        [self.must_be_true, self.token_at]
+    }
+
+    /// From the first values of [`Plan::wanted`]: `None` if the lock was not obtained,
+    /// `Some(token)` if it was.
+    pub(crate) fn outcome(&self, firsts: &[Option<String>; 2]) -> Option<Option<i64>> {
+        let [must_be_true, token] = firsts;
+        if self.must_be_true.is_some() && must_be_true.as_deref() != Some("t") {
+            return None;
+        }
+        match self.token_at {
+            None => Some(None),
+            // A fenced try returns no token row when the lock was not free.
+            Some(_) => Some(token.as_deref()?.parse::<i64>().ok()),
+        }
+    }
+
+    /// After a request that did not end with the lock held: leave the connection clean.
+    /// `failed`: the request ended in an error, so the state it left is unknown (no
+    /// transaction may be open); otherwise it ran to its end, with a transaction-scoped
+    /// request's transaction open.
+    pub(crate) fn clean_up(&self, conn: &Conn, failed: bool) {
+        let sql = match self.scope {
+            // A fenced request takes a session lock first (to bridge its token's commit):
+            // it survives the ROLLBACK, so unlock it too (a no-op with a warning if the
+            // request failed before taking it).
+            Scope::Transaction if self.token_at.is_some() => format!(
+                "ROLLBACK; {}",
+                release_sql(Scope::Session, self.mode, self.key, false)
+            ),
+            // Ends the transaction, failed or not (a warning if there is none).
+            Scope::Transaction => {
+                conn.send_release(Release::Rollback { chain: !failed });
+                return;
+            }
+            // A session lock may have been granted before a later statement failed:
+            // unlock it, and end the implicit transaction if one is open. Unlocking a
+            // lock not held is a no-op with a warning.
+            Scope::Session => format!(
+                "ROLLBACK; {}",
+                release_sql(Scope::Session, self.mode, self.key, self.lease)
+            ),
+        };
+        conn.send(&sql);
+    }
+}
+
+/// How many statements [`release_sql`] writes.
+pub(crate) fn release_statements(scope: Scope, lease: bool) -> usize {
+    match scope {
+        Scope::Session if lease => 2,
+        _ => 1,
+    }
+}
+
+/// The statement that releases a held lock.
+pub(crate) fn release_sql(scope: Scope, mode: Mode, key: Key, lease: bool) -> Cow<'static, str> {
+    if scope == Scope::Session && lease {
+        // The lease's idle_session_timeout must not outlive the lock on a pooled session.
+        return Cow::Owned(format!(
+            "{}; SET idle_session_timeout = DEFAULT",
+            release_sql(scope, mode, key, false)
+        ));
+    }
+    let f = match (scope, mode) {
+        (Scope::Transaction, _) => return Cow::Borrowed("ROLLBACK"),
+        (Scope::Session, Mode::Exclusive) => "SELECT pg_advisory_unlock(",
+        (Scope::Session, Mode::Shared) => "SELECT pg_advisory_unlock_shared(",
+    };
+    let mut kbuf = [0u8; 20];
+    let k = i64_text(key.as_i64(), &mut kbuf);
+    let mut sql = String::with_capacity(f.len() + k.len() + 1);
+    for part in [f, k, ")"] {
+        sql.push_str(part);
+    }
+    Cow::Owned(sql)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    impl Plan {
+        fn new_t(req: &Req<'_>, fence_table: Option<&str>) -> Plan {
+            Plan::new(req, fence_table, false, true)
+        }
+    }
+
+    fn req(scope: Scope, mode: Mode, wait: Wait, fenced: bool) -> Req<'static> {
+        Req {
+            namespace: "public",
+            name: "it's",
+            key: Key::from_i64(42),
+            mode,
+            scope,
+            wait,
+            fenced,
+            lease: None,
+        }
+    }
+
+    #[test]
+    fn a_plain_transaction_lock_is_one_message() {
+        // A wait is one slice at most (see WAIT_SLICE_MS).
+        let p = Plan::new_t(
+            &req(Scope::Transaction, Mode::Exclusive, Wait::Forever, false),
+            None,
+        );
+        assert_eq!(
+            p.sql.alone(),
+            "BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL lock_timeout = 2000; \
+             SELECT pg_advisory_xact_lock(42)"
+        );
+        assert!(p.sliced);
+        let p = Plan::new_t(
+            &req(Scope::Session, Mode::Exclusive, Wait::Forever, false),
+            None,
+        );
+        assert_eq!(
+            p.sql.alone(),
+            "SELECT set_config('lock_timeout', '2000', true); SELECT pg_advisory_lock(42)"
+        );
+        let p = Plan::new_t(&req(Scope::Session, Mode::Shared, Wait::Try, false), None);
+        assert_eq!(p.sql.alone(), "SELECT pg_try_advisory_lock_shared(42)");
+        assert_eq!(p.must_be_true, Some(0));
+    }
+
+    #[test]
+    fn a_deadline_becomes_a_server_side_lock_timeout() {
+        let until = Instant::now() + Duration::from_secs(5);
+        let p = Plan::new_t(
+            &req(
+                Scope::Transaction,
+                Mode::Exclusive,
+                Wait::Until(until),
+                false,
+            ),
+            None,
+        );
+        assert!(
+            p.sql.alone().contains("SET LOCAL lock_timeout = "),
+            "{}",
+            p.sql.alone()
+        );
+        let p = Plan::new_t(
+            &req(Scope::Session, Mode::Exclusive, Wait::Until(until), false),
+            None,
+        );
+        assert!(
+            p.sql
+                .alone()
+                .starts_with("SELECT set_config('lock_timeout', "),
+            "{}",
+            p.sql.alone()
+        );
+        // A deadline already past is a try: lock_timeout = 0 would wait forever.
+        let p = Plan::new_t(
+            &req(
+                Scope::Session,
+                Mode::Exclusive,
+                Wait::Until(Instant::now()),
+                false,
+            ),
+            None,
+        );
+        assert_eq!(p.sql.alone(), "SELECT pg_try_advisory_lock(42)");
+    }
+
+    #[test]
+    fn a_fenced_transaction_lock_commits_its_token_under_a_bridging_session_lock() {
+        let p = Plan::new_t(
+            &req(Scope::Transaction, Mode::Exclusive, Wait::Forever, true),
+            Some("\"public\".dblock_fencing"),
+        );
+        let stmts: Vec<&str> = p.sql.alone().split("; ").collect();
+        // The token's commit is durable whatever the server's synchronous_commit.
+        assert_eq!(stmts[1], "SET LOCAL synchronous_commit = on");
+        assert_eq!(stmts[2], "SET LOCAL lock_timeout = 2000");
+        assert_eq!(stmts[3], "SELECT pg_advisory_lock(42)");
+        assert!(stmts[4].starts_with("INSERT INTO \"public\".dblock_fencing"));
+        assert!(
+            stmts[4].contains("E'it''s'"),
+            "names are quoted: {}",
+            stmts[4]
+        );
+        assert_eq!(stmts[5], "COMMIT");
+        assert_eq!(stmts[7], "SELECT pg_try_advisory_xact_lock(42)");
+        assert_eq!(stmts[8], "SELECT pg_advisory_unlock(42)");
+        assert_eq!(p.token_at, Some(4));
+        assert_eq!(p.must_be_true, Some(7));
+        // A fenced try bounds its wait on the fencing row.
+        let p = Plan::new_t(
+            &req(Scope::Transaction, Mode::Exclusive, Wait::Try, true),
+            Some("\"public\".dblock_fencing"),
+        );
+        assert!(
+            p.sql.alone().contains("SET LOCAL lock_timeout = 100"),
+            "{}",
+            p.sql.alone()
+        );
+    }
+
+    #[test]
+    fn a_lock_request_can_carry_a_rollback() {
+        let p = Plan::new_t(
+            &req(Scope::Transaction, Mode::Exclusive, Wait::Try, false),
+            None,
+        );
+        assert_eq!(
+            p.sql.carrying_rollback(),
+            "ROLLBACK; BEGIN ISOLATION LEVEL READ COMMITTED; SELECT pg_try_advisory_xact_lock(42)"
+        );
+        assert_eq!(p.wanted(), [Some(1), None]);
+        assert_eq!(p.outcome(&[Some("t".into()), None]), Some(None));
+        assert_eq!(p.outcome(&[Some("f".into()), None]), None);
+    }
+
+    #[test]
+    fn a_session_release_is_carried_in_a_transaction_of_its_own_where_it_must_be() {
+        for (mode, lease) in [
+            (Mode::Exclusive, false),
+            (Mode::Shared, false),
+            (Mode::Exclusive, true),
+        ] {
+            let sql = release_sql(Scope::Session, mode, Key::from_i64(7), lease);
+            let statements = release_statements(Scope::Session, lease);
+            assert_eq!(sql.split("; ").count(), statements, "{sql}");
+            let r = Release::Unlock { sql, statements };
+            let p = Plan::new_t(
+                &req(Scope::Transaction, Mode::Exclusive, Wait::Try, false),
+                None,
+            );
+            let (text, skip) = r.carried_by(&p.sql);
+            assert!(
+                text.starts_with("BEGIN; SELECT pg_advisory_unlock"),
+                "{text}"
+            );
+            let stmts: Vec<&str> = text.split("; ").collect();
+            assert_eq!(stmts[skip - 1], "COMMIT");
+            assert_eq!(stmts[skip..].join("; "), p.sql.alone());
+            // Before a request that begins no transaction, a lone unlock joins its
+            // implicit one; a lease's (a SET besides) keeps a transaction of its own.
+            let p = Plan::new_t(
+                &req(Scope::Session, Mode::Exclusive, Wait::Try, false),
+                None,
+            );
+            let (text, skip) = r.carried_by(&p.sql);
+            let stmts: Vec<&str> = text.split("; ").collect();
+            assert_eq!(stmts[skip..].join("; "), p.sql.alone());
+            if lease {
+                assert!(text.starts_with("BEGIN; "), "{text}");
+            } else {
+                assert_eq!(skip, 1);
+                assert!(text.starts_with("SELECT pg_advisory_unlock"), "{text}");
+            }
+        }
+        assert_eq!(release_statements(Scope::Transaction, true), 1);
+        assert_eq!(Release::Rollback { chain: true }.sql(), "ROLLBACK");
+    }
+
+    #[test]
+    fn a_carried_rollback_chains_only_a_transaction_known_to_be_open() {
+        let p = Plan::new_t(
+            &req(Scope::Transaction, Mode::Exclusive, Wait::Try, false),
+            None,
+        );
+        let (text, skip) = Release::Rollback { chain: true }.carried_by(&p.sql);
+        assert_eq!(
+            text,
+            "ROLLBACK AND CHAIN; SELECT pg_try_advisory_xact_lock(42)"
+        );
+        assert_eq!(
+            skip, 0,
+            "AND CHAIN stands in for the BEGIN: same statements"
+        );
+        let (text, skip) = Release::Rollback { chain: false }.carried_by(&p.sql);
+        assert_eq!(text, format!("ROLLBACK; {}", p.sql.alone()));
+        assert_eq!(skip, 1);
+        // A server without AND CHAIN, or a request that does not begin a transaction.
+        let old = Plan::new(
+            &req(Scope::Transaction, Mode::Exclusive, Wait::Try, false),
+            None,
+            false,
+            false,
+        );
+        assert_eq!(Release::Rollback { chain: true }.carried_by(&old.sql).1, 1);
+        let session = Plan::new_t(
+            &req(Scope::Session, Mode::Exclusive, Wait::Try, false),
+            None,
+        );
+        let (text, skip) = Release::Rollback { chain: true }.carried_by(&session.sql);
+        assert_eq!(text, "ROLLBACK; SELECT pg_try_advisory_lock(42)");
+        assert_eq!(skip, 1);
+        // A fenced request chains its first BEGIN only.
+        let fenced = Plan::new_t(
+            &req(Scope::Transaction, Mode::Exclusive, Wait::Forever, true),
+            Some("\"public\".dblock_fencing"),
+        );
+        let (text, _) = Release::Rollback { chain: true }.carried_by(&fenced.sql);
+        assert!(
+            text.starts_with("ROLLBACK AND CHAIN; SET LOCAL synchronous_commit = on; "),
+            "{text}"
+        );
+        assert_eq!(
+            text.matches("BEGIN ISOLATION LEVEL READ COMMITTED").count(),
+            1
+        );
+    }
+}

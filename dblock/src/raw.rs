@@ -1,0 +1,325 @@
+//! The raw interface each backend implements, and the request and grant types it
+//! speaks: the leaf the friendly API ([`Locks`](crate::Locks),
+//! [`LockGuard`](crate::LockGuard), [`Election`](crate::leader::Election),
+//! [`Fence`](crate::Fence), the migration runner) is written on once.
+//!
+//! In the manner of parking_lot's `lock_api`: a small core every backend has —
+//! [`RawLocks::acquire`] (with a [`Wait`]) returning a [`RawHeld`] that releases on drop,
+//! releases and waits with [`RawHeld::release`], checks with [`RawHeld::check`] and
+//! reports loss ([`RawHeld::loss`], [`RawHeld::lost`]) — and extension interfaces for
+//! what only some backends offer, reached through [`RawLocks`]'s accessors:
+//! [`FencingStore`], [`MigrationTarget`], [`BenchFloor`]. Multiplexing is a PostgreSQL
+//! detail behind `acquire` (nothing outside the backend calls it).
+//!
+//! A backend is one module that implements these and names none of the modules above
+//! it; the handle holds it as `Box<dyn RawLocks>`.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::error::{Error, LossReason};
+use crate::key::Key;
+use crate::migrate::adopt::History;
+use crate::migrate::plan::{Applied, Record, Report};
+use crate::migrate::set::Migration;
+
+/// A boxed, sendable future: what the object-safe interfaces return.
+pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// Whether a lock excludes everyone, or only exclusive holders.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Mode {
+    /// One holder at a time (a writer).
+    #[default]
+    Exclusive,
+    /// Any number of shared holders at once, and no exclusive holder (readers).
+    Shared,
+}
+
+/// How long a PostgreSQL lock lives on its connection. The embedded backend has one
+/// kind of lock and ignores this.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Scope {
+    /// A transaction-scoped advisory lock (`pg_advisory_xact_lock`): the guard keeps a
+    /// transaction open on its connection and ends it to release. Works behind PgBouncer
+    /// in transaction pooling mode. The default.
+    #[default]
+    Transaction,
+    /// A session-scoped advisory lock (`pg_advisory_lock`), released by
+    /// `pg_advisory_unlock`. No transaction stays open while it is held, but it is lost
+    /// or leaked behind a transaction-pooling PgBouncer.
+    Session,
+}
+
+/// How long a request waits for a lock someone else holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Wait {
+    /// Until it is granted.
+    Forever,
+    /// Not at all.
+    Try,
+    /// Until this instant.
+    Until(Instant),
+}
+
+impl Wait {
+    /// The instant after which to give up, if any.
+    pub(crate) fn deadline(self) -> Option<Instant> {
+        match self {
+            Wait::Forever => None,
+            Wait::Try => Some(Instant::now()),
+            Wait::Until(t) => Some(t),
+        }
+    }
+}
+
+/// One request as the backends see it: the name checked and keyed.
+#[derive(Debug, Clone)]
+pub(crate) struct Req<'a> {
+    pub(crate) namespace: &'a str,
+    pub(crate) name: &'a str,
+    pub(crate) key: Key,
+    pub(crate) mode: Mode,
+    pub(crate) scope: Scope,
+    pub(crate) wait: Wait,
+    pub(crate) fenced: bool,
+    pub(crate) lease: Option<Duration>,
+}
+
+/// A grant as a backend returns it.
+pub(crate) struct Grant {
+    pub(crate) held: Box<dyn RawHeld>,
+    /// The fencing token, and the fencing table as SQL names it.
+    pub(crate) fence: Option<(i64, Arc<str>)>,
+}
+
+/// What lies between dblock and the PostgreSQL server (see the
+/// [`pooler`](crate::postgres::pooler) module).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
+pub enum Pooler {
+    /// Find out when the handle is built: no pooler, or a pooler taken to pool
+    /// transactions. The default.
+    #[default]
+    Detect,
+    /// No pooler: dblock talks to PostgreSQL itself.
+    None,
+    /// A pooler in session mode: each client connection keeps one server connection.
+    Session,
+    /// A pooler in transaction mode: each transaction may run on a different server
+    /// connection.
+    Transaction,
+}
+
+impl Pooler {
+    /// The value as the URL parameter spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Pooler::Detect => "detect",
+            Pooler::None => "none",
+            Pooler::Session => "session",
+            Pooler::Transaction => "transaction",
+        }
+    }
+
+    /// Whether session state survives from one transaction to the next.
+    pub(crate) fn keeps_sessions(self) -> bool {
+        !matches!(self, Pooler::Transaction)
+    }
+
+    pub(crate) fn parse(v: &str) -> Result<Pooler, String> {
+        match v.to_ascii_lowercase().as_str() {
+            "detect" | "" => Ok(Pooler::Detect),
+            "none" | "direct" => Ok(Pooler::None),
+            "session" => Ok(Pooler::Session),
+            "transaction" => Ok(Pooler::Transaction),
+            other => Err(format!(
+                "pooler={other}: expected transaction, session, none or detect"
+            )),
+        }
+    }
+}
+
+/// The options of a handle that backends read (set through [`Builder`](crate::Builder)).
+#[derive(Debug, Clone)]
+pub(crate) struct Options {
+    pub(crate) max_connections: usize,
+    pub(crate) acquire_timeout: Duration,
+    pub(crate) check_interval: Duration,
+    pub(crate) check_timeout: Duration,
+    pub(crate) allow_network_filesystem: bool,
+    pub(crate) multiplex: usize,
+    /// What lies between dblock and PostgreSQL, as declared (or to detect).
+    pub(crate) pooler: Pooler,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            max_connections: 64,
+            acquire_timeout: Duration::from_secs(30),
+            check_interval: Duration::from_secs(1),
+            check_timeout: Duration::from_secs(5),
+            allow_network_filesystem: false,
+            multiplex: 0,
+            pooler: Pooler::Detect,
+        }
+    }
+}
+
+/// The lock core of a backend: what every backend offers.
+pub(crate) trait RawLocks: Send + Sync + 'static {
+    /// `"postgres"`, `"sqlite"`: what [`Locks::backend_name`](crate::Locks::backend_name)
+    /// says.
+    fn name(&self) -> &'static str;
+
+    /// Takes a lock as `req` says; `Ok(None)` if the wait ended without it. Dropping the
+    /// future leaves no lock held.
+    fn acquire<'a>(&'a self, req: &'a Req<'a>) -> BoxFuture<'a, Result<Option<Grant>, Error>>;
+
+    /// Whether the server itself frees the lock of a holder silent for longer than
+    /// [`Req::lease`] (elections ask for one where it does).
+    fn has_leases(&self) -> bool {
+        false
+    }
+
+    /// What lies between the handle and its server, as detected or declared
+    /// ([`Pooler::None`] where there is no server).
+    fn pooler(&self) -> Pooler {
+        Pooler::None
+    }
+
+    /// The backend itself, for the few calls (PostgreSQL's `setup`) that need its own
+    /// type; `None` where there are none.
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        None
+    }
+
+    /// Where this backend keeps fencing tokens, if it can read them back.
+    fn fencing(&self) -> Option<&dyn FencingStore> {
+        None
+    }
+
+    /// The migration runner's side of this backend, if it has one.
+    fn migrations(&self) -> Option<&dyn MigrationTarget> {
+        None
+    }
+
+    /// The benchmark's floor on this backend, if it has one: a fresh set of raw
+    /// connections (or descriptors) each call.
+    fn bench_floor(&self) -> Option<Result<Arc<dyn BenchFloor>, Error>> {
+        None
+    }
+}
+
+/// The backend half of a guard: releases the lock when dropped (without waiting).
+pub(crate) trait RawHeld: Send + Sync + 'static {
+    /// Why the lock was lost, once it is known to be; `None` while it is held.
+    fn loss(&self) -> Option<LossReason>;
+
+    /// Resolves when the lock is lost; never, for a backend whose locks cannot be.
+    fn lost(&self) -> BoxFuture<'static, LossReason>;
+
+    /// Checks with the database, now, that the lock is still held.
+    fn check(&mut self) -> BoxFuture<'_, Result<(), Error>>;
+
+    /// Releases and waits for the database to confirm it.
+    fn release(self: Box<Self>) -> BoxFuture<'static, Result<(), Error>>;
+}
+
+/// The latest fenced grant of a key, as the fencing table records it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct LatestGrant {
+    pub(crate) holder: String,
+    pub(crate) token: i64,
+    pub(crate) granted_at: String,
+}
+
+/// A backend that keeps fencing tokens in a table it can read back (leader queries).
+pub(crate) trait FencingStore: Send + Sync {
+    /// The latest fenced grant of `key`, if any.
+    fn latest_grant(&self, key: Key) -> BoxFuture<'_, Result<Option<LatestGrant>, Error>>;
+}
+
+/// A backend the migration runner can run on: its lock, bookkeeping table and SQL.
+pub(crate) trait MigrationTarget: Send + Sync {
+    /// The start-up script primitive: `ddl` whole, under the migration lock.
+    fn run_script<'a>(&'a self, ddl: &'a str) -> BoxFuture<'a, Result<(), Error>>;
+
+    /// The bookkeeping rows, read without the lock; `None` if the table does not exist.
+    fn records(&self) -> BoxFuture<'_, Result<Option<Vec<Record>>, Error>>;
+
+    /// Applies the pending migrations of `set` under the migration lock.
+    fn run<'a>(
+        &'a self,
+        set: &'a [Migration],
+        ignore_missing: bool,
+        on_applied: &'a mut (dyn FnMut(&Applied) + Send),
+    ) -> BoxFuture<'a, Result<Report, Error>>;
+
+    /// Other tools' migration histories, read without the lock.
+    fn history(&self) -> BoxFuture<'_, Result<History, Error>>;
+
+    /// Records the migrations of `set` (up to `to`, or sqlx's) as applied without
+    /// running them, under the migration lock; the versions recorded.
+    fn baseline<'a>(
+        &'a self,
+        set: &'a [Migration],
+        to: Option<i64>,
+    ) -> BoxFuture<'a, Result<Vec<i64>, Error>>;
+
+    /// Reverts applied migrations with their `.down.sql`, newest first (down to `to`).
+    fn revert<'a>(
+        &'a self,
+        set: &'a [Migration],
+        to: Option<i64>,
+        on_reverted: &'a mut (dyn FnMut(&Applied) + Send),
+    ) -> BoxFuture<'a, Result<Vec<Applied>, Error>> {
+        let _ = (set, to, on_reverted);
+        Box::pin(std::future::ready(Err(Error::Unsupported(
+            "migrate revert is implemented on PostgreSQL only".into(),
+        ))))
+    }
+
+    /// The server's `server_version_num`, where there is one.
+    fn server_version_num(&self) -> BoxFuture<'_, Result<Option<u32>, Error>> {
+        Box::pin(std::future::ready(Ok(None)))
+    }
+}
+
+/// The cheapest correct way to do a lock cycle on a backend, issued directly: what
+/// `dblock bench` measures dblock against. One set of raw connections (or descriptors),
+/// one per worker, opened on first use.
+pub(crate) trait BenchFloor: Send + Sync {
+    /// One floor cycle of `worker` on `key` (`hot`: the key is shared by all workers);
+    /// returns the acquisition's latency.
+    fn cycle(
+        self: Arc<Self>,
+        worker: usize,
+        key: Key,
+        hot: bool,
+    ) -> BoxFuture<'static, Result<Duration, Error>>;
+}
+
+/// The table that keeps the latest token of every fenced name (see
+/// [`fencing::TABLE`](crate::fencing::TABLE)).
+pub(crate) const FENCING_TABLE: &str = "dblock_fencing";
+
+/// The schema of the PostgreSQL fencing table (see
+/// [`fencing::PG_SCHEMA`](crate::fencing::PG_SCHEMA)).
+pub(crate) const PG_FENCING_SCHEMA: &str = "public";
+
+/// This process, as recorded beside each fenced grant: `host:pid`.
+pub(crate) fn holder_id() -> &'static str {
+    static ID: OnceLock<String> = OnceLock::new();
+    ID.get_or_init(|| {
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|h| h.trim().to_string())
+            .unwrap_or_else(|_| "unknown-host".into());
+        format!("{host}:{}", std::process::id())
+    })
+}

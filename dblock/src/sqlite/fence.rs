@@ -1,0 +1,85 @@
+//! Fencing tokens on the embedded backend: the table in the database file, the next
+//! token committed (`synchronous = FULL`) while the file lock is held, the latest grant
+//! read back, and the check a fenced write makes.
+
+use super::{Shared, SqliteBackend};
+use crate::error::Error;
+use crate::key::Key;
+use crate::raw::{BoxFuture, FencingStore, LatestGrant, Req, holder_id};
+
+impl FencingStore for SqliteBackend {
+    fn latest_grant(&self, key: Key) -> BoxFuture<'_, Result<Option<LatestGrant>, Error>> {
+        Box::pin(latest_grant(&self.shared, key))
+    }
+}
+
+/// The latest token of `key`, read inside `tx` (which holds the database's write lock
+/// if it began `IMMEDIATE`).
+pub(crate) async fn check(
+    tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
+    key: Key,
+) -> Result<Option<i64>, Error> {
+    let conn: &mut sqlx::SqliteConnection = tx;
+    sqlx::query_scalar("SELECT token FROM dblock_fencing WHERE key = ?1")
+        .bind(key.as_i64())
+        .fetch_optional(conn)
+        .await
+        .map_err(|e| Error::Database {
+            code: None,
+            message: format!("fencing check: {e}"),
+        })
+}
+
+/// The next token for `req`'s name in the embedded database, committed before it is
+/// returned. Called with the lock held.
+pub(crate) async fn next_token(shared: &Shared, req: &Req<'_>) -> Result<i64, Error> {
+    let db = shared.db().await?;
+    let fail = |e: sqlx::Error| Error::Database {
+        code: None,
+        message: format!("fencing token: {e}"),
+    };
+    sqlx::query(TABLE_DDL).execute(db).await.map_err(fail)?;
+    sqlx::query_scalar::<_, i64>(
+        "INSERT INTO dblock_fencing (key, namespace, name, token, holder, granted_at) \
+         VALUES (?1, ?2, ?3, 1, ?4, strftime('%Y-%m-%dT%H:%M:%fZ', 'now')) \
+         ON CONFLICT (key) DO UPDATE SET token = token + 1, holder = excluded.holder, \
+         granted_at = excluded.granted_at RETURNING token",
+    )
+    .bind(req.key.as_i64())
+    .bind(req.namespace)
+    .bind(req.name)
+    .bind(holder_id())
+    .fetch_one(db)
+    .await
+    .map_err(fail)
+}
+
+/// The DDL of the fencing table.
+const TABLE_DDL: &str = "CREATE TABLE IF NOT EXISTS dblock_fencing (\
+     key INTEGER PRIMARY KEY, \
+     namespace TEXT NOT NULL, \
+     name TEXT NOT NULL, \
+     token INTEGER NOT NULL, \
+     holder TEXT NOT NULL, \
+     granted_at TEXT NOT NULL)";
+
+/// The latest grant of `key` recorded in the embedded database, if any.
+async fn latest_grant(shared: &Shared, key: Key) -> Result<Option<LatestGrant>, Error> {
+    let db = shared.db().await?;
+    let fail = |e: sqlx::Error| Error::Database {
+        code: None,
+        message: format!("fencing table: {e}"),
+    };
+    sqlx::query(TABLE_DDL).execute(db).await.map_err(fail)?;
+    let row: Option<(String, i64, String)> =
+        sqlx::query_as("SELECT holder, token, granted_at FROM dblock_fencing WHERE key = ?1")
+            .bind(key.as_i64())
+            .fetch_optional(db)
+            .await
+            .map_err(fail)?;
+    Ok(row.map(|(holder, token, granted_at)| LatestGrant {
+        holder,
+        token,
+        granted_at,
+    }))
+}
