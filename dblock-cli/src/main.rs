@@ -5,13 +5,14 @@
 //! dblock key [--namespace NS] NAME
 //! dblock migrate [--db URL] [--ignore-missing] DIR [--dry-run]
 //! dblock migrate status [--db URL] [--ignore-missing] DIR
+//! dblock setup [--db URL] [--grant ROLE]...
 //! dblock migrate baseline [--db URL] DIR [--to VERSION]
 //! dblock migrate revert [--db URL] DIR [--to VERSION]
 //! dblock migrate new NAME [DIR]
 //! ```
 //!
 //! Exit codes: COMMAND's own status (128+N when signal N ended it); 64 usage errors
-//! (including a bad name or URL); 69 the database cannot be reached or fails; 70 the
+//! (including a bad name or URL, and what a transaction-pooling pooler cannot do); 69 the database cannot be reached or fails; 70 the
 //! lock was lost while COMMAND ran; 75 the lock was not obtained.
 //!
 //! `dblock migrate`: 0 when everything is applied (including nothing to do); 65 for a
@@ -49,6 +50,7 @@ mod duration;
 mod migrate;
 mod notice;
 mod run;
+mod setup;
 mod sys;
 
 use std::ffi::OsString;
@@ -92,6 +94,9 @@ enum Command {
     /// Apply the migrations in DIR the database lacks, under the database-wide
     /// migration lock; `migrate status DIR` shows where each stands.
     Migrate(migrate::MigrateArgs),
+    /// Create dblock's fencing table once, as the schema's owner, and grant roles that
+    /// may not create tables what fenced locks and leader election need.
+    Setup(setup::SetupArgs),
 }
 
 #[derive(Args, Debug)]
@@ -204,6 +209,7 @@ fn main() -> ExitCode {
         // process) is what its parent-death signal follows.
         Command::Run(args) => block_on(false, run::run(args)),
         Command::Migrate(args) => migrate::main(args),
+        Command::Setup(args) => block_on(false, setup::setup(args)),
     };
     ExitCode::from(code)
 }
@@ -344,8 +350,11 @@ fn exit_code(e: &dblock::Error) -> u8 {
         dblock::Error::InvalidName { .. }
         | dblock::Error::InvalidNamespace { .. }
         | dblock::Error::InvalidUrl { .. }
-        | dblock::Error::Unsupported(_) => EXIT_USAGE,
+        | dblock::Error::Unsupported(_)
+        | dblock::Error::BehindPooler { .. } => EXIT_USAGE,
         dblock::Error::LockLost { .. } => EXIT_LOST,
+        // A role without a privilege: as for a server that refuses, with the fix named.
+        dblock::Error::PermissionDenied { .. } => EXIT_UNAVAILABLE,
         _ => EXIT_UNAVAILABLE,
     }
 }

@@ -84,30 +84,68 @@ pub async fn run(args: RunArgs) -> u8 {
     if let Some(ns) = &args.namespace {
         builder = builder.namespace(ns);
     }
+    // `--wait` bounds everything before the lock is held, opening the handle included:
+    // behind a saturated pooler even that waits in the pooler's queue.
+    let deadline = match (args.no_wait, args.wait) {
+        (false, Some(d)) => tokio::time::Instant::now().checked_add(d),
+        _ => None,
+    };
+    let build = async {
+        match deadline {
+            Some(t) => tokio::time::timeout_at(t, builder.build()).await.ok(),
+            None => Some(builder.build().await),
+        }
+    };
     let locks = tokio::select! {
-        r = builder.build() => match r {
-            Ok(l) => l,
-            Err(e) => {
+        r = build => match r {
+            Some(Ok(l)) => l,
+            Some(Err(e)) => {
                 errln!("dblock: {}", one_line(&e));
                 return exit_code(&e);
+            }
+            None => {
+                errln!(
+                    "dblock: lock {name:?} not obtained within {} (the database did not \
+                     answer in time)",
+                    show(args.wait.unwrap_or_default())
+                );
+                return EXIT_NOT_OBTAINED;
             }
         },
         r = next_signal(&mut signals) => return 128 + r.signal as u8,
     };
 
-    let mut req = locks.request(name);
-    if args.shared {
-        req = req.shared();
-    } else if !args.no_fencing {
-        req = req.fenced();
-    }
+    let take = |fenced: bool| {
+        let mut req = locks.request(name);
+        if args.shared {
+            req = req.shared();
+        } else if fenced {
+            req = req.fenced();
+        }
+        async move {
+            if args.no_wait {
+                req.try_lock().await
+            } else if let Some(t) = deadline {
+                req.try_lock_for(t.saturating_duration_since(tokio::time::Instant::now()))
+                    .await
+            } else {
+                req.lock().await.map(Some)
+            }
+        }
+    };
     let acquire = async {
-        if args.no_wait {
-            req.try_lock().await
-        } else if let Some(d) = args.wait {
-            req.try_lock_for(d).await
-        } else {
-            req.lock().await.map(Some)
+        let fenced = !args.shared && !args.no_fencing;
+        match take(fenced).await {
+            // A role that may not create dblock's fencing table still gets its lock:
+            // without a token, said once, with the command that enables tokens.
+            Err(dblock::Error::PermissionDenied { message, fix }) if fenced => {
+                errln!(
+                    "dblock: note: running without a fencing token (DBLOCK_FENCING_TOKEN \
+                     unset): {message}; {fix}; --no-fencing silences this"
+                );
+                take(false).await
+            }
+            other => other,
         }
     };
     let guard = tokio::select! {

@@ -146,6 +146,30 @@ pub enum Error {
         source: io::Error,
     },
 
+    /// The request needs a server session that outlives one transaction, and dblock is
+    /// connected through a pooler that hands each transaction to any server connection
+    /// (see [`postgres::pooler`](crate::postgres::pooler)): it was refused before
+    /// anything was taken.
+    #[error("{what} cannot work through a transaction-pooling connection pooler ({how}): {fix}")]
+    BehindPooler {
+        /// What was refused.
+        what: &'static str,
+        /// How dblock knows it is behind such a pooler.
+        how: &'static str,
+        /// What to do instead.
+        fix: &'static str,
+    },
+
+    /// The database role lacks a privilege the request needs; `fix` says which command
+    /// (run once, by a role that has it) gives it.
+    #[error("{message}; to fix it, {fix}")]
+    PermissionDenied {
+        /// The server's message.
+        message: String,
+        /// The command or SQL that fixes it.
+        fix: String,
+    },
+
     /// The request combines options this backend does not support.
     #[error("unsupported: {0}")]
     Unsupported(String),
@@ -419,6 +443,7 @@ impl Error {
             Error::Database { code, .. } => code.as_deref(),
             Error::Deadlock { .. } => Some("40P01"),
             Error::LockTableFull { .. } => Some("53200"),
+            Error::PermissionDenied { .. } => Some("42501"),
             Error::MigrationFailed { source, .. } => source.sqlstate(),
             _ => None,
         }

@@ -143,6 +143,15 @@ impl Locks {
         &self.inner.namespace
     }
 
+    /// What lies between this handle and PostgreSQL, as detected or declared (see
+    /// [`Builder::pooler`]); [`Pooler::None`](crate::postgres::Pooler::None) on the
+    /// embedded backend.
+    #[cfg(feature = "postgres")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+    pub fn pooler(&self) -> crate::postgres::Pooler {
+        self.inner.backend.pooler()
+    }
+
     /// `"postgres"` or `"sqlite"`.
     pub fn backend_name(&self) -> &'static str {
         self.inner.backend.name()
@@ -403,6 +412,7 @@ impl std::fmt::Debug for Builder {
                 &self.opts.allow_network_filesystem,
             )
             .field("multiplex", &self.opts.multiplex)
+            .field("pooler", &self.opts.pooler)
             .finish()
     }
 }
@@ -533,6 +543,19 @@ impl Builder {
     /// systems are refused with [`Error::UnsupportedFilesystem`].
     pub fn allow_network_filesystem(mut self, allow: bool) -> Self {
         self.opts.allow_network_filesystem = allow;
+        self
+    }
+
+    /// What lies between dblock and PostgreSQL: a connection pooler in transaction or
+    /// session mode, or none. Detected unless set (see
+    /// [`postgres::pooler`](crate::postgres::pooler) for how, and its limits); a
+    /// `pooler=…` parameter in the URL sets it too. Behind a transaction pooler,
+    /// session-scoped locks and migrations are refused with
+    /// [`Error::BehindPooler`].
+    #[cfg(feature = "postgres")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+    pub fn pooler(mut self, pooler: crate::postgres::Pooler) -> Self {
+        self.opts.pooler = pooler;
         self
     }
 

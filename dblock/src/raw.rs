@@ -97,6 +97,53 @@ pub(crate) struct Grant {
     pub(crate) fence: Option<(i64, Arc<str>)>,
 }
 
+/// What lies between dblock and the PostgreSQL server (see the
+/// [`pooler`](crate::postgres::pooler) module).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
+pub enum Pooler {
+    /// Find out when the handle is built: no pooler, or a pooler taken to pool
+    /// transactions. The default.
+    #[default]
+    Detect,
+    /// No pooler: dblock talks to PostgreSQL itself.
+    None,
+    /// A pooler in session mode: each client connection keeps one server connection.
+    Session,
+    /// A pooler in transaction mode: each transaction may run on a different server
+    /// connection.
+    Transaction,
+}
+
+impl Pooler {
+    /// The value as the URL parameter spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Pooler::Detect => "detect",
+            Pooler::None => "none",
+            Pooler::Session => "session",
+            Pooler::Transaction => "transaction",
+        }
+    }
+
+    /// Whether session state survives from one transaction to the next.
+    pub(crate) fn keeps_sessions(self) -> bool {
+        !matches!(self, Pooler::Transaction)
+    }
+
+    pub(crate) fn parse(v: &str) -> Result<Pooler, String> {
+        match v.to_ascii_lowercase().as_str() {
+            "detect" | "" => Ok(Pooler::Detect),
+            "none" | "direct" => Ok(Pooler::None),
+            "session" => Ok(Pooler::Session),
+            "transaction" => Ok(Pooler::Transaction),
+            other => Err(format!(
+                "pooler={other}: expected transaction, session, none or detect"
+            )),
+        }
+    }
+}
+
 /// The options of a handle that backends read (set through [`Builder`](crate::Builder)).
 #[derive(Debug, Clone)]
 pub(crate) struct Options {
@@ -106,6 +153,8 @@ pub(crate) struct Options {
     pub(crate) check_timeout: Duration,
     pub(crate) allow_network_filesystem: bool,
     pub(crate) multiplex: usize,
+    /// What lies between dblock and PostgreSQL, as declared (or to detect).
+    pub(crate) pooler: Pooler,
 }
 
 impl Default for Options {
@@ -117,6 +166,7 @@ impl Default for Options {
             check_timeout: Duration::from_secs(5),
             allow_network_filesystem: false,
             multiplex: 0,
+            pooler: Pooler::Detect,
         }
     }
 }
@@ -135,6 +185,18 @@ pub(crate) trait RawLocks: Send + Sync + 'static {
     /// [`Req::lease`] (elections ask for one where it does).
     fn has_leases(&self) -> bool {
         false
+    }
+
+    /// What lies between the handle and its server, as detected or declared
+    /// ([`Pooler::None`] where there is no server).
+    fn pooler(&self) -> Pooler {
+        Pooler::None
+    }
+
+    /// The backend itself, for the few calls (PostgreSQL's `setup`) that need its own
+    /// type; `None` where there are none.
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        None
     }
 
     /// Where this backend keeps fencing tokens, if it can read them back.

@@ -44,7 +44,7 @@ fn bin_dir() -> PathBuf {
     }
 }
 
-fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -240,7 +240,7 @@ impl Drop for TempCluster {
     }
 }
 
-fn is_root() -> bool {
+pub(crate) fn is_root() -> bool {
     // The effective uid, read without unsafe code.
     std::fs::read_to_string("/proc/self/status")
         .ok()
@@ -262,7 +262,7 @@ pub fn give_to_postgres(file: &Path) {
     }
 }
 
-fn chown_postgres(dir: &Path) {
+pub(crate) fn chown_postgres(dir: &Path) {
     let ok = Command::new("chown")
         .args(["postgres:postgres", dir.to_str().unwrap()])
         .status()

@@ -11,6 +11,7 @@ pub mod adoption;
 pub mod cluster;
 pub mod migrations;
 pub mod mysql;
+pub mod pgbouncer;
 pub mod semantics;
 pub mod tls;
 

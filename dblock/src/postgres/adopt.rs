@@ -156,6 +156,7 @@ pub(crate) async fn baseline(
     set: &[Migration],
     to: Option<i64>,
 ) -> Result<Vec<i64>, Error> {
+    b.refuse_behind_pooler("a migration baseline", pg::POOLER_FIX)?;
     let table = pg::table(b)?;
     let armed = Armed::new(b.pinned().await?);
     pg::wait_for_lock(&armed, None).await?;

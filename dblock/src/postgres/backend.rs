@@ -11,6 +11,7 @@ use super::held::Pinned;
 use super::mux;
 use super::plan::Plan;
 use super::pool::Pool;
+use super::pooler::{Known, Pooler};
 use super::sql::first_value;
 use super::sqlx_conn::SqlxSource;
 use super::tls::Connector;
@@ -70,6 +71,14 @@ pub(crate) struct PgBackend {
     /// read when the handle was built: it still ends a wait without a deadline, which
     /// dblock runs in slices of its own `lock_timeout` (see [`WAIT_SLICE_MS`](super::plan::WAIT_SLICE_MS)).
     server_lock_timeout: Option<Duration>,
+    /// What lies between dblock and the server ([`Pooler::Detect`] resolved), and how
+    /// that is known.
+    pub(crate) pooler: (Pooler, Known),
+    /// `inet_server_port()` as the first connection saw it (`None` on a Unix socket).
+    server_port: Option<u16>,
+    /// The role the handle connects as (`current_user`), for the setup command that
+    /// permission errors name.
+    pub(crate) role: String,
 }
 
 impl PgBackend {
@@ -90,6 +99,7 @@ impl PgBackend {
             opts.acquire_timeout,
             opts.check_interval,
             opts.check_timeout,
+            opts.pooler,
         );
         let mux = (opts.multiplex > 0).then(|| mux::Mux::new(pool.clone(), opts.multiplex));
         let (mut b, ns) = PgBackend::finish_open(Source::Native(pool.clone()), false, opts).await?;
@@ -98,6 +108,9 @@ impl PgBackend {
             pool.close_idle();
         }
         b.mux = mux;
+        if let Some(route) = pool.route() {
+            b.set_pooler(route);
+        }
         Ok((b, ns))
     }
 
@@ -117,7 +130,50 @@ impl PgBackend {
                     .into(),
             ));
         }
-        PgBackend::finish_open(source, true, opts).await
+        let (mut b, ns) = PgBackend::finish_open(source, true, opts).await?;
+        if opts.pooler != Pooler::Detect {
+            b.set_pooler((opts.pooler, Known::Declared));
+        } else if b.server_port.is_some_and(|p| Some(p) != b.sqlx_port()) {
+            b.set_pooler((Pooler::Transaction, Known::Port));
+        }
+        Ok((b, ns))
+    }
+
+    /// Records what lies between dblock and the server.
+    fn set_pooler(&mut self, route: (Pooler, Known)) {
+        self.pooler = route;
+        if route.0 != Pooler::None {
+            // Set per request (SET LOCAL) rather than on the session.
+            self.check_disconnect = self.version >= 140_000;
+        }
+    }
+
+    /// The TCP port the sqlx pool connects to (`None` for a Unix socket).
+    fn sqlx_port(&self) -> Option<u16> {
+        match &self.source {
+            Source::Sqlx(s) => {
+                let o = s.pool.connect_options();
+                (!o.get_host().starts_with('/')).then(|| o.get_port())
+            }
+            Source::Native(_) => None,
+        }
+    }
+
+    /// Refuses, before anything is taken, what cannot work through a
+    /// transaction-pooling pooler.
+    pub(crate) fn refuse_behind_pooler(
+        &self,
+        what: &'static str,
+        fix: &'static str,
+    ) -> Result<(), Error> {
+        match self.pooler {
+            (p, how) if !p.keeps_sessions() => Err(Error::BehindPooler {
+                what,
+                how: how.describe(),
+                fix,
+            }),
+            _ => Ok(()),
+        }
     }
 
     async fn finish_open(
@@ -132,7 +188,7 @@ impl PgBackend {
                 "SELECT current_schema(); SELECT current_setting('server_version_num'); \
                  SELECT current_setting('{}', true); \
                  SELECT (extract(epoch FROM current_setting('lock_timeout')::interval) \
-                 * 1000)::bigint",
+                 * 1000)::bigint; SELECT inet_server_port(); SELECT current_user",
                 NAMESPACE_SETTING
             ))
             .await
@@ -144,6 +200,8 @@ impl PgBackend {
             .unwrap_or(0);
         // Never the schema in use: that depends on search_path and on which of its
         // schemas exist, so two processes meaning one lock could key it differently.
+        let server_port = first_value(&rows, 4).and_then(|v| v.parse().ok());
+        let role = first_value(&rows, 5).unwrap_or_default();
         let namespace = first_value(&rows, 2)
             .filter(|ns| !ns.is_empty())
             .unwrap_or_else(|| DEFAULT_NAMESPACE.to_string());
@@ -157,6 +215,9 @@ impl PgBackend {
                 check_timeout: opts.check_timeout,
                 schema,
                 fence_ready: tokio::sync::OnceCell::new(),
+                pooler: (Pooler::None, Known::Declared),
+                server_port,
+                role,
                 server_lock_timeout: first_value(&rows, 3)
                     .and_then(|ms| ms.parse::<u64>().ok())
                     .filter(|&ms| ms > 0)
@@ -191,8 +252,21 @@ impl PgBackend {
                 ));
             }
         }
+        if req.scope == Scope::Session {
+            self.refuse_behind_pooler(
+                "a session-scoped lock",
+                "the pooler would hand the session, and the lock with it, to another client; \
+                 use transaction-scoped locks (the default), or a URL that reaches PostgreSQL \
+                 directly or through a session-pooling port (say so with pooler=session)",
+            )?;
+        }
         let fence_table = match req.fenced {
-            true => Some(self.fence_table_until(req.wait.deadline()).await?.clone()),
+            true => Some(
+                self.fence_table_until(req.wait.deadline())
+                    .await
+                    .map_err(|e| self.fencing_permission(e))?
+                    .clone(),
+            ),
             false => None,
         };
         if let Some(mux) = self.mux.as_ref().filter(|_| mux::Mux::applies(req)) {
@@ -218,9 +292,24 @@ impl PgBackend {
             _ => req,
         };
         let deadline = req.wait.deadline();
+        // Behind a pooler a request may sit in the pooler's queue, which the server's
+        // lock_timeout does not count: the caller's deadline is kept here too.
+        let queued_bound = match (self.pooler.0, req.wait) {
+            (Pooler::None, _) => None,
+            (_, Wait::Until(d)) => Some(d + POOLER_GRACE),
+            _ => None,
+        };
         // A wait longer than one slice goes round again (see WAIT_SLICE_MS).
         loop {
-            let conn = self.source.get_until(deadline).await?;
+            let conn = match queued_bound {
+                Some(b) => {
+                    match tokio::time::timeout_at(b, self.source.get_until(deadline)).await {
+                        Ok(c) => c?,
+                        Err(_) => return Ok(None),
+                    }
+                }
+                None => self.source.get_until(deadline).await?,
+            };
             let plan = Plan::new(
                 req,
                 fence_table.as_deref(),
@@ -233,8 +322,15 @@ impl PgBackend {
                 // backstop for a server that stops answering.
                 Some(d) => {
                     let request = armed.conn().lock_query(&plan.sql, plan.wanted());
-                    match tokio::time::timeout_at(d + BACKSTOP, request).await {
+                    match tokio::time::timeout_at(queued_bound.unwrap_or(d + BACKSTOP), request)
+                        .await
+                    {
                         Ok(r) => r,
+                        // Not granted by the deadline, counting the pooler's queue.
+                        Err(_) if queued_bound.is_some() => {
+                            drop(armed); // abandons: cancels, closes
+                            return Ok(None);
+                        }
                         Err(_) => {
                             drop(armed); // abandons: cancels on the server, closes
                             return Err(Error::Timeout {
@@ -291,7 +387,11 @@ impl PgBackend {
                             after: None,
                         });
                     }
-                    Err(Error::from_sqlstate(&code, message))
+                    let e = Error::from_sqlstate(&code, message);
+                    Err(match req.fenced {
+                        true => self.fencing_permission(e),
+                        false => e,
+                    })
                 }
                 Err(e @ QueryError::Lost { .. }) => Err(e.into_error()),
             };
@@ -319,6 +419,11 @@ impl PgBackend {
 /// answer before giving the connection up.
 pub(super) const BACKSTOP: Duration = Duration::from_secs(2);
 
+/// Behind a pooler, how long past a deadline the client waits for the server's answer
+/// before it gives the request up (the server's own lock_timeout normally answers at
+/// the deadline; a request still queued in the pooler never would).
+const POOLER_GRACE: Duration = Duration::from_millis(100);
+
 const LOCK_NOT_AVAILABLE: &str = "55P03";
 
 /// The least room, beyond the longest time to notice a silent connection, that a lease
@@ -338,6 +443,14 @@ impl RawLocks for PgBackend {
 
     fn has_leases(&self) -> bool {
         true
+    }
+
+    fn pooler(&self) -> Pooler {
+        self.pooler.0
+    }
+
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        Some(self)
     }
 
     fn fencing(&self) -> Option<&dyn FencingStore> {

@@ -9,12 +9,18 @@ use super::backend::PgBackend;
 use super::conn::Armed;
 use super::sql::{first_value, quote_ident};
 use super::wire::{QueryError, Results};
-use crate::error::{Error, LossReason, WaitingFor};
+use crate::error::{Error, WaitingFor};
 use crate::migrate::plan::{MIGRATION_LOCK_KEY, Record, TABLE};
 
 /// The first pause between two attempts at the lock; it doubles up to [`POLL_MAX`].
 const POLL_FIRST: Duration = Duration::from_millis(20);
 const POLL_MAX: Duration = Duration::from_millis(100);
+
+/// Why a migration run (or baseline, or revert) is refused behind a transaction pooler,
+/// and what to do.
+pub(crate) const POOLER_FIX: &str = "it holds the migration lock across many transactions, \
+     and runs statements outside any; run migrations through a URL that reaches PostgreSQL \
+     directly, or through a session-pooling port (say so with pooler=session)";
 
 /// The qualified bookkeeping table.
 pub(crate) fn table(b: &PgBackend) -> Result<String, Error> {
@@ -110,25 +116,47 @@ pub(crate) async fn wait_for_lock(
 /// runner's way (no snapshot held, so never in the way of a CREATE INDEX CONCURRENTLY).
 /// If anything fails the connection is abandoned by the caller's [`Armed`], which
 /// releases the lock.
+///
+/// The lock is a transaction-scoped one taken with `pg_try_advisory_xact_lock` in a
+/// transaction that then runs the DDL and commits: everything on one server session
+/// even through a transaction-pooling pooler, which a session lock would not be.
 pub(crate) async fn own_ddl(
     armed: &Armed,
     ddl: &str,
     deadline: Option<tokio::time::Instant>,
 ) -> Result<(), Error> {
-    wait_for_lock(armed, deadline).await?;
-    q(armed, ddl).await?;
-    let rows = q(
-        armed,
-        &format!("SELECT pg_advisory_unlock({MIGRATION_LOCK_KEY})"),
-    )
-    .await?;
-    match first_value(&rows, 0).as_deref() {
-        Some("t") => Ok(()),
-        _ => Err(Error::LockLost {
-            reason: LossReason::ConnectionClosed {
-                message: "the session no longer held the migration lock".into(),
-            },
-        }),
+    let attempt = format!(
+        "BEGIN ISOLATION LEVEL READ COMMITTED; SELECT pg_try_advisory_xact_lock({MIGRATION_LOCK_KEY})"
+    );
+    let started = tokio::time::Instant::now();
+    let mut pause = POLL_FIRST;
+    loop {
+        let rows = q(armed, &attempt).await?;
+        if first_value(&rows, 1).as_deref() == Some("t") {
+            break;
+        }
+        // Idle, holding nothing, between attempts.
+        q(armed, "ROLLBACK").await?;
+        let mut next = tokio::time::Instant::now() + pause;
+        if let Some(d) = deadline.filter(|&d| next > d) {
+            if tokio::time::Instant::now() >= d {
+                return Err(Error::Timeout {
+                    waiting_for: WaitingFor::MigrationLock,
+                    after: Some(started.elapsed()),
+                });
+            }
+            // One last try at the deadline.
+            next = d;
+        }
+        tokio::time::sleep_until(next).await;
+        pause = (pause * 2).min(POLL_MAX);
+    }
+    match q(armed, &format!("{ddl}; COMMIT")).await {
+        Ok(_) => Ok(()),
+        Err(e) => {
+            let _ = q(armed, "ROLLBACK").await;
+            Err(e)
+        }
     }
 }
 

@@ -114,7 +114,7 @@ impl PgBackend {
 /// The PostgreSQL DDL of the fencing table `table` (`"public".dblock_fencing`): creates
 /// it if it is missing, seeded with the latest tokens of older tables of that name in
 /// other schemas. Run under the migration lock.
-fn table_ddl(table: &str) -> String {
+pub(crate) fn table_ddl(table: &str) -> String {
     let lit = quote_literal(table);
     let schema = quote_literal(PG_SCHEMA);
     format!(
@@ -144,11 +144,20 @@ pub(crate) async fn check(
     table: &str,
     key: Key,
 ) -> Result<Option<i64>, Error> {
-    let sql = format!("SELECT token FROM {table} WHERE key = $1 FOR SHARE");
+    use sqlx::Row;
+    // One simple-protocol statement (the key is an integer): no server-side prepared
+    // statement, which a transaction-pooling pooler may not carry.
+    let sql = format!(
+        "SELECT token FROM {table} WHERE key = {} FOR SHARE",
+        key.as_i64()
+    );
     let conn: &mut PgConnection = tx;
-    sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
-        .bind(key.as_i64())
+    let row = sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
         .fetch_optional(conn)
         .await
-        .map_err(map_sqlx)
+        .map_err(map_sqlx)?;
+    match row {
+        Some(r) => Ok(Some(r.try_get(0).map_err(map_sqlx)?)),
+        None => Ok(None),
+    }
 }

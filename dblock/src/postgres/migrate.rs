@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use super::backend::PgBackend;
-use super::bookkeeping::{create_table, q, read_records, table, wait_for_lock};
+use super::bookkeeping::{POOLER_FIX, create_table, q, read_records, table, wait_for_lock};
 use super::conn::Armed;
 use super::sql::{first_value, quote_literal};
 use super::wire::QueryError;
@@ -125,6 +125,8 @@ struct Session {
     locked: bool,
     /// `client_connection_check_interval` was set and must be reset.
     checking: bool,
+    /// The role the run connects as, for permission errors.
+    role: String,
 }
 
 async fn run(
@@ -133,11 +135,13 @@ async fn run(
     ignore_missing: bool,
     on_applied: &mut (dyn FnMut(&Applied) + Send),
 ) -> Result<Report, Error> {
+    b.refuse_behind_pooler("a migration run", POOLER_FIX)?;
     let table = table(b)?;
     let mut s = Session {
         armed: Armed::new(b.pinned().await?),
         locked: false,
         checking: false,
+        role: b.role.clone(),
     };
     let res = s
         .apply_pending(&table, set, ignore_missing, on_applied)
@@ -174,7 +178,15 @@ impl Session {
         }
         self.lock().await?;
         // Only now, under the lock: the table, then what is applied.
-        q(&self.armed, &create_table(table)).await?;
+        let schema = table.split('.').next().unwrap_or(table).trim_matches('"');
+        let fix = format!(
+            "run dblock migrate as a role that may create objects in schema {schema:?} (its \
+             owner), or have the owner run once: GRANT CREATE ON SCHEMA \"{schema}\" TO {}",
+            self.role
+        );
+        q(&self.armed, &create_table(table))
+            .await
+            .map_err(|e| super::owner_needed(e, &fix))?;
         let mut records = read_records(&self.armed, table).await?;
         // Another tool's history: adopted, or refused, before anything is applied.
         let history = super::adopt::history(&self.armed).await?;

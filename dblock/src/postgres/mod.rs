@@ -45,6 +45,7 @@ mod conninfo;
 mod driver;
 pub(crate) mod fence;
 mod floor;
+pub mod health;
 mod held;
 mod migrate;
 mod mux;
@@ -52,7 +53,9 @@ mod native;
 mod outbox;
 mod plan;
 mod pool;
+pub mod pooler;
 mod revert;
+mod setup;
 mod sql;
 mod sqlx_conn;
 pub(crate) mod tls;
@@ -63,6 +66,9 @@ pub mod xact;
 use crate::error::Error;
 use crate::raw::{Options, RawLocks};
 
+pub use pooler::Pooler;
+pub(crate) use setup::owner_needed;
+pub use setup::setup;
 pub(crate) use url::open;
 
 /// Opens the backend on the caller's sqlx pool; the default namespace with it.

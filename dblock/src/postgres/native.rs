@@ -47,6 +47,8 @@ async fn read(
 
 /// One of dblock's connections, checked out of the pool.
 pub(crate) struct NativeConn {
+    /// When it was last returned to the pool.
+    pub(crate) idle_since: std::time::Instant,
     pub(crate) client: Arc<Client>,
     pub(crate) link: Arc<Link>,
     pub(crate) outbox: Arc<Outbox>,
@@ -64,6 +66,16 @@ impl NativeConn {
 
     pub(crate) fn link(&self) -> &Arc<Link> {
         &self.link
+    }
+
+    /// Whether the connection answers an empty query within `timeout`.
+    ///
+    /// Cancel safe: dropped mid-way, the connection is dropped with it (closed).
+    pub(crate) async fn alive(&self, timeout: Duration) -> bool {
+        matches!(
+            tokio::time::timeout(timeout, self.query("")).await,
+            Ok(Ok(_))
+        )
     }
 
     /// Sends a simple query (one or more statements) and waits for every result.
@@ -190,6 +202,7 @@ impl NativeConn {
         if !self.usable() {
             return;
         }
+        self.idle_since = std::time::Instant::now();
         if let Some(pool) = self.pool.upgrade() {
             let mut idle = pool.lock().unwrap_or_else(|p| p.into_inner());
             idle.push(self);

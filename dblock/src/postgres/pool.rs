@@ -8,6 +8,7 @@ use tokio::sync::Semaphore;
 use super::driver::drive;
 use super::native::{Idle, NativeConn};
 use super::outbox::Outbox;
+use super::pooler::{Known, Pooler};
 use super::tls::Connector;
 use super::wire::Link;
 use crate::error::{Error, WaitingFor};
@@ -22,6 +23,9 @@ pub(crate) struct PoolShared {
     acquire_timeout: Duration,
     check_interval: Duration,
     check_timeout: Duration,
+    /// What lies between dblock and the server: declared, or found on the first
+    /// connection (see [`super::pooler`]).
+    route: std::sync::OnceLock<(Pooler, Known)>,
 }
 
 /// A small LIFO pool of dblock's own connections.
@@ -31,15 +35,22 @@ pub(crate) struct Pool {
 }
 
 impl Pool {
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
-        config: tokio_postgres::Config,
+        mut config: tokio_postgres::Config,
         shown: String,
         tls: Connector,
         max: usize,
         acquire_timeout: Duration,
         check_interval: Duration,
         check_timeout: Duration,
+        declared: Pooler,
     ) -> Pool {
+        super::health::apply(&mut config);
+        let route = std::sync::OnceLock::new();
+        if declared != Pooler::Detect {
+            let _ = route.set((declared, Known::Declared));
+        }
         Pool {
             shared: Arc::new(PoolShared {
                 config,
@@ -50,8 +61,15 @@ impl Pool {
                 acquire_timeout,
                 check_interval,
                 check_timeout,
+                route,
             }),
         }
+    }
+
+    /// What lies between dblock and the server, once known (after the first connection
+    /// unless declared).
+    pub(crate) fn route(&self) -> Option<(Pooler, Known)> {
+        self.shared.route.get().copied()
     }
 
     pub(crate) fn config(&self) -> &tokio_postgres::Config {
@@ -108,6 +126,16 @@ impl Pool {
             };
             match idle {
                 Some(mut c) if c.usable() => {
+                    // Idle a while: checked before it carries a request, so a peer that
+                    // went away silently costs a check, not a request lost in the void.
+                    // A connection used more recently goes out as it is (no round trip
+                    // on the hot path).
+                    if c.idle_since.elapsed() >= self.shared.check_interval
+                        && !c.alive(self.shared.check_timeout).await
+                    {
+                        c.abandon();
+                        continue;
+                    }
                     c.permit = Some(permit);
                     return Ok(c);
                 }
@@ -165,13 +193,24 @@ impl Pool {
             self.shared.check_interval,
             self.shared.check_timeout,
         ));
-        if major >= 14 {
+        let route = match self.shared.route.get() {
+            Some((r, _)) => *r,
+            None => {
+                let r = detect(&client).await;
+                let _ = self.shared.route.set(r);
+                r.0
+            }
+        };
+        // A session-level SET would stay on a pooler's server connection for its next
+        // client: behind a pooler, requests set it for their own transaction instead.
+        if major >= 14 && route == Pooler::None {
             // Best effort: a server that refuses it still works, with cancel requests only.
             let _ = client
                 .batch_execute("SET client_connection_check_interval = 250")
                 .await;
         }
         Ok(NativeConn {
+            idle_since: std::time::Instant::now(),
             client,
             link,
             outbox,
@@ -179,6 +218,25 @@ impl Pool {
             pool: Arc::downgrade(&self.shared.idle),
             tls: self.shared.tls.clone(),
         })
+    }
+}
+
+/// Whether a pooler stands between dblock and the server: the process id the
+/// connection was given (the cancel key) is then the pooler's, not `pg_backend_pid()`.
+/// A detected pooler is taken to pool transactions (see [`super::pooler`]).
+async fn detect(client: &tokio_postgres::Client) -> (Pooler, Known) {
+    use tokio_postgres::SimpleQueryMessage;
+    let announced = super::pooler::announced_pid(client.cancel_token()).await;
+    let server = match client.simple_query("SELECT pg_backend_pid()").await {
+        Ok(msgs) => msgs.iter().find_map(|m| match m {
+            SimpleQueryMessage::Row(r) => r.get(0).and_then(|v| v.parse::<i32>().ok()),
+            _ => None,
+        }),
+        Err(_) => None,
+    };
+    match (announced, server) {
+        (Some(a), Some(s)) if a != s => (Pooler::Transaction, Known::CancelKey),
+        _ => (Pooler::None, Known::Declared),
     }
 }
 

@@ -23,6 +23,7 @@ pub(crate) async fn revert(
     to: Option<i64>,
     on_reverted: &mut (dyn FnMut(&Applied) + Send),
 ) -> Result<Vec<Applied>, Error> {
+    b.refuse_behind_pooler("a migration revert", pg::POOLER_FIX)?;
     let table = pg::table(b)?;
     let armed = Armed::new(b.pinned().await?);
     pg::wait_for_lock(&armed, None).await?;

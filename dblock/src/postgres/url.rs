@@ -9,11 +9,18 @@ use crate::raw::{Options, RawLocks};
 /// Opens the backend a `postgres://` or `postgresql://` URL names; the default
 /// namespace with it.
 pub(crate) async fn open(url: &str, opts: &Options) -> Result<(Box<dyn RawLocks>, String), Error> {
-    let (config, shown, tls) = parse(url).map_err(|reason| Error::InvalidUrl {
+    let invalid = |reason| Error::InvalidUrl {
         url: redact_url(url),
         reason,
-    })?;
-    let (b, ns) = PgBackend::open(config, shown, tls, opts).await?;
+    };
+    // dblock's own `pooler=` parameter, which the driver would refuse.
+    let (stripped, declared) = super::pooler::split_url(url).map_err(invalid)?;
+    let (config, shown, tls) = parse(&stripped).map_err(invalid)?;
+    let mut opts = opts.clone();
+    if let Some(p) = declared {
+        opts.pooler = p;
+    }
+    let (b, ns) = PgBackend::open(config, shown, tls, &opts).await?;
     Ok((Box::new(b), ns))
 }
 

@@ -21,8 +21,11 @@
 //! cannot be released earlier. Within one transaction a second request for a key it
 //! already holds succeeds at once (PostgreSQL's locks are re-entrant per session), so do
 //! not share one transaction between tasks that must exclude each other.
+//!
+//! These helpers send plain simple-protocol queries, so they work through a
+//! transaction-pooling pooler that does not support prepared statements.
 
-use sqlx::{PgConnection, Postgres, Transaction};
+use sqlx::{AssertSqlSafe, PgConnection, Postgres, Row, Transaction};
 
 use crate::{Error, Key, Mode};
 
@@ -40,12 +43,11 @@ use crate::{Error, Key, Mode};
 /// released with `tx`, like everything else the transaction did.
 pub async fn lock(tx: &mut Transaction<'_, Postgres>, key: Key, mode: Mode) -> Result<(), Error> {
     let sql = match mode {
-        Mode::Exclusive => "SELECT pg_advisory_xact_lock($1)",
-        Mode::Shared => "SELECT pg_advisory_xact_lock_shared($1)",
+        Mode::Exclusive => "SELECT pg_advisory_xact_lock",
+        Mode::Shared => "SELECT pg_advisory_xact_lock_shared",
     };
     let conn: &mut PgConnection = tx;
-    sqlx::query(sql)
-        .bind(key.as_i64())
+    sqlx::raw_sql(simple(sql, key))
         .execute(conn)
         .await
         .map_err(map_sqlx)?;
@@ -67,15 +69,15 @@ pub async fn try_lock(
     mode: Mode,
 ) -> Result<bool, Error> {
     let sql = match mode {
-        Mode::Exclusive => "SELECT pg_try_advisory_xact_lock($1)",
-        Mode::Shared => "SELECT pg_try_advisory_xact_lock_shared($1)",
+        Mode::Exclusive => "SELECT pg_try_advisory_xact_lock",
+        Mode::Shared => "SELECT pg_try_advisory_xact_lock_shared",
     };
     let conn: &mut PgConnection = tx;
-    sqlx::query_scalar::<_, bool>(sql)
-        .bind(key.as_i64())
+    let row = sqlx::raw_sql(simple(sql, key))
         .fetch_one(conn)
         .await
-        .map_err(map_sqlx)
+        .map_err(map_sqlx)?;
+    row.try_get::<bool, _>(0).map_err(map_sqlx)
 }
 
 /// The namespace a [`Locks`](crate::Locks) handle on the same connection settings uses
@@ -90,14 +92,26 @@ pub async fn try_lock(
 ///
 /// A read; cancelling it has no effect on the database.
 pub async fn current_namespace(conn: &mut PgConnection) -> Result<String, Error> {
-    let ns: Option<String> = sqlx::query_scalar("SELECT current_setting($1, true)")
-        .bind(crate::NAMESPACE_SETTING)
+    let sql = format!(
+        "SELECT current_setting({}, true)",
+        super::sql::quote_literal(crate::NAMESPACE_SETTING)
+    );
+    let row = sqlx::raw_sql(AssertSqlSafe(sql))
         .fetch_one(conn)
         .await
         .map_err(map_sqlx)?;
+    let ns: Option<String> = row.try_get(0).map_err(map_sqlx)?;
     Ok(ns
         .filter(|ns| !ns.is_empty())
         .unwrap_or_else(|| crate::DEFAULT_NAMESPACE.to_string()))
+}
+
+/// `f(key)` as one simple-protocol statement: no server-side prepared statement, which
+/// a transaction-pooling pooler (PgBouncer before 1.21, or without
+/// `max_prepared_statements`) would leave on a server connection for another client,
+/// or not find on the next one. The key is an integer, written in decimal.
+fn simple(f: &str, key: Key) -> AssertSqlSafe<String> {
+    AssertSqlSafe(format!("{f}({})", key.as_i64()))
 }
 
 /// Maps an sqlx error to dblock's: SQLSTATEs by kind, broken connections to

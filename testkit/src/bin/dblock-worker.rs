@@ -27,7 +27,13 @@ use std::time::Duration;
 async fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let arg = |i: usize| args.get(i).cloned().unwrap_or_default();
-    let locks = dblock::Locks::connect(&arg(1)).await.unwrap();
+    // DBLOCK_TEST_NAMESPACE: the namespace, when the schema in use may vary by server
+    // connection (behind a session pooler whose DISCARD ALL resets search_path).
+    let mut builder = dblock::Locks::builder().url(arg(1));
+    if let Ok(ns) = std::env::var("DBLOCK_TEST_NAMESPACE") {
+        builder = builder.namespace(ns);
+    }
+    let locks = builder.build().await.unwrap();
     let name = arg(2);
     match arg(0).as_str() {
         "counter" => {

@@ -1,0 +1,51 @@
+//! `dblock setup`: the one-time setup, run by a schema's owner, for roles that may not
+//! create tables (see `dblock::postgres::setup`).
+
+use clap::Args;
+
+use crate::{EXIT_USAGE, exit_code, one_line};
+
+#[derive(Args, Debug)]
+pub struct SetupArgs {
+    /// Database URL of a role that may create tables in the schema (its owner); as for
+    /// `run`.
+    #[arg(long, value_name = "URL")]
+    db: Option<String>,
+
+    /// A role to grant what fenced locks and leader election need (repeatable;
+    /// `PUBLIC` for every role).
+    #[arg(long, value_name = "ROLE")]
+    grant: Vec<String>,
+}
+
+pub async fn setup(args: SetupArgs) -> u8 {
+    let mut builder = dblock::Locks::builder();
+    if let Some(url) = &args.db {
+        builder = builder.url(url);
+    }
+    let locks = match builder.build().await {
+        Ok(l) => l,
+        Err(e) => {
+            errln!("dblock: {}", one_line(&e));
+            return exit_code(&e);
+        }
+    };
+    if locks.backend_name() != "postgres" {
+        errln!("dblock: setup is for PostgreSQL; the embedded backend needs none");
+        return EXIT_USAGE;
+    }
+    let grant: Vec<&str> = args.grant.iter().map(String::as_str).collect();
+    match dblock::postgres::setup(&locks, &grant).await {
+        Ok(()) => {
+            outln!("{}.dblock_fencing ready", dblock::fencing::PG_SCHEMA);
+            for g in &grant {
+                outln!("granted to {g}");
+            }
+            0
+        }
+        Err(e) => {
+            errln!("dblock: {}", one_line(&e));
+            exit_code(&e)
+        }
+    }
+}

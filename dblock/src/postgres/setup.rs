@@ -1,0 +1,146 @@
+//! The one-time setup for roles that may not create tables.
+//!
+//! Locks themselves need no privilege beyond connecting: advisory locks are open to
+//! every role. Fencing tokens (and so leader election) keep the latest token of each
+//! name in a table, `public.dblock_fencing` (one per database); dblock creates it on
+//! first use when the role may, and otherwise needs it created once by a role that may
+//! (on PostgreSQL 15 and later only a schema's owner may create in it, `public`
+//! included), with the grants for the roles that take fenced locks:
+//!
+//! ```text
+//! dblock setup --db postgres://owner@db/app --grant app_user
+//! ```
+//!
+//! or, from code, [`setup`]; or the equivalent SQL, run by the owner:
+//!
+//! ```sql
+//! CREATE TABLE IF NOT EXISTS public.dblock_fencing (
+//!     key bigint PRIMARY KEY, namespace text NOT NULL, name text NOT NULL,
+//!     token bigint NOT NULL, holder text NOT NULL, granted_at timestamptz NOT NULL);
+//! GRANT USAGE ON SCHEMA public TO app_user;
+//! GRANT SELECT, INSERT, UPDATE ON public.dblock_fencing TO app_user;
+//! ```
+//!
+//! Every permission error dblock meets on its own table says which command fixes it
+//! ([`Error::PermissionDenied`]).
+
+use super::backend::PgBackend;
+use super::bookkeeping::own_ddl;
+use super::conn::Armed;
+use super::sql::{first_value, quote_ident, quote_literal};
+use super::wire::QueryError;
+use crate::error::Error;
+use crate::locks::Locks;
+use crate::raw::{FENCING_TABLE, PG_FENCING_SCHEMA};
+
+/// SQLSTATE insufficient_privilege.
+pub(crate) const INSUFFICIENT_PRIVILEGE: &str = "42501";
+
+/// Creates dblock's fencing table (`public.dblock_fencing`, one per database) and grants
+/// the roles in `grant_to` what fenced locks need on it (`USAGE` on the schema;
+/// `SELECT`, `INSERT`, `UPDATE` on the table). Idempotent; run it as a role that may
+/// create tables in `public` and grant on them (its owner). `PUBLIC` is a valid grantee.
+///
+/// # Errors
+///
+/// [`Error::PermissionDenied`] when this role may not create the table or grant on it
+/// (checked: PostgreSQL only warns when a grant gives nothing); [`Error::Unsupported`]
+/// on the embedded backend, which needs no setup; connection and server errors.
+///
+/// # Cancel safety
+///
+/// The table is created in a transaction of its own, and each grant is a statement of
+/// its own: cancelled, the setup is partly done, and running it again completes it.
+pub async fn setup(locks: &Locks, grant_to: &[&str]) -> Result<(), Error> {
+    let Some(b) = locks
+        .inner
+        .backend
+        .as_any()
+        .and_then(|b| b.downcast_ref::<PgBackend>())
+    else {
+        return Err(Error::Unsupported(
+            "the embedded backend needs no setup: its tables are created in the lock file".into(),
+        ));
+    };
+    let schema = PG_FENCING_SCHEMA;
+    let table = format!("{}.{}", quote_ident(schema), FENCING_TABLE);
+    let armed = Armed::new(b.pinned().await?);
+    let ddl = super::fence::table_ddl(&table);
+    let fix = format!(
+        "run dblock setup as a role that may create tables in schema {schema:?} and grant on \
+         them (its owner)"
+    );
+    own_ddl(&armed, &ddl, None)
+        .await
+        .map_err(|e| owner_needed(e, &fix))?;
+    for role in grant_to {
+        let (grantee, name) = match role.eq_ignore_ascii_case("public") {
+            true => ("PUBLIC".to_string(), "public".to_string()),
+            false => (quote_ident(role), role.to_string()),
+        };
+        let lit = quote_literal(&name);
+        let tlit = quote_literal(&table);
+        let sql = format!(
+            "GRANT USAGE ON SCHEMA {s} TO {grantee}; \
+             GRANT SELECT, INSERT, UPDATE ON {table} TO {grantee}; \
+             SELECT has_table_privilege({lit}, {tlit}, 'SELECT') \
+             AND has_table_privilege({lit}, {tlit}, 'INSERT') \
+             AND has_table_privilege({lit}, {tlit}, 'UPDATE')",
+            s = quote_ident(schema)
+        );
+        let rows = armed
+            .conn()
+            .query(&sql)
+            .await
+            .map_err(QueryError::into_error)
+            .map_err(|e| owner_needed(e, &fix))?;
+        if first_value(&rows, 2).as_deref() != Some("t") {
+            return Err(Error::PermissionDenied {
+                message: format!("no privileges were granted to {name} on {table}"),
+                fix,
+            });
+        }
+    }
+    armed.disarm().recycle();
+    Ok(())
+}
+
+/// The command that creates and grants the fencing table for `role`.
+pub(crate) fn setup_command(role: &str) -> String {
+    format!(
+        "have a role that may create tables in schema {:?} (its owner) run once: \
+         dblock setup --db URL --grant {role} (or the SQL in the dblock::postgres::setup docs)",
+        PG_FENCING_SCHEMA
+    )
+}
+
+/// A permission error, with what fixes it; other errors unchanged.
+pub(crate) fn owner_needed(e: Error, fix: &str) -> Error {
+    match e {
+        Error::Database {
+            code: Some(c),
+            message,
+        } if c == INSUFFICIENT_PRIVILEGE => Error::PermissionDenied {
+            message,
+            fix: fix.to_string(),
+        },
+        other => other,
+    }
+}
+
+impl PgBackend {
+    /// A permission error met while taking a fenced lock, with the command that fixes
+    /// it; other errors unchanged.
+    pub(crate) fn fencing_permission(&self, e: Error) -> Error {
+        match e {
+            Error::Database {
+                code: Some(c),
+                message,
+            } if c == INSUFFICIENT_PRIVILEGE => Error::PermissionDenied {
+                message: format!("{message} (fencing tokens need dblock's table)"),
+                fix: setup_command(&self.role),
+            },
+            other => other,
+        }
+    }
+}
