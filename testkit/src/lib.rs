@@ -242,24 +242,29 @@ impl Drop for PgSchema {
             eprintln!("test schema {} left in place for inspection", self.name);
             return;
         }
-        let base = self.base.clone();
-        let name = self.name.clone();
-        let _ = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            rt.block_on(async {
-                if let Ok((c, conn)) = tokio_postgres::connect(&base, NoTls).await {
-                    tokio::spawn(conn);
-                    let _ = c
-                        .batch_execute(&format!("DROP SCHEMA IF EXISTS \"{name}\" CASCADE"))
-                        .await;
-                }
-            });
-        })
-        .join();
+        drop_in_background(
+            self.base.clone(),
+            format!("DROP SCHEMA IF EXISTS \"{}\" CASCADE", self.name),
+        );
     }
+}
+
+/// Runs `sql` on `url` from a `Drop` (which cannot await, and may run inside a runtime):
+/// on a thread of its own with a runtime of its own, waiting for it; errors are ignored.
+fn drop_in_background(url: String, sql: String) {
+    let _ = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            if let Ok((c, conn)) = tokio_postgres::connect(&url, NoTls).await {
+                tokio::spawn(conn);
+                let _ = c.batch_execute(&sql).await;
+            }
+        });
+    })
+    .join();
 }
 
 /// Polls `f` until it is true or `secs` pass; returns whether it became true.
@@ -319,23 +324,10 @@ impl Drop for PgDatabase {
             eprintln!("test database {} left in place for inspection", self.name);
             return;
         }
-        let base = pg_url();
-        let name = self.name.clone();
-        let _ = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            rt.block_on(async {
-                if let Ok((c, conn)) = tokio_postgres::connect(&base, NoTls).await {
-                    tokio::spawn(conn);
-                    let _ = c
-                        .batch_execute(&format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"))
-                        .await;
-                }
-            });
-        })
-        .join();
+        drop_in_background(
+            pg_url(),
+            format!("DROP DATABASE IF EXISTS \"{}\" WITH (FORCE)", self.name),
+        );
     }
 }
 
