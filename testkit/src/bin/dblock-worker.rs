@@ -23,6 +23,8 @@
 use std::io::Write;
 use std::time::Duration;
 
+use dblock_testkit::appdb::Outcome;
+
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -116,7 +118,7 @@ async fn main() {
         }
         "kleppmann" => {
             let no_fence = args.iter().any(|a| a == "--no-fence");
-            let pool = sqlx::PgPool::connect(&arg(1)).await.unwrap();
+            let app = dblock_testkit::appdb::AppDb::connect(&arg(1)).await;
             let guard = locks.request(&name).fenced().lock().await.unwrap();
             let fence = guard.fence().unwrap().clone();
             println!("held {}", fence.token());
@@ -125,19 +127,11 @@ async fn main() {
             std::io::stdin().read_line(&mut line).unwrap();
             // Whatever happened meanwhile, this process now does its write, as a holder
             // that paused without noticing would.
-            let mut tx = pool.begin().await.unwrap();
-            sqlx::query("UPDATE resource SET value = 'A', token = $1 WHERE id = 1")
-                .bind(fence.token())
-                .execute(&mut *tx)
-                .await
-                .unwrap();
-            let ok = no_fence || fence.check_postgres(&mut tx).await.is_ok();
-            if ok {
-                tx.commit().await.unwrap();
-                println!("written");
-            } else {
-                tx.rollback().await.unwrap();
-                println!("rejected");
+            let checked = (!no_fence).then_some(&fence);
+            match app.write_resource("A", fence.token(), checked).await {
+                Outcome::Written => println!("written"),
+                Outcome::Rejected => println!("rejected"),
+                Outcome::Failed(e) => println!("failed {e}"),
             }
             drop(guard);
         }
@@ -153,7 +147,7 @@ async fn main() {
                 .build()
                 .await
                 .unwrap();
-            let pool = sqlx::PgPool::connect(&arg(1)).await.unwrap();
+            let app = dblock_testkit::appdb::AppDb::connect(&arg(1)).await;
             let election = dblock::leader::Election::new(&locks, &name).lease(lease);
             loop {
                 let term = election.campaign().await.unwrap();
@@ -170,21 +164,12 @@ async fn main() {
                         }
                         () = tokio::time::sleep(Duration::from_millis(20)) => {}
                     }
-                    let Ok(mut tx) = pool.begin().await else {
-                        continue;
-                    };
-                    let ins = sqlx::query("INSERT INTO leader_log (token) VALUES ($1)")
-                        .bind(fence.token())
-                        .execute(&mut *tx)
-                        .await;
-                    if ins.is_err() {
-                        continue;
+                    let checked = (!no_fence).then_some(&fence);
+                    let out = app.log_term(fence.token(), checked).await;
+                    if let Outcome::Failed(e) = &out {
+                        eprintln!("log_term: {e}");
                     }
-                    let ok = no_fence || fence.check_postgres(&mut tx).await.is_ok();
-                    if ok {
-                        let _ = tx.commit().await;
-                    } else {
-                        let _ = tx.rollback().await;
+                    if out == Outcome::Rejected {
                         println!("rejected {}", fence.token());
                         std::io::stdout().flush().unwrap();
                     }
