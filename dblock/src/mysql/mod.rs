@@ -40,15 +40,17 @@
 //!   nothing.
 //! - **Whole seconds, and no "forever" on MariaDB.** The timeout is in seconds, and
 //!   MariaDB answers a negative one (MySQL's "wait forever") with NULL and warning 1411.
-//!   dblock first asks `GET_LOCK(name, 0)` (with `CONNECTION_ID()` in the same
-//!   statement); if the lock is held elsewhere, it waits in `GET_LOCK(name, S)` with `S`
-//!   one year for an unbounded wait, or the deadline rounded up plus a second as a
-//!   server-side backstop, and ends the wait itself at the exact deadline: `KILL QUERY`
-//!   of the waiting connection from a second connection. A connection whose wait was
-//!   killed is closed, never reused, so no grant that raced the kill survives and no
-//!   kill can hit a later statement.
-//! - **Cancellation.** The wait runs on a task that owns the connection; dropping the
-//!   request's future tells that task, which kills the wait the same way and closes the
+//!   dblock waits in `GET_LOCK(name, S)` with `S` one year for an unbounded wait, or the
+//!   deadline rounded up plus a second as a server-side backstop, and ends the wait
+//!   itself at the exact deadline: `KILL CONNECTION` of the waiting session from a
+//!   second connection, whose id dblock read when it opened the connection. The
+//!   connection is closed, never reused, so no grant that raced the kill survives and
+//!   no kill can hit a later statement. `try_lock` is `GET_LOCK(name, 0)`. Each is one
+//!   statement, one round trip. (On a caller's sqlx pool, whose connections' ids are
+//!   not known beforehand, the first statement asks for the id with `GET_LOCK(name, 0)`
+//!   and a wait follows as a second.)
+//! - **Cancellation.** The acquisition runs in the request's own future; dropping it
+//!   mid-statement kills the session the same way (from a spawned task) and closes the
 //!   connection. Nothing stays held.
 //! - **No shared mode.** Named locks are exclusive only. dblock refuses `shared()`
 //!   requests with [`Error::Unsupported`] rather than take them exclusively (or grant
@@ -89,6 +91,7 @@ pub(crate) mod fence;
 mod floor;
 mod lock;
 pub(crate) mod migrate;
+mod pool;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -179,8 +182,12 @@ pub fn database_of_url(url: &str) -> Result<String, Error> {
 
 /// The backend of a handle on a MySQL or MariaDB database.
 pub(crate) struct MyBackend {
-    /// Where lock connections come from: dblock's own pool, or the caller's.
+    /// The caller's pool, or dblock's own for what is not a lock (the fencing and
+    /// migration tables).
     pub(crate) pool: MySqlPool,
+    /// dblock's own lock connections (`None` on the caller's pool: locks borrow its
+    /// connections).
+    own_locks: Option<Arc<pool::OwnPool>>,
     /// A connection or two for `KILL QUERY`, opened on first use.
     control: tokio::sync::OnceCell<MySqlPool>,
     /// The database every lock name includes.
@@ -237,8 +244,14 @@ impl MyBackend {
             // Each lock's task checks its connection while it is held; a ping before
             // every acquisition would add a round trip to every lock.
             .test_before_acquire(false)
-            .connect_lazy_with(options);
-        Ok(MyBackend::new(pool, database, opts, true))
+            .connect_lazy_with(options.clone());
+        let mut b = MyBackend::new(pool, database, opts, true);
+        b.own_locks = Some(pool::OwnPool::new(
+            options,
+            opts.max_connections,
+            opts.acquire_timeout,
+        ));
+        Ok(b)
     }
 
     /// Borrows connections from the caller's pool.
@@ -260,12 +273,21 @@ impl MyBackend {
     fn new(pool: MySqlPool, database: Arc<str>, opts: &Options, own: bool) -> MyBackend {
         MyBackend {
             pool,
+            own_locks: None,
             control: tokio::sync::OnceCell::new(),
             database,
             check_interval: opts.check_interval,
             check_timeout: opts.check_timeout,
             own,
             fence_table_ready: tokio::sync::OnceCell::new(),
+        }
+    }
+
+    /// A connection to take a lock on.
+    async fn lock_conn(&self) -> Result<pool::LockConn, Error> {
+        match &self.own_locks {
+            Some(own) => own.acquire().await,
+            None => pool::LockConn::borrow(&self.pool).await,
         }
     }
 
