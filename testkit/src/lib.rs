@@ -10,6 +10,7 @@
 pub mod adoption;
 pub mod appdb;
 pub mod cluster;
+pub mod mariadb_server;
 pub mod migrations;
 pub mod mysql;
 pub mod pgbouncer;

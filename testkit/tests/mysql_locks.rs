@@ -297,3 +297,79 @@ async fn a_lease_too_short_to_honour_is_refused() {
     ));
     assert_eq!(db.holder(&db.lock_name("x")).await, None);
 }
+
+/// A `socket=` URL (sqlx's spelling) connects over the server's Unix socket and takes
+/// the same locks as TCP connections.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_unix_socket_url_takes_the_same_locks() {
+    let db = MyDb::new("socket").await;
+    let socket: String = sqlx::query_scalar("SELECT @@socket")
+        .fetch_one(db.admin())
+        .await
+        .unwrap();
+    let url = format!("{}?socket={socket}", db.url);
+    let over_socket = Locks::connect(&url).await.unwrap();
+    let g = over_socket.lock("s").await.unwrap();
+    let holder = db.holder(&db.lock_name("s")).await.expect("held");
+    let (host,): (String,) =
+        sqlx::query_as("SELECT HOST FROM information_schema.PROCESSLIST WHERE ID = ?")
+            .bind(holder)
+            .fetch_one(db.admin())
+            .await
+            .unwrap();
+    assert_eq!(host, "localhost", "a socket connection, not TCP ({host})");
+    let over_tcp = db.locks().await;
+    assert!(over_tcp.try_lock("s").await.unwrap().is_none());
+    g.release().await.unwrap();
+    assert!(over_tcp.try_lock("s").await.unwrap().is_some());
+}
+
+/// TLS as sqlx's MySQL driver spells it in the URL (`ssl-mode`, `ssl-ca`), against a
+/// throwaway MariaDB that refuses plain TCP: verified connections take locks; a plain
+/// one, an unknown CA and a name the certificate does not carry are refused as
+/// connect errors.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_urls_are_verified_and_plain_ones_refused() {
+    use dblock_testkit::mariadb_server::TempMariaDb;
+    use dblock_testkit::tls::Certs;
+    let certs = Certs::generate("localhost", "root");
+    let server = tokio::task::block_in_place(|| TempMariaDb::start_tls(&certs));
+    let ca = certs.ca.display();
+    let verified = server.url(
+        "localhost",
+        &format!("ssl-mode=verify_identity&ssl-ca={ca}"),
+    );
+    let a = Locks::connect(&verified).await.unwrap();
+    let g = a.lock("t").await.unwrap();
+    let b = Locks::connect(&server.url("localhost", &format!("ssl-mode=verify_ca&ssl-ca={ca}")))
+        .await
+        .unwrap();
+    assert!(
+        b.try_lock("t").await.unwrap().is_none(),
+        "one lock over TLS"
+    );
+    g.release().await.unwrap();
+    assert!(b.try_lock("t").await.unwrap().is_some());
+    let other = certs.other_ca.display();
+    for (url, why) in [
+        (server.url("localhost", "ssl-mode=disabled"), "plain TCP"),
+        (
+            server.url("localhost", &format!("ssl-mode=verify_ca&ssl-ca={other}")),
+            "an unknown CA",
+        ),
+        (
+            server.url(
+                "127.0.0.1",
+                &format!("ssl-mode=verify_identity&ssl-ca={ca}"),
+            ),
+            "a name the certificate lacks",
+        ),
+    ] {
+        let r = Locks::connect(&url).await;
+        assert!(
+            matches!(r, Err(Error::Connect { .. })),
+            "{why}: {:?}",
+            r.err()
+        );
+    }
+}

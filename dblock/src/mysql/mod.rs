@@ -197,6 +197,9 @@ pub(crate) struct MyBackend {
     /// Whether dblock opened the pool itself (the benchmark's floor needs its options).
     pub(crate) own: bool,
     fence_table_ready: tokio::sync::OnceCell<()>,
+    /// The benchmark's floor, one per handle: its connections, once open, serve every
+    /// slice of a run (none is opened inside a timed slice after the warm-up).
+    floor: std::sync::OnceLock<Arc<floor::Floor>>,
 }
 
 /// The longest wait `GET_LOCK` is asked for when there is no deadline: a year, since
@@ -280,6 +283,7 @@ impl MyBackend {
             check_timeout: opts.check_timeout,
             own,
             fence_table_ready: tokio::sync::OnceCell::new(),
+            floor: std::sync::OnceLock::new(),
         }
     }
 
@@ -379,10 +383,15 @@ impl RawLocks for MyBackend {
 
     fn bench_floor(&self) -> Option<Result<Arc<dyn BenchFloor>, Error>> {
         Some(match self.own {
-            true => Ok(Arc::new(floor::Floor::new(
-                (*self.pool.connect_options()).clone(),
-                self.database.clone(),
-            ))),
+            true => Ok(self
+                .floor
+                .get_or_init(|| {
+                    Arc::new(floor::Floor::new(
+                        (*self.pool.connect_options()).clone(),
+                        self.database.clone(),
+                    ))
+                })
+                .clone()),
             false => Err(Error::Unsupported(
                 "the benchmark needs a mysql:// URL, not an sqlx pool".into(),
             )),
