@@ -141,15 +141,24 @@ pub(crate) async fn from_sqlx(
 /// # Ok::<(), dblock::Error>(())
 /// ```
 pub fn lock_name(database: &str, key: Key) -> String {
+    name_in(&name_prefix(database), key)
+}
+
+/// `dblock:<first 8 hex digits of SHA-256(database)>:`, the part of [`lock_name`] that
+/// depends on the database only.
+pub(crate) fn name_prefix(database: &str) -> String {
     let digest = Sha256::digest(database.as_bytes());
-    let mut out = String::with_capacity(32);
+    let mut out = String::with_capacity(16);
     out.push_str("dblock:");
     for b in &digest[..4] {
         out.push_str(&format!("{b:02x}"));
     }
     out.push(':');
-    out.push_str(&format!("{:016x}", key.as_i64() as u64));
     out
+}
+
+pub(crate) fn name_in(prefix: &str, key: Key) -> String {
+    format!("{prefix}{:016x}", key.as_i64() as u64)
 }
 
 /// The database a `mysql://` or `mariadb://` URL names (what [`lock_name`] takes), read
@@ -192,6 +201,8 @@ pub(crate) struct MyBackend {
     control: tokio::sync::OnceCell<MySqlPool>,
     /// The database every lock name includes.
     pub(crate) database: Arc<str>,
+    /// Its part of every lock name, hashed once.
+    name_prefix: String,
     check_interval: Duration,
     check_timeout: Duration,
     /// Whether dblock opened the pool itself (the benchmark's floor needs its options).
@@ -277,6 +288,7 @@ impl MyBackend {
         MyBackend {
             pool,
             own_locks: None,
+            name_prefix: name_prefix(&database),
             control: tokio::sync::OnceCell::new(),
             database,
             check_interval: opts.check_interval,
@@ -297,7 +309,7 @@ impl MyBackend {
 
     /// The `GET_LOCK` name of `key` on this database.
     pub(crate) fn lock_name(&self, key: Key) -> String {
-        lock_name(&self.database, key)
+        name_in(&self.name_prefix, key)
     }
 
     /// Takes the lock `req` asks for: see [`lock`] for the protocol.
