@@ -268,3 +268,53 @@ dblock_testkit::every_backend!(
     holders_with_a_smaller_limit_fit_in_the_first_slots,
     fenced_slots_get_rising_tokens_per_name,
 );
+
+/// What PostgreSQL itself shows: a held slot is one advisory lock on that slot's key
+/// (the one statement that tries every slot takes no other), a waiter waits on one
+/// slot at a time, a slot whose holder's session is terminated is reported lost and
+/// goes to the waiter, and nothing is left once the guards are gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_postgres_a_slot_is_one_advisory_lock_and_its_loss_is_reported() {
+    let db = dblock_testkit::PgSchema::new("sem_pg_locks").await;
+    let locks = db.locks().await;
+    let first = locks.semaphore("x", 3).lock().await.unwrap();
+    let rows = db.advisory_of_sessions().await;
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(db.advisory(first.key()).await.len(), 1);
+    let others = [
+        locks.semaphore("x", 3).lock().await.unwrap(),
+        locks.semaphore("x", 3).lock().await.unwrap(),
+    ];
+    let mut waiter = {
+        let locks = locks.clone();
+        tokio::spawn(async move { locks.semaphore("x", 3).lock().await })
+    };
+    let one_waiting = db
+        .eventually(10, || async {
+            let rows = db.advisory_of_sessions().await;
+            rows.iter().filter(|r| r.2).count() == 3 && rows.iter().filter(|r| !r.2).count() == 1
+        })
+        .await;
+    assert!(one_waiting, "{:?}", db.advisory_of_sessions().await);
+    assert!(
+        tokio::time::timeout(Duration::from_millis(200), &mut waiter)
+            .await
+            .is_err()
+    );
+    let lost = first.lost();
+    assert_eq!(db.terminate_holders(first.key()).await, 1);
+    let reason = tokio::time::timeout(Duration::from_secs(10), lost).await;
+    assert!(reason.is_ok(), "the loss is reported");
+    assert!(!first.is_held());
+    let got = tokio::time::timeout(Duration::from_secs(20), waiter)
+        .await
+        .expect("the waiter gets the freed slot")
+        .unwrap()
+        .unwrap();
+    assert_eq!(got.slot(), first.slot());
+    drop((first, others, got));
+    let none = db
+        .eventually(10, || async { db.advisory_of_sessions().await.is_empty() })
+        .await;
+    assert!(none, "{:?}", db.advisory_of_sessions().await);
+}
