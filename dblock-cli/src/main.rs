@@ -365,7 +365,9 @@ fn slot_keys(args: &KeyArgs, limit: u32, database: Option<&str>) -> u8 {
             ),
             None => {
                 let (classid, objid) = key.pg_locks_ids();
-                outln!("slot {slot:<4} key {key:<20}  pg_locks classid={classid} objid={objid} objsubid=1");
+                outln!(
+                    "slot {slot:<4} key {key:<20}  pg_locks classid={classid} objid={objid} objsubid=1"
+                );
             }
         }
     }

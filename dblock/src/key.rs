@@ -249,7 +249,10 @@ mod tests {
         ];
         for &(ns, name, slot, want) in vectors {
             let got = Key::slot(ns, name, slot).unwrap().as_i64() as u64;
-            assert_eq!(got, want, "slot {slot} of ({ns:?}, {name:?}) is {got:#018x}");
+            assert_eq!(
+                got, want,
+                "slot {slot} of ({ns:?}, {name:?}) is {got:#018x}"
+            );
         }
         assert_ne!(
             Key::slot("public", "exports", 0).unwrap(),

@@ -39,6 +39,8 @@
 //!   held once the future and any guard are gone, and no pooled connection is reused
 //!   holding a lock or an open transaction. A wait that gives up also stops waiting on
 //!   the server.
+//! - **Semaphores.** [`Locks::semaphore`]: at most N holders of a name at once, each
+//!   holding one of N slot locks (`docs/semaphores.md`).
 //! - **Your own transaction.** [`postgres::xact`] takes a lock inside an sqlx
 //!   transaction of yours, released with it.
 //! - **Migrations.** [`migrate`]: start-up scripts and an ordered migration set, applied

@@ -123,7 +123,11 @@ async fn a_killed_holder_frees_its_slot_for_a_waiter(url: &str) {
         "waiter got slot {got:?} {:?} after the holder's SIGKILL",
         killed.elapsed()
     );
-    assert_eq!(got, Some(freed), "the waiter takes the killed holder's slot");
+    assert_eq!(
+        got,
+        Some(freed),
+        "the waiter takes the killed holder's slot"
+    );
     let _ = victim.wait().await;
     assert!(waiter.wait().await.unwrap().success());
 }

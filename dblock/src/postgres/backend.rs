@@ -330,7 +330,11 @@ impl PgBackend {
         };
         // A wait longer than one slice goes round again (see WAIT_SLICE_MS), on the
         // next of `any` keys.
-        let mut start = if any.is_empty() { 0 } else { any_start(any.len()) };
+        let mut start = if any.is_empty() {
+            0
+        } else {
+            any_start(any.len())
+        };
         loop {
             let conn = match queued_bound {
                 Some(b) => {
@@ -381,24 +385,33 @@ impl PgBackend {
                 false => plan.granted_slot(&firsts).map(|slot| (slot, None)),
             });
             return match outcome {
-                Ok(granted) => match granted.filter(|&(slot, _)| any.is_empty() || slot < any.len()) {
-                    Some((slot, token)) => {
-                        conn.link().set_holding(true);
-                        let held = match any.get(slot) {
-                            Some(&key) => Pinned::new(conn, &Req { key, ..req.clone() }, self.check_timeout),
-                            None => Pinned::new(conn, req, self.check_timeout),
-                        };
-                        Ok(Some((slot, Grant {
-                            held: Box::new(held),
-                            fence: token.zip(fence_table),
-                        })))
+                Ok(granted) => {
+                    match granted.filter(|&(slot, _)| any.is_empty() || slot < any.len()) {
+                        Some((slot, token)) => {
+                            conn.link().set_holding(true);
+                            let held = match any.get(slot) {
+                                Some(&key) => Pinned::new(
+                                    conn,
+                                    &Req { key, ..req.clone() },
+                                    self.check_timeout,
+                                ),
+                                None => Pinned::new(conn, req, self.check_timeout),
+                            };
+                            Ok(Some((
+                                slot,
+                                Grant {
+                                    held: Box::new(held),
+                                    fence: token.zip(fence_table),
+                                },
+                            )))
+                        }
+                        None => {
+                            plan.clean_up(&conn, false);
+                            conn.recycle();
+                            Ok(None)
+                        }
                     }
-                    None => {
-                        plan.clean_up(&conn, false);
-                        conn.recycle();
-                        Ok(None)
-                    }
-                },
+                }
                 Err(QueryError::Db { code, message }) => {
                     plan.clean_up(&conn, true);
                     conn.recycle();
