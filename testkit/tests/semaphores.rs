@@ -322,3 +322,66 @@ async fn on_postgres_a_slot_is_one_advisory_lock_and_its_loss_is_reported() {
         .await;
     assert!(none, "{:?}", db.advisory_of_sessions().await);
 }
+
+/// The other ways PostgreSQL takes a slot: session-scoped (the slot is unlocked, not
+/// rolled back), on a multiplexing handle (slots tried one by one on shared
+/// connections), and on connections borrowed from an sqlx pool.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_postgres_session_scoped_multiplexed_and_sqlx_handles_keep_the_limit() {
+    let db = dblock_testkit::PgSchema::new("sem_pg_handles").await;
+    let session = Locks::builder()
+        .url(&db.url)
+        .scope(dblock::Scope::Session)
+        .build()
+        .await
+        .unwrap();
+    let mux = Locks::builder()
+        .url(&db.url)
+        .scope(dblock::Scope::Session)
+        .multiplex(2)
+        .build()
+        .await
+        .unwrap();
+    let pool = sqlx::PgPool::connect(&db.url).await.unwrap();
+    let borrowed = Locks::from_sqlx_pool(pool).await.unwrap();
+    for (what, locks) in [("session", session), ("mux", mux), ("sqlx", borrowed)] {
+        let name = format!("h-{what}");
+        let a = locks.semaphore(&name, 2).try_lock().await.unwrap().unwrap();
+        let b = locks.semaphore(&name, 2).try_lock().await.unwrap().unwrap();
+        assert_ne!(a.slot(), b.slot(), "{what}");
+        assert!(
+            locks
+                .semaphore(&name, 2)
+                .try_lock()
+                .await
+                .unwrap()
+                .is_none(),
+            "{what}: both slots held"
+        );
+        let r = locks
+            .semaphore(&name, 2)
+            .try_lock_for(Duration::from_millis(200))
+            .await
+            .unwrap();
+        assert!(r.is_none(), "{what}: a deadline wait gives up");
+        let freed = b.slot();
+        b.release().await.unwrap();
+        let c = locks.semaphore(&name, 2).lock().await.unwrap();
+        assert_eq!(c.slot(), freed, "{what}");
+        assert_eq!(
+            db.advisory_of_sessions()
+                .await
+                .iter()
+                .filter(|r| r.2)
+                .count(),
+            2,
+            "{what}"
+        );
+        a.release().await.unwrap();
+        c.release().await.unwrap();
+        let none = db
+            .eventually(10, || async { db.advisory_of_sessions().await.is_empty() })
+            .await;
+        assert!(none, "{what}: {:?}", db.advisory_of_sessions().await);
+    }
+}
