@@ -385,3 +385,49 @@ async fn on_postgres_session_scoped_multiplexed_and_sqlx_handles_keep_the_limit(
         assert!(none, "{what}: {:?}", db.advisory_of_sessions().await);
     }
 }
+
+/// Bounds an await.
+async fn bounded<T>(f: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(Duration::from_secs(10), f)
+        .await
+        .expect("finishes within 10 s")
+}
+
+/// Through PgBouncer in transaction mode a slot is a transaction-scoped lock like any
+/// other: the limit holds and a freed slot is taken again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_postgres_slots_work_through_a_transaction_pooler() {
+    use dblock_testkit::pgbouncer::{Options, PgBouncer, PoolMode};
+    let db = dblock_testkit::PgSchema::new("sem_pgb").await;
+    let bouncer = PgBouncer::with(Options::new(PoolMode::Transaction, 4).search_path(&db.name));
+    let url = dblock_testkit::with_params(&bouncer.test_url(), &[("application_name", &db.app)]);
+    let connect = Locks::builder().url(&url).namespace(&db.name).build();
+    let locks = tokio::time::timeout(Duration::from_secs(10), connect)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(locks.pooler(), dblock::postgres::Pooler::Transaction);
+    let a = bounded(locks.semaphore("p", 2).try_lock())
+        .await
+        .unwrap()
+        .unwrap();
+    let b = bounded(locks.semaphore("p", 2).try_lock())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_ne!(a.slot(), b.slot());
+    assert!(
+        bounded(locks.semaphore("p", 2).try_lock())
+            .await
+            .unwrap()
+            .is_none()
+    );
+    let freed = a.slot();
+    a.release().await.unwrap();
+    let c = bounded(locks.semaphore("p", 2).try_lock_for(Duration::from_secs(5)))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(c.slot(), freed);
+    drop((b, c));
+}
