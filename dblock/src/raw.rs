@@ -259,15 +259,15 @@ pub(crate) trait RawHeld: Send + Sync + 'static {
 /// unused. Each slice is a request (a round trip on a server) per waiter.
 pub(crate) const ANY_SLICE: Duration = Duration::from_millis(500);
 
-/// Where a request for any of `n` keys starts: rotated per request and spread across
-/// processes (seeded by the process id), so that requests do not all try, and wait on,
-/// the first key.
+/// Where a request for any of `n` keys starts (and first waits): one key on from the
+/// process's previous request, from an offset scrambled from the process id. So a
+/// process's waiters spread evenly over the keys (each freed key likely has one waiting
+/// on it), and processes do not all start at the first key.
 pub(crate) fn any_start(n: usize) -> usize {
     use std::sync::atomic::{AtomicUsize, Ordering};
     static NEXT: AtomicUsize = AtomicUsize::new(0);
-    let seed = std::process::id() as usize;
+    let seed = (std::process::id() as usize).wrapping_mul(0x9E37_79B9) >> 7;
     seed.wrapping_add(NEXT.fetch_add(1, Ordering::Relaxed))
-        .wrapping_mul(0x9E37_79B9)
         .checked_rem(n)
         .unwrap_or(0)
 }
