@@ -412,3 +412,19 @@ pub(crate) fn holder_id() -> &'static str {
         format!("{host}:{}", std::process::id())
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn consecutive_requests_of_a_process_start_on_consecutive_keys() {
+        // Other tests may take starts meanwhile; consecutive starts still advance by one.
+        let starts: Vec<usize> = (0..6).map(|_| any_start(1_000_003)).collect();
+        for w in starts.windows(2) {
+            assert!(w[1] > w[0] || w[1] < 10, "{starts:?}");
+        }
+        assert_eq!(any_start(1), 0);
+        assert_eq!(any_start(0), 0);
+    }
+}
