@@ -7,6 +7,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use dblock::Locks;
+use dblock_testkit::TestDb;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, Command};
 
@@ -62,7 +63,8 @@ async fn most_inside_at_once(url: &str, procs: usize, limit: u32, locked: bool) 
 
 /// 8 processes, a semaphore of 3: never more than 3 inside, and 3 are reached; the
 /// control (the same processes without the semaphore) has more than 3 inside at once.
-async fn eight_processes_never_exceed_a_limit_of_three(url: &str) {
+async fn eight_processes_never_exceed_a_limit_of_three(db: &TestDb) {
+    let url = db.url();
     let most = most_inside_at_once(url, 8, 3, true).await;
     assert_eq!(most, 3, "at most 3 inside at once, and 3 reached");
     let control = most_inside_at_once(url, 8, 3, false).await;
@@ -100,7 +102,8 @@ async fn next_number(
 /// Three processes hold the three slots; a fourth waits. A holder killed with SIGKILL
 /// releases nothing itself: the server (or the kernel) frees its slot, and the waiter
 /// gets that slot.
-async fn a_killed_holder_frees_its_slot_for_a_waiter(url: &str) {
+async fn a_killed_holder_frees_its_slot_for_a_waiter(db: &TestDb) {
+    let url = db.url();
     let mut holders = Vec::new();
     let mut slots = BTreeSet::new();
     for _ in 0..3 {
@@ -150,7 +153,8 @@ async fn all_slots_free(locks: &Locks, name: &str, limit: u32) -> bool {
 /// With every slot held, `try_lock` answers `None`, a deadline wait gives up no earlier
 /// than its deadline, a cancelled wait ends; none of them leaves a slot held. A deadline
 /// wait gets a slot freed in time.
-async fn try_deadline_and_cancel_leave_no_slot_held(url: &str) {
+async fn try_deadline_and_cancel_leave_no_slot_held(db: &TestDb) {
+    let url = db.url();
     let locks = Locks::connect(url).await.unwrap();
     let mut held = Vec::new();
     for _ in 0..3 {
@@ -211,7 +215,8 @@ async fn try_deadline_and_cancel_leave_no_slot_held(url: &str) {
 /// A holder with limit m takes one of the first m slots: with the three slots of a
 /// limit-3 semaphore held, a limit-2 request is refused and a limit-5 one gets slot 3
 /// or 4.
-async fn holders_with_a_smaller_limit_fit_in_the_first_slots(url: &str) {
+async fn holders_with_a_smaller_limit_fit_in_the_first_slots(db: &TestDb) {
+    let url = db.url();
     let locks = Locks::connect(url).await.unwrap();
     let mut held = Vec::new();
     for _ in 0..3 {
@@ -234,7 +239,8 @@ async fn holders_with_a_smaller_limit_fit_in_the_first_slots(url: &str) {
 
 /// Fenced slots: each grant's token is greater than every earlier grant's of the name,
 /// whichever slot it holds.
-async fn fenced_slots_get_rising_tokens_per_name(url: &str) {
+async fn fenced_slots_get_rising_tokens_per_name(db: &TestDb) {
+    let url = db.url();
     let locks = Locks::connect(url).await.unwrap();
     let mut tokens = Vec::new();
     let mut held = Vec::new();
