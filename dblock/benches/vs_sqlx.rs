@@ -72,8 +72,16 @@ async fn main() {
     if !std::env::args().any(|a| a == "--bench") {
         return;
     }
+    // Every contender alike, without TLS: the raw floor and sqlx here have none, and
+    // dblock would otherwise use it where the server offers it (sslmode=prefer).
     let url = std::env::var("DATABASE_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
+    let url = if url.contains("sslmode=") {
+        url
+    } else {
+        let sep = if url.contains('?') { '&' } else { '?' };
+        format!("{url}{sep}sslmode=disable")
+    };
     let names: Vec<String> = (0..64).map(|i| format!("bench:vs:{i}")).collect();
 
     let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
