@@ -67,6 +67,11 @@ pub(crate) struct PgBackend {
     pub(crate) schema: Option<String>,
     /// Set once the fencing table is known to exist: its qualified name.
     pub(super) fence_ready: tokio::sync::OnceCell<Arc<str>>,
+    /// Whether fencing tokens carry the server's timeline ([`EPOCH_SQL`]): cleared
+    /// when the fencing table is first used on a server without it.
+    ///
+    /// [`EPOCH_SQL`]: super::token::EPOCH_SQL
+    pub(super) fence_epoch: std::sync::atomic::AtomicBool,
     /// The sessions' own `lock_timeout` (an administrator's, for the role or database),
     /// read when the handle was built: it still ends a wait without a deadline, which
     /// dblock runs in slices of its own `lock_timeout` (see [`WAIT_SLICE_MS`](super::plan::WAIT_SLICE_MS)).
@@ -215,6 +220,7 @@ impl PgBackend {
                 check_timeout: opts.check_timeout,
                 schema,
                 fence_ready: tokio::sync::OnceCell::new(),
+                fence_epoch: std::sync::atomic::AtomicBool::new(true),
                 pooler: (Pooler::None, Known::Declared),
                 server_port,
                 role,
@@ -269,8 +275,9 @@ impl PgBackend {
             ),
             false => None,
         };
+        let epoch = self.fence_epoch.load(std::sync::atomic::Ordering::Relaxed);
         if let Some(mux) = self.mux.as_ref().filter(|_| mux::Mux::applies(req)) {
-            match mux.try_acquire(req, fence_table.as_ref()).await? {
+            match mux.try_acquire(req, fence_table.as_ref(), epoch).await? {
                 mux::Attempt::Granted(g) => return Ok(Some(g)),
                 mux::Attempt::NotFree if req.wait == Wait::Try => return Ok(None),
                 // Waiting never blocks a shared connection: wait on a connection of its own.
@@ -312,7 +319,7 @@ impl PgBackend {
             };
             let plan = Plan::new(
                 req,
-                fence_table.as_deref(),
+                fence_table.as_deref().map(|t| (t, epoch)),
                 self.check_disconnect,
                 self.version >= 120_000,
             );

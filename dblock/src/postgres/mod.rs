@@ -33,7 +33,8 @@
 //! connection (`conn`: dblock's own, `native`/`pool`/`outbox`/`driver`, or one borrowed
 //! from an sqlx pool, `sqlx_conn`), kept by the guard's half (`held`, or `mux` when
 //! multiplexed). `wire` holds what they exchange, `sql` the quoting. The backend's
-//! other SQL lives beside it: `fence` (fencing tokens), `migrate` (the migration
+//! other SQL lives beside it: `fence` (the fencing table and check; `token`, a leaf,
+//! the statement that takes a token), `migrate` (the migration
 //! runner), `floor` (the benchmark's floor), `url` (what a URL names), `xact` (locks in
 //! the caller's own transaction).
 
@@ -59,6 +60,7 @@ mod setup;
 mod sql;
 mod sqlx_conn;
 pub(crate) mod tls;
+mod token;
 mod url;
 mod wire;
 pub mod xact;
