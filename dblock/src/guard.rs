@@ -42,13 +42,25 @@ impl fmt::Debug for LockGuard {
 
 impl LockGuard {
     pub(crate) fn new(name: &str, key: Key, mode: Mode, grant: Grant) -> LockGuard {
+        LockGuard::keyed(name, key, key, mode, grant)
+    }
+
+    /// A guard on `key` whose fencing token is kept under `fence_key` (a semaphore's
+    /// slot, whose token is its name's).
+    pub(crate) fn keyed(
+        name: &str,
+        key: Key,
+        fence_key: Key,
+        mode: Mode,
+        grant: Grant,
+    ) -> LockGuard {
         LockGuard {
             name: name.into(),
             key,
             mode,
             fence: grant
                 .fence
-                .map(|(token, table)| Fence::new(name, key, token, table)),
+                .map(|(token, table)| Fence::new(name, fence_key, token, table)),
             held: grant.held,
         }
     }

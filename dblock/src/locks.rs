@@ -373,6 +373,7 @@ impl<'a> Request<'a> {
             wait,
             fenced: self.fenced,
             lease: self.lease,
+            fence_key: None,
         };
         let grant = inner.backend.acquire(&req).await?;
         Ok(grant.map(|g| LockGuard::new(self.name, req.key, self.mode, g)))

@@ -118,7 +118,7 @@ pub(crate) async fn acquire(b: &MyBackend, req: &Req<'_>) -> Result<Option<Grant
         name: b.lock_name(req.key),
         wait: req.wait,
         fence: req.fenced.then(|| super::fence::FenceRow {
-            key: req.key,
+            key: req.fence_key(),
             namespace: req.namespace.to_string(),
             name: req.name.to_string(),
         }),

@@ -86,6 +86,7 @@ async fn lock(b: &MyBackend) -> Result<Box<dyn RawHeld>, Error> {
         wait: Wait::Forever,
         fenced: false,
         lease: None,
+        fence_key: None,
     };
     match super::lock::acquire(b, &req).await? {
         Some(grant) => Ok(grant.held),

@@ -52,7 +52,7 @@ pub(crate) fn next_token_sql(table: &str, req: &Req<'_>, cond: &str, epoch: bool
          SELECT {k}, {ns}, {name}, {first}, {holder}, now() {cond}\
          ON CONFLICT (key) DO UPDATE SET token = {next}, \
          holder = EXCLUDED.holder, granted_at = EXCLUDED.granted_at RETURNING token",
-        k = req.key.as_i64(),
+        k = req.fence_key().as_i64(),
         ns = quote_literal(req.namespace),
         name = quote_literal(req.name),
         holder = quote_literal(holder_id()),

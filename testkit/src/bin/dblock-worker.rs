@@ -9,6 +9,15 @@
 //!     takes NAME, prints `held TOKEN`, then sleeps until killed.
 //! dblock-worker wait URL NAME
 //!     waits for NAME, prints `acquired`, exits.
+//! dblock-worker semaphore URL NAME LIMIT ITERATIONS SLEEP_MS DIR [--no-lock]
+//!     prints `ready`, waits for a line on stdin (so that every process starts at
+//!     once), then ITERATIONS times: takes a slot of the semaphore NAME, creates a
+//!     marker file in DIR, counts the markers there, sleeps, removes its marker,
+//!     releases. Prints `max=M`: the most markers it saw at once.
+//! dblock-worker hold-slot URL NAME LIMIT
+//!     takes a slot of the semaphore NAME, prints `held SLOT`, then sleeps until killed.
+//! dblock-worker wait-slot URL NAME LIMIT
+//!     waits for a slot of the semaphore NAME, prints `acquired SLOT`, exits.
 //! dblock-worker kleppmann URL NAME [--no-fence]
 //!     takes NAME fenced, prints `held TOKEN`, waits for a line on stdin, then writes
 //!     `resource` row 1 (value 'A') in a transaction checked by the fence (unless
@@ -111,6 +120,50 @@ async fn main() {
         "wait" => {
             let guard = locks.lock(&name).await.unwrap();
             println!("acquired");
+            std::io::stdout().flush().unwrap();
+            drop(guard);
+        }
+        "semaphore" => {
+            let limit: u32 = arg(3).parse().unwrap();
+            let iterations: u32 = arg(4).parse().unwrap();
+            let sleep = Duration::from_millis(arg(5).parse().unwrap());
+            let dir = std::path::PathBuf::from(arg(6));
+            let locked = !args.iter().any(|a| a == "--no-lock");
+            println!("ready");
+            std::io::stdout().flush().unwrap();
+            let mut line = String::new();
+            std::io::stdin().read_line(&mut line).unwrap();
+            let marker = dir.join(format!("inside-{}", std::process::id()));
+            let mut max = 0;
+            for _ in 0..iterations {
+                let guard = if locked {
+                    Some(locks.semaphore(&name, limit).lock().await.unwrap())
+                } else {
+                    None
+                };
+                std::fs::write(&marker, "").unwrap();
+                let inside = std::fs::read_dir(&dir).unwrap().count();
+                max = max.max(inside);
+                tokio::time::sleep(sleep).await;
+                std::fs::remove_file(&marker).unwrap();
+                if let Some(g) = guard {
+                    g.release().await.unwrap();
+                }
+            }
+            println!("max={max}");
+        }
+        "hold-slot" => {
+            let limit: u32 = arg(3).parse().unwrap();
+            let guard = locks.semaphore(&name, limit).lock().await.unwrap();
+            println!("held {}", guard.slot());
+            std::io::stdout().flush().unwrap();
+            tokio::time::sleep(Duration::from_secs(3600)).await;
+            drop(guard);
+        }
+        "wait-slot" => {
+            let limit: u32 = arg(3).parse().unwrap();
+            let guard = locks.semaphore(&name, limit).lock().await.unwrap();
+            println!("acquired {}", guard.slot());
             std::io::stdout().flush().unwrap();
             drop(guard);
         }
