@@ -69,6 +69,7 @@ pub mod fencing;
 mod guard;
 mod key;
 pub mod leader;
+mod lock_set;
 mod locks;
 pub mod migrate;
 #[cfg(feature = "mysql")]
@@ -88,6 +89,7 @@ pub use error::{Error, LossReason, WaitingFor};
 pub use fencing::Fence;
 pub use guard::LockGuard;
 pub use key::{DEFAULT_NAMESPACE, Key, MAX_NAME_LEN, MAX_NAMESPACE_LEN, NAMESPACE_SETTING};
+pub use lock_set::{LockSet, LockSetRequest};
 pub use locks::{Builder, Locks, Request};
 pub use raw::{Mode, Scope};
 pub use semaphore::{MAX_SEMAPHORE_LIMIT, SemaphoreGuard, SemaphoreRequest};

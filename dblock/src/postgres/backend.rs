@@ -55,13 +55,13 @@ pub(crate) struct PgBackend {
     mux: Option<mux::Mux>,
     /// Whether lock requests set `client_connection_check_interval` (sqlx connections
     /// on PostgreSQL 14+: the only way to end a cut-off wait without a cancel request).
-    check_disconnect: bool,
+    pub(super) check_disconnect: bool,
     /// `server_version_num`.
-    version: u32,
+    pub(super) version: u32,
     /// How often held connections are checked (a lease must be longer).
     check_interval: Duration,
     /// How long a check may go unanswered (and a release, before it is given up).
-    check_timeout: Duration,
+    pub(super) check_timeout: Duration,
     /// The schema `current_schema()` named when the handle was built (where dblock's
     /// own tables go).
     pub(crate) schema: Option<String>,
@@ -75,7 +75,7 @@ pub(crate) struct PgBackend {
     /// The sessions' own `lock_timeout` (an administrator's, for the role or database),
     /// read when the handle was built: it still ends a wait without a deadline, which
     /// dblock runs in slices of its own `lock_timeout` (see [`WAIT_SLICE_MS`](super::plan::WAIT_SLICE_MS)).
-    server_lock_timeout: Option<Duration>,
+    pub(super) server_lock_timeout: Option<Duration>,
     /// What lies between dblock and the server ([`Pooler::Detect`] resolved), and how
     /// that is known.
     pub(crate) pooler: (Pooler, Known),
@@ -253,13 +253,10 @@ impl PgBackend {
         self.acquire_keys(req, keys).await
     }
 
-    /// Takes `req.key`, or with `any` keys any one of them: one round trip on a pinned
-    /// connection per slice of waiting.
-    async fn acquire_keys(
-        &self,
-        req: &Req<'_>,
-        any: &[Key],
-    ) -> Result<Option<(usize, Grant)>, Error> {
+    /// Refuses what the server or the path to it cannot do: a lease too short to be
+    /// noticed in time or without `idle_session_timeout`; a session lock behind a
+    /// transaction pooler.
+    pub(super) fn refuse_unsupported(&self, req: &Req<'_>) -> Result<(), Error> {
         if let Some(lease) = req.lease {
             // The holder must learn of a loss before the server can end its session and
             // grant the lock to another: a silent connection is declared lost at most
@@ -291,6 +288,17 @@ impl PgBackend {
                  directly or through a session-pooling port (say so with pooler=session)",
             )?;
         }
+        Ok(())
+    }
+
+    /// Takes `req.key`, or with `any` keys any one of them: one round trip on a pinned
+    /// connection per slice of waiting.
+    async fn acquire_keys(
+        &self,
+        req: &Req<'_>,
+        any: &[Key],
+    ) -> Result<Option<(usize, Grant)>, Error> {
+        self.refuse_unsupported(req)?;
         let fence_table = match req.fenced {
             true => Some(
                 self.fence_table_until(req.wait.deadline())
@@ -483,15 +491,15 @@ pub(super) const BACKSTOP: Duration = Duration::from_secs(2);
 /// Behind a pooler, how long past a deadline the client waits for the server's answer
 /// before it gives the request up (the server's own lock_timeout normally answers at
 /// the deadline; a request still queued in the pooler never would).
-const POOLER_GRACE: Duration = Duration::from_millis(100);
+pub(super) const POOLER_GRACE: Duration = Duration::from_millis(100);
 
-const LOCK_NOT_AVAILABLE: &str = "55P03";
+pub(super) const LOCK_NOT_AVAILABLE: &str = "55P03";
 
 /// The least room, beyond the longest time to notice a silent connection, that a lease
 /// must leave for scheduling delays on the client (a tenth of that time if more).
 const LEASE_SLACK: Duration = Duration::from_millis(50);
 
-const QUERY_CANCELED: &str = "57014";
+pub(super) const QUERY_CANCELED: &str = "57014";
 
 impl RawLocks for PgBackend {
     fn name(&self) -> &'static str {
@@ -508,6 +516,14 @@ impl RawLocks for PgBackend {
         keys: &'a [Key],
     ) -> BoxFuture<'a, Result<Option<(usize, Grant)>, Error>> {
         Box::pin(PgBackend::acquire_any(self, req, keys))
+    }
+
+    fn acquire_all<'a>(
+        &'a self,
+        req: &'a Req<'a>,
+        keys: &'a [Key],
+    ) -> BoxFuture<'a, Result<Option<Grant>, Error>> {
+        Box::pin(PgBackend::acquire_all(self, req, keys))
     }
 
     fn has_leases(&self) -> bool {

@@ -29,7 +29,8 @@
 //!
 //! # Files
 //!
-//! `backend` opens the backend and runs one acquisition, planned by `plan`, on a
+//! `backend` opens the backend and runs one acquisition, planned by `plan` (`all`: many
+//! keys at once), on a
 //! connection (`conn`: dblock's own, `native`/`pool`/`outbox`/`driver`, or one borrowed
 //! from an sqlx pool, `sqlx_conn`), kept by the guard's half (`held`, or `mux` when
 //! multiplexed). `wire` holds what they exchange, `sql` the quoting. The backend's
@@ -39,6 +40,7 @@
 //! the caller's own transaction).
 
 mod adopt;
+mod all;
 mod backend;
 mod bookkeeping;
 mod conn;

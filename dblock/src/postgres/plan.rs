@@ -15,7 +15,7 @@ use crate::raw::{ANY_SLICE, Mode, Req, Scope, Wait};
 
 /// The longest `lock_timeout`, `idle_in_transaction_session_timeout` or
 /// `idle_session_timeout` the server accepts, in milliseconds (2³¹ − 1: about 24.8 days).
-const MAX_SERVER_MS: u128 = i32::MAX as u128;
+pub(crate) const MAX_SERVER_MS: u128 = i32::MAX as u128;
 
 /// The longest one lock-waiting statement runs, in milliseconds; a longer wait is
 /// several statements (each in a transaction of its own), one after the other.
