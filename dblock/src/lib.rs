@@ -122,6 +122,8 @@ mod docs_doctests {
     struct Choosing;
     #[doc = include_str!("../../docs/errors.md")]
     struct Errors;
+    #[doc = include_str!("../../docs/lock-sets.md")]
+    struct LockSets;
     #[doc = include_str!("../../docs/semaphores.md")]
     struct Semaphores;
     #[cfg(feature = "mysql")]

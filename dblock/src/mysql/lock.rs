@@ -18,6 +18,7 @@ use tokio::time::Instant;
 
 use super::{FOREVER_SECS, MyBackend, map_sqlx};
 use crate::error::{Error, LossReason};
+use crate::key::Key;
 use crate::raw::{BoxFuture, Grant, RawHeld, Req, Wait};
 
 /// How long a killed wait may take to return before its connection is dropped
@@ -107,15 +108,29 @@ fn lost(reason: LossReason) -> Error {
     Error::LockLost { reason }
 }
 
-/// Takes the lock `req` names on a connection of `b`'s pool, by way of a task that owns
-/// that connection for as long as the lock is held.
-pub(crate) async fn acquire(b: &MyBackend, req: &Req<'_>) -> Result<Option<Grant>, Error> {
+/// Takes the lock `req` names — or, with `all` keys, every one of them in their order,
+/// all or none — on a connection of `b`'s pool, by way of a task that owns that
+/// connection for as long as the lock is held.
+///
+/// A set is taken on one session (a session may hold many named locks): each name with
+/// `GET_LOCK(name, 0)`, and a busy one waited for in `GET_LOCK` holding those before it
+/// (key order: no cycle between sets). A set not granted is given up with
+/// `RELEASE_ALL_LOCKS()`, or with its connection when a wait was cut (deadline,
+/// cancellation); a granted one is released with `RELEASE_ALL_LOCKS()`.
+pub(crate) async fn acquire(
+    b: &MyBackend,
+    req: &Req<'_>,
+    all: &[Key],
+) -> Result<Option<Grant>, Error> {
     let conn = b.pool.acquire().await.map_err(map_sqlx)?;
     let control = b.control().await?.clone();
     let (reply, answer) = oneshot::channel();
     let job = Job {
         conn: Some(conn),
-        name: b.lock_name(req.key),
+        names: match all {
+            [] => vec![b.lock_name(req.key)],
+            keys => keys.iter().map(|&k| b.lock_name(k)).collect(),
+        },
         wait: req.wait,
         fence: req.fenced.then(|| super::fence::FenceRow {
             key: req.fence_key(),
@@ -139,7 +154,8 @@ pub(crate) async fn acquire(b: &MyBackend, req: &Req<'_>) -> Result<Option<Grant
 struct Job {
     /// `None` once closed.
     conn: Option<PoolConnection<MySql>>,
-    name: String,
+    /// The lock's name; several for a set, taken in this order.
+    names: Vec<String>,
     wait: Wait,
     fence: Option<super::fence::FenceRow>,
     control: sqlx::MySqlPool,
@@ -198,7 +214,7 @@ impl Job {
         let first: Result<(i64, Option<i64>), sqlx::Error> = sqlx::query_as(
             "SELECT CAST(CONNECTION_ID() AS SIGNED), CAST(GET_LOCK(?, 0) AS SIGNED)",
         )
-        .bind(&self.name)
+        .bind(&self.names[0])
         .fetch_one(&mut **conn)
         .await;
         let (id, got) = match first {
@@ -216,13 +232,33 @@ impl Job {
                 return Err(null_get_lock());
             }
         };
-        if !granted {
-            let deadline = match self.wait {
-                Wait::Try => return Ok(None),
-                w => w.deadline(),
-            };
-            if !self.wait_for_it(id, deadline, reply).await? {
+        if !granted && !self.wait_for(0, id, reply).await? {
+            return Ok(None);
+        }
+        // The rest of a set, in order, on this session.
+        for i in 1..self.names.len() {
+            let Some(conn) = self.conn.as_mut() else {
                 return Ok(None);
+            };
+            let got = sqlx::query_scalar::<_, Option<i64>>("SELECT CAST(GET_LOCK(?, 0) AS SIGNED)")
+                .bind(&self.names[i])
+                .fetch_one(&mut **conn)
+                .await;
+            match got {
+                Ok(Some(1)) => {}
+                Ok(Some(_)) => {
+                    if !self.wait_for(i, id, reply).await? {
+                        return Ok(None);
+                    }
+                }
+                Ok(None) => {
+                    self.close().await;
+                    return Err(null_get_lock());
+                }
+                Err(e) => {
+                    self.close().await;
+                    return Err(map_sqlx(e));
+                }
             }
         }
         if reply.is_closed() {
@@ -270,10 +306,26 @@ impl Job {
         Ok(Some(token))
     }
 
-    /// Waits in `GET_LOCK` until granted (`true`), the deadline passes or the request
-    /// is dropped (`false`; the wait is killed and the connection closed).
+    /// After `names[i]` was found busy: waits for it as the request may (`true` when
+    /// granted). When it is not, nothing is left held: a try gives up the names taken
+    /// before it (`RELEASE_ALL_LOCKS()`, or the connection if that fails); a cut wait
+    /// closes the connection.
+    async fn wait_for(&mut self, i: usize, id: i64, reply: &mut Reply) -> Result<bool, Error> {
+        let got = match self.wait {
+            Wait::Try => false,
+            w => self.wait_for_it(i, id, w.deadline(), reply).await?,
+        };
+        if !got && i > 0 && self.conn.is_some() {
+            let _ = self.release_taken(i).await;
+        }
+        Ok(got)
+    }
+
+    /// Waits in `GET_LOCK` for `names[i]` until granted (`true`), the deadline passes
+    /// or the request is dropped (`false`; the wait is killed and the connection closed).
     async fn wait_for_it(
         &mut self,
+        i: usize,
         id: i64,
         deadline: Option<Instant>,
         reply: &mut Reply,
@@ -295,7 +347,7 @@ impl Job {
         let ended = {
             let wait =
                 sqlx::query_scalar::<_, Option<i64>>("SELECT CAST(GET_LOCK(?, ?) AS SIGNED)")
-                    .bind(&self.name)
+                    .bind(&self.names[i])
                     .bind(secs)
                     .fetch_one(&mut **conn);
             let mut wait = std::pin::pin!(wait);
@@ -410,18 +462,23 @@ impl Job {
         let Some(conn) = self.conn.as_mut() else {
             return Err(task_gone());
         };
-        let q = sqlx::query_scalar::<_, i64>(
-            "SELECT CAST(COALESCE(IS_USED_LOCK(?) = CONNECTION_ID(), 0) AS SIGNED)",
-        )
-        .bind(&self.name)
-        .fetch_one(&mut **conn);
-        let outcome = tokio::time::timeout(self.check_timeout, q).await;
+        // One statement for a set too: how many of its names this session holds.
+        let one = "COALESCE(IS_USED_LOCK(?) = CONNECTION_ID(), 0)";
+        let sql = format!(
+            "SELECT CAST({} AS SIGNED)",
+            vec![one; self.names.len()].join(" + ")
+        );
+        let mut q = sqlx::query_scalar::<_, i64>(sqlx::AssertSqlSafe(sql));
+        for name in &self.names {
+            q = q.bind(name);
+        }
+        let outcome = tokio::time::timeout(self.check_timeout, q.fetch_one(&mut **conn)).await;
         let reason = match outcome {
-            Ok(Ok(1)) => return Ok(()),
+            Ok(Ok(n)) if usize::try_from(n).is_ok_and(|n| n == self.names.len()) => return Ok(()),
             Ok(Ok(_)) => LossReason::ConnectionClosed {
                 message: format!(
                     "the server no longer shows this session holding {}",
-                    self.name
+                    self.names.join(", ")
                 ),
             },
             Ok(Err(e)) => LossReason::ConnectionClosed {
@@ -435,18 +492,36 @@ impl Job {
         Err(reason)
     }
 
-    /// `RELEASE_LOCK`, then the connection goes back to the pool; if the server does not
-    /// confirm, the connection is closed instead.
+    /// `RELEASE_LOCK` (a set's: `RELEASE_ALL_LOCKS()`), then the connection goes back
+    /// to the pool; if the server does not confirm, the connection is closed instead.
     async fn release(&mut self) -> Result<(), Error> {
+        let n = self.names.len();
+        self.release_taken(n).await
+    }
+
+    /// Releases the first `taken` names (a set given up part way: those before the busy
+    /// one).
+    async fn release_taken(&mut self, taken: usize) -> Result<(), Error> {
         let Some(conn) = self.conn.as_mut() else {
             return Err(lost(task_gone()));
         };
-        let r = sqlx::query_scalar::<_, Option<i64>>("SELECT CAST(RELEASE_LOCK(?) AS SIGNED)")
-            .bind(&self.name)
-            .fetch_one(&mut **conn)
-            .await;
+        let r = match self.names.len() {
+            1 => {
+                sqlx::query_scalar::<_, Option<i64>>("SELECT CAST(RELEASE_LOCK(?) AS SIGNED)")
+                    .bind(&self.names[0])
+                    .fetch_one(&mut **conn)
+                    .await
+            }
+            // Each name was taken once (the set's names are distinct), so this counts
+            // the names released.
+            _ => {
+                sqlx::query_scalar::<_, Option<i64>>("SELECT CAST(RELEASE_ALL_LOCKS() AS SIGNED)")
+                    .fetch_one(&mut **conn)
+                    .await
+            }
+        };
         match r {
-            Ok(Some(1)) => {
+            Ok(Some(k)) if usize::try_from(k).is_ok_and(|k| k == taken) => {
                 if self.lease.is_some() {
                     let reset = sqlx::raw_sql("SET SESSION wait_timeout = @@GLOBAL.wait_timeout")
                         .execute(&mut **conn)
@@ -464,7 +539,10 @@ impl Job {
             Ok(_) => {
                 self.close().await;
                 Err(lost(LossReason::ConnectionClosed {
-                    message: format!("the server did not show this session holding {}", self.name),
+                    message: format!(
+                        "the server did not show this session holding {}",
+                        self.names.join(", ")
+                    ),
                 }))
             }
             Err(e) => {

@@ -88,7 +88,7 @@ async fn lock(b: &MyBackend) -> Result<Box<dyn RawHeld>, Error> {
         lease: None,
         fence_key: None,
     };
-    match super::lock::acquire(b, &req).await? {
+    match super::lock::acquire(b, &req, &[]).await? {
         Some(grant) => Ok(grant.held),
         None => Err(Error::Timeout {
             waiting_for: WaitingFor::MigrationLock,

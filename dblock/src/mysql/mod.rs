@@ -276,6 +276,25 @@ impl MyBackend {
 
     /// Takes the lock `req` asks for: see [`lock`] for the protocol.
     async fn take(&self, req: &Req<'_>) -> Result<Option<Grant>, Error> {
+        self.refuse(req)?;
+        if req.fenced {
+            self.ensure_fence_table().await?;
+        }
+        lock::acquire(self, req, &[]).await
+    }
+
+    /// Takes every one of `keys` (sorted, distinct) on one session: see [`lock`].
+    async fn take_all(&self, req: &Req<'_>, keys: &[Key]) -> Result<Option<Grant>, Error> {
+        if req.fenced || keys.len() < 2 {
+            return crate::raw::acquire_all_in_order(self, req, keys).await;
+        }
+        self.refuse(req)?;
+        lock::acquire(self, req, keys).await
+    }
+
+    /// Refuses what named locks cannot do: a shared mode, a lease shorter than the
+    /// checks can keep.
+    fn refuse(&self, req: &Req<'_>) -> Result<(), Error> {
         if req.mode == Mode::Shared {
             return Err(Error::Unsupported(
                 "MySQL and MariaDB named locks (GET_LOCK) have no shared mode; dblock \
@@ -292,10 +311,7 @@ impl MyBackend {
                 self.check_interval
             )));
         }
-        if req.fenced {
-            self.ensure_fence_table().await?;
-        }
-        lock::acquire(self, req).await
+        Ok(())
     }
 
     /// The pool `KILL QUERY` is sent on: the lock pool's connect options, at most two
@@ -341,6 +357,14 @@ impl RawLocks for MyBackend {
 
     fn acquire<'a>(&'a self, req: &'a Req<'a>) -> BoxFuture<'a, Result<Option<Grant>, Error>> {
         Box::pin(self.take(req))
+    }
+
+    fn acquire_all<'a>(
+        &'a self,
+        req: &'a Req<'a>,
+        keys: &'a [Key],
+    ) -> BoxFuture<'a, Result<Option<Grant>, Error>> {
+        Box::pin(self.take_all(req, keys))
     }
 
     fn has_leases(&self) -> bool {
