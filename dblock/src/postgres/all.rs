@@ -1,11 +1,11 @@
 //! Many locks at once on PostgreSQL ([`Locks::lock_all`]): every key in one message on
 //! one pinned connection, all or nothing.
 //!
-//! A round is one message: `BEGIN; SELECT CASE WHEN NOT pg_try_advisory_xact_lock(k₀)
-//! THEN 0 WHEN NOT pg_try_advisory_xact_lock(k₁) THEN 1 … ELSE -1 END`. CASE tries the
-//! keys in their order (ascending: the caller sorts them) and stops at the first that is
-//! busy, answering its index; `-1` means every key is held, in that transaction, and
-//! the grant is made. When the names are free that is the whole acquisition: one round
+//! A round is one message: `BEGIN; SELECT coalesce((SELECT i - 1 FROM unnest('{k₀,k₁,…}'
+//! ::bigint[]) WITH ORDINALITY AS t(k, i) WHERE NOT pg_try_advisory_xact_lock(k) LIMIT
+//! 1), -1)`. It tries the keys in their order (ascending: the caller sorts them) and
+//! stops at the first that is busy, answering its index; `-1` means every key is held,
+//! in that transaction, and the grant is made. When the names are free that is the whole acquisition: one round
 //! trip, whatever their number.
 //!
 //! Otherwise the round's transaction is rolled back (nothing stays held) and, if the
@@ -37,7 +37,7 @@ use crate::raw::{Grant, Mode, Req, Scope, Wait, acquire_all_in_order};
 /// One round of a request for every one of `keys`.
 pub(crate) struct AllPlan {
     pub(crate) sql: LockSql,
-    /// The CASE statement: the index of the first busy key, or -1.
+    /// The statement that tries every key: the index of the first busy one, or -1.
     case_at: usize,
     scope: Scope,
     lease: bool,
@@ -166,16 +166,30 @@ impl AllPlan {
     }
 }
 
-/// `SELECT CASE WHEN NOT f(k₀) THEN 0 … ELSE -1 END`: CASE evaluates its conditions in
-/// order and stops at the first true one, so the keys after a busy one are not tried.
+/// The statement that tries `keys` in their order and stops at the first busy one,
+/// answering its index, or -1 when every key was taken:
+///
+/// `SELECT coalesce((SELECT i - 1 FROM unnest('{k₀,k₁,…}'::bigint[]) WITH ORDINALITY AS
+/// t(k, i) WHERE NOT f(k) LIMIT 1), -1)`
+///
+/// `unnest` yields the keys in order and `LIMIT 1` stops at the first row its filter
+/// passes, so the keys after a busy one are not tried. The function is resolved once:
+/// a CASE with one call per key cost the server about 10 µs per key to parse (measured
+/// here: 100 keys took ~2 ms, this form the time of a one-key statement).
 fn try_all(keys: &[Key], try_fn: &str, shared: &str) -> String {
     use std::fmt::Write;
-    let mut text = String::with_capacity(16 + keys.len() * 56);
-    text.push_str("SELECT CASE");
+    let mut text = String::with_capacity(160 + keys.len() * 21);
+    text.push_str("SELECT coalesce((SELECT i - 1 FROM unnest('{");
     for (i, k) in keys.iter().enumerate() {
-        let _ = write!(text, " WHEN NOT {try_fn}{shared}({}) THEN {i}", k.as_i64());
+        if i > 0 {
+            text.push(',');
+        }
+        let _ = write!(text, "{}", k.as_i64());
     }
-    text.push_str(" ELSE -1 END");
+    let _ = write!(
+        text,
+        "}}'::bigint[]) WITH ORDINALITY AS t(k, i) WHERE NOT {try_fn}{shared}(k) LIMIT 1), -1)"
+    );
     text
 }
 
@@ -361,7 +375,7 @@ mod tests {
     }
 
     #[test]
-    fn free_names_are_one_message_of_one_case() {
+    fn free_names_are_one_message_of_one_statement() {
         let keys = [Key::from_i64(-5), Key::from_i64(3), Key::from_i64(9)];
         let p = AllPlan::new(
             &req(Scope::Transaction, Wait::Forever),
@@ -372,10 +386,9 @@ mod tests {
         );
         assert_eq!(
             p.sql.alone(),
-            "BEGIN ISOLATION LEVEL READ COMMITTED; SELECT CASE \
-             WHEN NOT pg_try_advisory_xact_lock(-5) THEN 0 \
-             WHEN NOT pg_try_advisory_xact_lock(3) THEN 1 \
-             WHEN NOT pg_try_advisory_xact_lock(9) THEN 2 ELSE -1 END"
+            "BEGIN ISOLATION LEVEL READ COMMITTED; SELECT coalesce((SELECT i - 1 FROM \
+             unnest('{-5,3,9}'::bigint[]) WITH ORDINALITY AS t(k, i) \
+             WHERE NOT pg_try_advisory_xact_lock(k) LIMIT 1), -1)"
         );
         assert_eq!(p.wanted(), [Some(1)]);
         assert_eq!(p.busy(Some("-1"), 3).unwrap(), None);
@@ -397,8 +410,8 @@ mod tests {
         assert_eq!(
             p.sql.alone(),
             "SELECT set_config('lock_timeout', '2000', true); SELECT pg_advisory_lock(2); \
-             SELECT CASE WHEN NOT pg_try_advisory_lock(1) THEN 0 \
-             WHEN NOT pg_try_advisory_lock(2) THEN 1 ELSE -1 END"
+             SELECT coalesce((SELECT i - 1 FROM unnest('{1,2}'::bigint[]) WITH ORDINALITY \
+             AS t(k, i) WHERE NOT pg_try_advisory_lock(k) LIMIT 1), -1)"
         );
         assert!(p.sliced);
         assert_eq!(release_all_sql(Scope::Session, false).1, 1);
