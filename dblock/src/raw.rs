@@ -272,15 +272,15 @@ pub(crate) trait RawHeld: Send + Sync + 'static {
 /// unused. Each slice is a request (a round trip on a server) per waiter.
 pub(crate) const ANY_SLICE: Duration = Duration::from_millis(500);
 
-/// Where a request for any of `n` keys starts: rotated per request and spread across
-/// processes (seeded by the process id), so that requests do not all try, and wait on,
-/// the first key.
+/// Where a request for any of `n` keys starts (and first waits): one key on from the
+/// process's previous request, from an offset scrambled from the process id. So a
+/// process's waiters spread evenly over the keys (each freed key likely has one waiting
+/// on it), and processes do not all start at the first key.
 pub(crate) fn any_start(n: usize) -> usize {
     use std::sync::atomic::{AtomicUsize, Ordering};
     static NEXT: AtomicUsize = AtomicUsize::new(0);
-    let seed = std::process::id() as usize;
+    let seed = (std::process::id() as usize).wrapping_mul(0x9E37_79B9) >> 7;
     seed.wrapping_add(NEXT.fetch_add(1, Ordering::Relaxed))
-        .wrapping_mul(0x9E37_79B9)
         .checked_rem(n)
         .unwrap_or(0)
 }
@@ -490,4 +490,20 @@ pub(crate) fn holder_id() -> &'static str {
             .unwrap_or_else(|_| "unknown-host".into());
         format!("{host}:{}", std::process::id())
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn consecutive_requests_of_a_process_start_on_consecutive_keys() {
+        // Other tests may take starts meanwhile; consecutive starts still advance by one.
+        let starts: Vec<usize> = (0..6).map(|_| any_start(1_000_003)).collect();
+        for w in starts.windows(2) {
+            assert!(w[1] > w[0] || w[1] < 10, "{starts:?}");
+        }
+        assert_eq!(any_start(1), 0);
+        assert_eq!(any_start(0), 0);
+    }
 }

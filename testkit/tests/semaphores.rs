@@ -322,3 +322,112 @@ async fn on_postgres_a_slot_is_one_advisory_lock_and_its_loss_is_reported() {
         .await;
     assert!(none, "{:?}", db.advisory_of_sessions().await);
 }
+
+/// The other ways PostgreSQL takes a slot: session-scoped (the slot is unlocked, not
+/// rolled back), on a multiplexing handle (slots tried one by one on shared
+/// connections), and on connections borrowed from an sqlx pool.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_postgres_session_scoped_multiplexed_and_sqlx_handles_keep_the_limit() {
+    let db = dblock_testkit::PgSchema::new("sem_pg_handles").await;
+    let session = Locks::builder()
+        .url(&db.url)
+        .scope(dblock::Scope::Session)
+        .build()
+        .await
+        .unwrap();
+    let mux = Locks::builder()
+        .url(&db.url)
+        .scope(dblock::Scope::Session)
+        .multiplex(2)
+        .build()
+        .await
+        .unwrap();
+    let pool = sqlx::PgPool::connect(&db.url).await.unwrap();
+    let borrowed = Locks::from_sqlx_pool(pool).await.unwrap();
+    for (what, locks) in [("session", session), ("mux", mux), ("sqlx", borrowed)] {
+        let name = format!("h-{what}");
+        let a = locks.semaphore(&name, 2).try_lock().await.unwrap().unwrap();
+        let b = locks.semaphore(&name, 2).try_lock().await.unwrap().unwrap();
+        assert_ne!(a.slot(), b.slot(), "{what}");
+        assert!(
+            locks
+                .semaphore(&name, 2)
+                .try_lock()
+                .await
+                .unwrap()
+                .is_none(),
+            "{what}: both slots held"
+        );
+        let r = locks
+            .semaphore(&name, 2)
+            .try_lock_for(Duration::from_millis(200))
+            .await
+            .unwrap();
+        assert!(r.is_none(), "{what}: a deadline wait gives up");
+        let freed = b.slot();
+        b.release().await.unwrap();
+        let c = locks.semaphore(&name, 2).lock().await.unwrap();
+        assert_eq!(c.slot(), freed, "{what}");
+        assert_eq!(
+            db.advisory_of_sessions()
+                .await
+                .iter()
+                .filter(|r| r.2)
+                .count(),
+            2,
+            "{what}"
+        );
+        a.release().await.unwrap();
+        c.release().await.unwrap();
+        let none = db
+            .eventually(10, || async { db.advisory_of_sessions().await.is_empty() })
+            .await;
+        assert!(none, "{what}: {:?}", db.advisory_of_sessions().await);
+    }
+}
+
+/// Bounds an await.
+async fn bounded<T>(f: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(Duration::from_secs(10), f)
+        .await
+        .expect("finishes within 10 s")
+}
+
+/// Through PgBouncer in transaction mode a slot is a transaction-scoped lock like any
+/// other: the limit holds and a freed slot is taken again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_postgres_slots_work_through_a_transaction_pooler() {
+    use dblock_testkit::pgbouncer::{Options, PgBouncer, PoolMode};
+    let db = dblock_testkit::PgSchema::new("sem_pgb").await;
+    let bouncer = PgBouncer::with(Options::new(PoolMode::Transaction, 4).search_path(&db.name));
+    let url = dblock_testkit::with_params(&bouncer.test_url(), &[("application_name", &db.app)]);
+    let connect = Locks::builder().url(&url).namespace(&db.name).build();
+    let locks = tokio::time::timeout(Duration::from_secs(10), connect)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(locks.pooler(), dblock::postgres::Pooler::Transaction);
+    let a = bounded(locks.semaphore("p", 2).try_lock())
+        .await
+        .unwrap()
+        .unwrap();
+    let b = bounded(locks.semaphore("p", 2).try_lock())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_ne!(a.slot(), b.slot());
+    assert!(
+        bounded(locks.semaphore("p", 2).try_lock())
+            .await
+            .unwrap()
+            .is_none()
+    );
+    let freed = a.slot();
+    a.release().await.unwrap();
+    let c = bounded(locks.semaphore("p", 2).try_lock_for(Duration::from_secs(5)))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(c.slot(), freed);
+    drop((b, c));
+}
