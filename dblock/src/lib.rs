@@ -75,6 +75,7 @@ pub mod fencing;
 mod guard;
 mod key;
 pub mod leader;
+mod lock_set;
 mod locks;
 pub mod migrate;
 #[cfg(feature = "mysql")]
@@ -94,6 +95,7 @@ pub use error::{Error, LossReason, WaitingFor};
 pub use fencing::Fence;
 pub use guard::LockGuard;
 pub use key::{DEFAULT_NAMESPACE, Key, MAX_NAME_LEN, MAX_NAMESPACE_LEN, NAMESPACE_SETTING};
+pub use lock_set::{LockSet, LockSetRequest};
 pub use locks::{Builder, Locks, Request};
 pub use raw::{Mode, Scope};
 pub use semaphore::{MAX_SEMAPHORE_LIMIT, SemaphoreGuard, SemaphoreRequest};
@@ -126,6 +128,8 @@ mod docs_doctests {
     struct Choosing;
     #[doc = include_str!("../../docs/errors.md")]
     struct Errors;
+    #[doc = include_str!("../../docs/lock-sets.md")]
+    struct LockSets;
     #[doc = include_str!("../../docs/semaphores.md")]
     struct Semaphores;
     #[cfg(feature = "mysql")]
