@@ -317,6 +317,10 @@ async fn bench(args: BenchArgs) -> u8 {
                 r.ratio()
             );
         }
+        // Floor and dblock reach the server alike (checked on both): say how.
+        if let Some(t) = rows.iter().find_map(|r| r.transport.as_deref()) {
+            outln!("(dblock and its floor both connected with {t})");
+        }
     }
     0
 }

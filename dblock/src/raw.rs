@@ -293,16 +293,36 @@ pub(crate) trait MigrationTarget: Send + Sync {
 
 /// The cheapest correct way to do a lock cycle on a backend, issued directly: what
 /// `dblock bench` measures dblock against. One set of raw connections (or descriptors),
-/// one per worker, opened on first use.
+/// one per worker, all opened by [`BenchFloor::open`] before anything is timed.
 pub(crate) trait BenchFloor: Send + Sync {
+    /// Opens what `workers` workers use (connections, descriptors), before any timing.
+    fn open(self: Arc<Self>, workers: usize) -> BoxFuture<'static, Result<(), Error>> {
+        let _ = workers;
+        Box::pin(std::future::ready(Ok(())))
+    }
+
     /// One floor cycle of `worker` on `key` (`hot`: the key is shared by all workers);
-    /// returns the acquisition's latency.
+    /// returns the acquisition's latency. A floor may leave the lock held when it
+    /// returns (released with its next cycle, as dblock's guard's release rides on the
+    /// next request), until [`BenchFloor::settle`].
     fn cycle(
         self: Arc<Self>,
         worker: usize,
         key: Key,
         hot: bool,
     ) -> BoxFuture<'static, Result<Duration, Error>>;
+
+    /// Releases whatever `worker` still holds, when its timed run ends.
+    fn settle(self: Arc<Self>, worker: usize) -> BoxFuture<'static, Result<(), Error>> {
+        let _ = worker;
+        Box::pin(std::future::ready(Ok(())))
+    }
+
+    /// How the floor reaches the server (`"TLS"`, `"plain TCP"`, …), once opened; `None`
+    /// where that does not apply.
+    fn transport(&self) -> Option<String> {
+        None
+    }
 }
 
 /// The table that keeps the latest token of every fenced name (see

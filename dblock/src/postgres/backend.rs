@@ -398,14 +398,6 @@ impl PgBackend {
         }
     }
 
-    /// The configuration of dblock's own connections, if it uses its own.
-    pub(crate) fn native_config(&self) -> Option<(tokio_postgres::Config, Connector)> {
-        match &self.source {
-            Source::Native(p) => Some((p.config().clone(), p.tls().clone())),
-            Source::Sqlx(_) => None,
-        }
-    }
-
     /// A connection of this handle's own, pinned for the caller (the migration runner):
     /// it must go back through [`Conn::recycle`] only with no lock held and no
     /// transaction open, and through [`Conn::abandon`] (or a dropped [`Armed`]) whenever
@@ -462,9 +454,13 @@ impl RawLocks for PgBackend {
     }
 
     fn bench_floor(&self) -> Option<Result<Arc<dyn BenchFloor>, Error>> {
-        Some(match self.native_config() {
-            Some((c, tls)) => Ok(Arc::new(super::floor::Floor::new(c, tls))),
-            None => Err(Error::Unsupported(
+        Some(match &self.source {
+            Source::Native(p) => Ok(Arc::new(super::floor::Floor::new(
+                p.config().clone(),
+                p.tls().clone(),
+                p.clone(),
+            ))),
+            Source::Sqlx(_) => Err(Error::Unsupported(
                 "the benchmark needs a postgres:// URL, not an sqlx pool".into(),
             )),
         })
