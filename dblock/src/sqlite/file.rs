@@ -108,6 +108,12 @@ impl Desc {
         })
     }
 
+    /// Whether this descriptor's file still has a name (deleting it, or renaming
+    /// another file over it, takes its last one). One `fstat`, no path lookup.
+    pub(crate) fn is_linked(&self) -> bool {
+        sys::link_count(&self.file).is_ok_and(|n| n > 0)
+    }
+
     /// Whether `path` still names this descriptor's file.
     pub(crate) fn is_named_by(&self, path: &Path) -> bool {
         match std::fs::metadata(path) {

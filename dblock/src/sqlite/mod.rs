@@ -232,12 +232,18 @@ impl SqliteBackend {
             }
         };
         let mut expired = std::pin::pin!(expired);
+        // Registered for a wake-up before the look that may find nothing to do but
+        // wait for one (so none is missed); only then, as that is rare.
+        let mut armed = false;
         loop {
             let notified = shard.released.notified();
             let mut notified = std::pin::pin!(notified);
-            notified.as_mut().enable();
+            if armed {
+                notified.as_mut().enable();
+            }
             match shared.step(offset, mode)? {
                 Step::Granted(held) => return Ok(Some(held)),
+                Step::Local if !armed => armed = true,
                 Step::Local => {
                     tokio::select! {
                         () = notified => {}

@@ -6,6 +6,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
@@ -23,10 +24,18 @@ pub(crate) struct Slot {
     readers: u32,
     writer: bool,
     desc: Arc<Desc>,
+    /// When the path was last seen to name `desc`'s file.
+    checked: Instant,
     behind: VecDeque<Behind>,
 }
 
+/// How old the last path check of a lock may be for a hand-over inside the process to
+/// go without a new one (see [`Shared::may_hand_over`]).
+const RECHECK: Duration = Duration::from_micros(100);
+
 impl Slot {
+    /// A slot for a lock just granted in `desc`, whose file the path was just seen to
+    /// name.
     pub(super) fn new(mode: Mode, desc: Arc<Desc>) -> Slot {
         let (readers, writer) = match mode {
             Mode::Shared => (1, false),
@@ -36,6 +45,7 @@ impl Slot {
             readers,
             writer,
             desc,
+            checked: Instant::now(),
             behind: VecDeque::new(),
         }
     }
@@ -259,8 +269,8 @@ impl Shared {
     /// Whether the lock at `offset` may go straight to another task of this process
     /// (see the [module docs](super#one-process-many-tasks)): only if there is one
     /// waiting for it, no other process is at the head of the line (holds the gate), and
-    /// the path still names the file the byte is locked in.
-    fn may_hand_over(&self, slot: &Slot, offset: u64) -> bool {
+    /// the file the byte is locked in is still the one its path names.
+    fn may_hand_over(&self, slot: &mut Slot, offset: u64) -> bool {
         if !slot
             .behind
             .front()
@@ -274,6 +284,18 @@ impl Shared {
             Ok(Attempt::Granted) => {}
             Ok(Attempt::Busy) | Err(_) => return false,
         }
+        // The path check of a new grant costs as much as the rest of a hand-over: a
+        // hand-over does it only if the last one for this lock is [`RECHECK`] old. The
+        // file's link count, one cheap call, still sees deletion and renaming over it at
+        // every hand-over.
+        if !slot.desc.is_linked() {
+            return false;
+        }
+        let now = Instant::now();
+        if now.saturating_duration_since(slot.checked) < RECHECK {
+            return true;
+        }
+        slot.checked = now;
         slot.desc.is_named_by(&lf.path)
     }
 
