@@ -150,7 +150,7 @@ const SHARDS: usize = 64;
 #[derive(Default)]
 pub(crate) struct Shard {
     /// Keys (file offsets) of this part that this process holds or waits for.
-    pub(crate) table: Mutex<super::table::Table>,
+    pub(crate) table: Mutex<super::Table>,
     /// Tasks waiting for a change to a key of this part; notified only when there are
     /// some.
     pub(crate) waiters: AtomicUsize,

@@ -126,10 +126,11 @@ mod queue;
 mod sys;
 mod table;
 
+use std::collections::{HashMap, VecDeque};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::error::{Error, LossReason};
 use crate::raw::{
@@ -138,7 +139,7 @@ use crate::raw::{
 };
 
 pub(crate) use file::lock_file_path;
-use file::{LockFile, Shard};
+use file::{Desc, LockFile, Shard};
 use table::Step;
 
 /// Opens the backend a `sqlite:PATH` or `sqlite://PATH` URL names; the default
@@ -174,6 +175,54 @@ pub(crate) struct Shared {
     lock: Arc<LockFile>,
     /// The database, opened on first use (fencing tokens, migrations).
     db: tokio::sync::OnceCell<sqlx::SqlitePool>,
+}
+
+/// A key held by this process: by how many shared holders, or by one exclusive one, and
+/// through which descriptor (the lock file may have been replaced since); and the tasks
+/// of this process waiting for it, in arrival order.
+pub(crate) struct Slot {
+    readers: u32,
+    writer: bool,
+    desc: Arc<Desc>,
+    /// When the path was last seen to name `desc`'s file.
+    checked: Instant,
+    behind: VecDeque<Behind>,
+}
+
+impl Slot {
+    /// A slot for a lock just granted in `desc`, whose file the path was just seen to
+    /// name.
+    pub(crate) fn new(mode: Mode, desc: Arc<Desc>) -> Slot {
+        let (readers, writer) = match mode {
+            Mode::Shared => (1, false),
+            Mode::Exclusive => (0, true),
+        };
+        Slot {
+            readers,
+            writer,
+            desc,
+            checked: Instant::now(),
+            behind: VecDeque::new(),
+        }
+    }
+}
+
+/// A task of this process waiting for a key this process holds: an exclusive lock may
+/// be handed to it directly; dropping `tx` tells it to look again.
+struct Behind {
+    id: u64,
+    mode: Mode,
+    shared: Arc<Shared>,
+    tx: tokio::sync::oneshot::Sender<SqliteHeld>,
+}
+
+/// One part of the table (see [`Shard`](super::file::Shard)).
+#[derive(Default)]
+pub(crate) struct Table {
+    /// Keys (file offsets) held.
+    held: HashMap<u64, Slot>,
+    /// Keys this process waits for in line, in the kernel.
+    queued: HashMap<u64, queue::Queued>,
 }
 
 impl SqliteBackend {
@@ -253,7 +302,7 @@ impl SqliteBackend {
                 Step::Behind(id, rx) => {
                     // However this ends, the request leaves its place behind the holder;
                     // a lock handed to a dropped receiver is released by the channel.
-                    let _behind = Behind { shared, offset, id };
+                    let _behind = PlaceBehind { shared, offset, id };
                     tokio::select! {
                         r = rx => {
                             if let Ok(held) = r {
@@ -313,13 +362,13 @@ impl Drop for Claim<'_> {
 }
 
 /// A request's place behind this process's holder, left when dropped.
-struct Behind<'a> {
+struct PlaceBehind<'a> {
     shared: &'a Shared,
     offset: u64,
     id: u64,
 }
 
-impl Drop for Behind<'_> {
+impl Drop for PlaceBehind<'_> {
     fn drop(&mut self) {
         self.shared.leave(self.offset, self.id);
     }

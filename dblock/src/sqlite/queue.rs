@@ -12,8 +12,7 @@ use crate::raw::Mode;
 
 use super::file::{Desc, LockFile};
 use super::sys;
-use super::table::Slot;
-use super::{Shared, SqliteHeld};
+use super::{Shared, Slot, SqliteHeld};
 
 /// The gate byte of the lock byte at `offset`: its neighbour in an aligned pair, so that
 /// one system call can try both.

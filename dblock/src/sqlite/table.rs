@@ -3,7 +3,6 @@
 //! behind its own holders. Split by key into parts ([`Shard`](super::file::Shard)),
 //! each under its own mutex. The rules are in the [module docs](super#one-process-many-tasks).
 
-use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -13,61 +12,12 @@ use tokio::sync::oneshot;
 use crate::error::Error;
 use crate::raw::Mode;
 
-use super::file::Desc;
 use super::sys::{self, Attempt};
-use super::{Shared, SqliteHeld, queue};
-
-/// A key held by this process: by how many shared holders, or by one exclusive one, and
-/// through which descriptor (the lock file may have been replaced since); and the tasks
-/// of this process waiting for it, in arrival order.
-pub(crate) struct Slot {
-    readers: u32,
-    writer: bool,
-    desc: Arc<Desc>,
-    /// When the path was last seen to name `desc`'s file.
-    checked: Instant,
-    behind: VecDeque<Behind>,
-}
+use super::{Behind, Shared, Slot, SqliteHeld, Table, queue};
 
 /// How old the last path check of a lock may be for a hand-over inside the process to
 /// go without a new one (see [`Shared::may_hand_over`]).
 const RECHECK: Duration = Duration::from_micros(100);
-
-impl Slot {
-    /// A slot for a lock just granted in `desc`, whose file the path was just seen to
-    /// name.
-    pub(super) fn new(mode: Mode, desc: Arc<Desc>) -> Slot {
-        let (readers, writer) = match mode {
-            Mode::Shared => (1, false),
-            Mode::Exclusive => (0, true),
-        };
-        Slot {
-            readers,
-            writer,
-            desc,
-            checked: Instant::now(),
-            behind: VecDeque::new(),
-        }
-    }
-}
-
-/// A task of this process waiting for a key this process holds: an exclusive lock may
-/// be handed to it directly; dropping `tx` tells it to look again.
-struct Behind {
-    id: u64,
-    mode: Mode,
-    shared: Arc<Shared>,
-    tx: oneshot::Sender<SqliteHeld>,
-}
-
-/// One part of the table (see [`Shard`](super::file::Shard)).
-#[derive(Default)]
-pub(crate) struct Table {
-    /// Keys (file offsets) held.
-    pub(super) held: HashMap<u64, Slot>,
-    /// Keys this process waits for in line, in the kernel.
-    pub(super) queued: HashMap<u64, queue::Queued>,
-}
 
 /// What a waiting request does next.
 pub(super) enum Step {
