@@ -135,7 +135,10 @@ impl Subscriber for Capture {
 // ---------------------------------------------------------------------------------
 // Metrics, as the recorder holds them.
 
-struct Metrics(Vec<(String, Vec<(String, String)>, DebugValue)>);
+/// A metric: its name, its labels (sorted) and its value.
+type Metric = (String, Vec<(String, String)>, DebugValue);
+
+struct Metrics(Vec<Metric>);
 
 impl Metrics {
     fn take(snap: &Snapshotter) -> Metrics {
