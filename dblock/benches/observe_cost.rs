@@ -6,8 +6,8 @@
 //!
 //! ```text
 //! cargo bench -p dblock --bench observe_cost [--features metrics] --no-run
-//! valgrind --tool=callgrind target/release/deps/observe_cost-* --bench plain 2000
-//! valgrind --tool=callgrind target/release/deps/observe_cost-* --bench plain 22000
+//! valgrind --tool=callgrind target/release/deps/observe_cost-* --bench plain 1000
+//! valgrind --tool=callgrind target/release/deps/observe_cost-* --bench plain 11000
 //! ```
 //!
 //! Modes: `plain` (no subscriber, no recorder: what every user who does not ask pays),

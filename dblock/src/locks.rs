@@ -8,7 +8,7 @@ use tokio::time::Instant;
 use crate::error::{Error, WaitingFor};
 use crate::guard::LockGuard;
 use crate::key::{Key, check_name, check_namespace};
-use crate::observe::{Attempt, MetricsConfig};
+use crate::observe::{Attempt, MetricsConfig, Tally};
 use crate::raw::{Mode, Options, RawLocks, Req, Scope, Wait};
 
 pub(crate) struct Inner {
@@ -377,9 +377,19 @@ impl<'a> Request<'a> {
             lease: self.lease,
         };
         let backend = inner.backend.name();
+        if !Attempt::wanted() {
+            // Nobody listens (no subscriber, no logger, no metrics feature): nothing to
+            // time or report but a loss, and nothing spent on it.
+            let grant = inner.backend.acquire(&req).await?;
+            return Ok(grant.map(|g| LockGuard::new(Tally::unobserved(&req, backend), g)));
+        }
         let attempt = Attempt::start(&req, backend, inner.metrics);
-        let span = attempt.span().clone();
-        match tracing::Instrument::instrument(inner.backend.acquire(&req), span).await {
+        let acquire = inner.backend.acquire(&req);
+        let result = match attempt.span() {
+            Some(span) => tracing::Instrument::instrument(acquire, span.clone()).await,
+            None => acquire.await,
+        };
+        match result {
             Ok(Some(g)) => {
                 let token = g.fence.as_ref().map(|f| f.0);
                 Ok(Some(LockGuard::new(

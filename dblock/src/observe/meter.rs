@@ -1,7 +1,7 @@
 //! The `metrics` facade side of [`observe`](super): names, labels, and one call into the
 //! recorder per phase of a lock's life. Compiled only with the `metrics` feature.
 //!
-//! Keys are built from static parts (`Key::from_static_parts`), so that with no recorder
+//! Keys are built at compile time ([`KEYS`]: `Key::from_static_parts`, hashed), so that with no recorder
 //! installed a phase costs one thread-local read and a few calls into the no-op
 //! recorder, and never an allocation; only the opt-in `group` label
 //! ([`Builder::metrics_group`](crate::Builder::metrics_group)) builds keys at run time.
@@ -32,9 +32,22 @@ pub(crate) const HELD: &str = "dblock_locks_held";
 static META: Metadata<'static> =
     Metadata::new(module_path!(), metrics::Level::INFO, Some(module_path!()));
 
+/// The metrics, in the order of a row of [`KEYS`].
+const NAMES: [&str; 9] = [
+    ACQUIRED,
+    NOT_OBTAINED,
+    TIMED_OUT,
+    FAILED,
+    LOST,
+    RELEASED,
+    WAIT,
+    HELD_FOR,
+    HELD,
+];
+
 macro_rules! sets {
     ($($backend:literal),*) => {
-        &[$(
+        [$(
             [Label::from_static_parts("backend", $backend), Label::from_static_parts("mode", "exclusive")],
             [Label::from_static_parts("backend", $backend), Label::from_static_parts("mode", "shared")],
         )*]
@@ -42,13 +55,57 @@ macro_rules! sets {
 }
 
 /// `backend` × `mode`, as static label sets (the last backend is "other").
-static SETS: &[[Label; 2]] = sets!("postgres", "sqlite", "mysql", "other");
+static SETS: [[Label; 2]; 8] = sets!("postgres", "sqlite", "mysql", "other");
 
-/// The labels of one lock's metrics: static unless a group label was asked for.
+const fn row(labels: &'static [Label]) -> [Key; 9] {
+    [
+        Key::from_static_parts(NAMES[0], labels),
+        Key::from_static_parts(NAMES[1], labels),
+        Key::from_static_parts(NAMES[2], labels),
+        Key::from_static_parts(NAMES[3], labels),
+        Key::from_static_parts(NAMES[4], labels),
+        Key::from_static_parts(NAMES[5], labels),
+        Key::from_static_parts(NAMES[6], labels),
+        Key::from_static_parts(NAMES[7], labels),
+        Key::from_static_parts(NAMES[8], labels),
+    ]
+}
+
+/// Every metric's key for every static label set, hashed at compile time: a key built
+/// at run time costs a hash of its name and labels (about 200 instructions) each time.
+static KEYS: [[Key; 9]; 8] = [
+    row(&SETS[0]),
+    row(&SETS[1]),
+    row(&SETS[2]),
+    row(&SETS[3]),
+    row(&SETS[4]),
+    row(&SETS[5]),
+    row(&SETS[6]),
+    row(&SETS[7]),
+];
+
+/// One of the metrics, as an index into a row of [`KEYS`].
+#[derive(Clone, Copy)]
+pub(crate) enum M {
+    Acquired = 0,
+    NotObtained,
+    TimedOut,
+    Failed,
+    Lost,
+    Released,
+    Wait,
+    HeldFor,
+    Held,
+}
+
+/// The labels of one lock's metrics: static keys unless a group label was asked for.
 #[derive(Clone)]
 pub(crate) enum Labels {
-    Static(&'static [Label]),
+    Static(&'static [Key; 9]),
     Grouped(Vec<Label>),
+    /// Not recorded (a grant made while nobody listened, which the metrics feature
+    /// never makes).
+    None,
 }
 
 impl Labels {
@@ -63,24 +120,25 @@ impl Labels {
             Mode::Exclusive => 0,
             Mode::Shared => 1,
         };
-        let set: &'static [Label] = match SETS.get(b * 2 + m) {
-            Some(s) => s,
-            None => &[],
-        };
-        match group {
-            None => Labels::Static(set),
-            Some(g) => {
+        let i = b * 2 + m;
+        match (group, KEYS.get(i), SETS.get(i)) {
+            (None, Some(keys), _) => Labels::Static(keys),
+            (Some(g), _, Some(set)) => {
                 let mut v = set.to_vec();
                 v.push(Label::new("group", g.to_owned()));
                 Labels::Grouped(v)
             }
+            _ => Labels::None,
         }
     }
 
-    fn key(&self, name: &'static str) -> Key {
+    /// Calls `f` with the key of metric `m`.
+    #[inline]
+    fn with(&self, m: M, f: impl FnOnce(&Key)) {
         match self {
-            Labels::Static(set) => Key::from_static_parts(name, set),
-            Labels::Grouped(v) => Key::from_parts(name, v.clone()),
+            Labels::Static(keys) => f(&keys[m as usize]),
+            Labels::Grouped(v) => f(&Key::from_parts(NAMES[m as usize], v.clone())),
+            Labels::None => {}
         }
     }
 }
@@ -88,26 +146,24 @@ impl Labels {
 /// A grant: counted, its wait recorded, one more lock held.
 pub(crate) fn granted(labels: &Labels, wait_s: f64) {
     metrics::with_recorder(|r| {
-        r.register_counter(&labels.key(ACQUIRED), &META)
-            .increment(1);
-        r.register_histogram(&labels.key(WAIT), &META)
-            .record(wait_s);
-        r.register_gauge(&labels.key(HELD), &META).increment(1.0);
+        labels.with(M::Acquired, |k| r.register_counter(k, &META).increment(1));
+        labels.with(M::Wait, |k| r.register_histogram(k, &META).record(wait_s));
+        labels.with(M::Held, |k| r.register_gauge(k, &META).increment(1.0));
     });
 }
 
-/// A request that ended without the lock: `counter` is [`NOT_OBTAINED`], [`TIMED_OUT`] or
-/// [`FAILED`].
-pub(crate) fn not_granted(labels: &Labels, counter: &'static str) {
+/// A request that ended without the lock: [`M::NotObtained`], [`M::TimedOut`] or
+/// [`M::Failed`].
+pub(crate) fn not_granted(labels: &Labels, counter: M) {
     metrics::with_recorder(|r| {
-        r.register_counter(&labels.key(counter), &META).increment(1);
+        labels.with(counter, |k| r.register_counter(k, &META).increment(1));
     });
 }
 
 /// A held lock seen lost.
 pub(crate) fn lost(labels: &Labels) {
     metrics::with_recorder(|r| {
-        r.register_counter(&labels.key(LOST), &META).increment(1);
+        labels.with(M::Lost, |k| r.register_counter(k, &META).increment(1));
     });
 }
 
@@ -115,13 +171,12 @@ pub(crate) fn lost(labels: &Labels) {
 pub(crate) fn ended(labels: &Labels, was_lost: bool, held_s: Option<f64>) {
     metrics::with_recorder(|r| {
         if !was_lost {
-            r.register_counter(&labels.key(RELEASED), &META)
-                .increment(1);
+            labels.with(M::Released, |k| r.register_counter(k, &META).increment(1));
         }
         if let Some(s) = held_s {
-            r.register_histogram(&labels.key(HELD_FOR), &META).record(s);
+            labels.with(M::HeldFor, |k| r.register_histogram(k, &META).record(s));
         }
-        r.register_gauge(&labels.key(HELD), &META).decrement(1.0);
+        labels.with(M::Held, |k| r.register_gauge(k, &META).decrement(1.0));
     });
 }
 

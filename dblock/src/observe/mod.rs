@@ -4,12 +4,15 @@
 //! attempt becomes the guard's [`Tally`] — so every backend reports alike. The names,
 //! fields and labels are documented in `docs/observability.md`.
 //!
-//! Nothing here may cost a lock cycle anything measurable when nobody listens: the clock
-//! is read only when a subscriber wants dblock's events or the `metrics` feature is on;
-//! with no subscriber each event is one relaxed atomic load (tracing's global maximum
-//! level); nothing allocates on the path of a grant and its release, and the loss state
-//! shared with [`LockGuard::lost`](crate::LockGuard::lost)'s future is allocated only
-//! once a loss is seen or that future is asked for.
+//! Nothing here may cost a lock cycle anything measurable when nobody listens. So every
+//! DEBUG event and the request's span are behind one check ([`on`]: two relaxed atomic
+//! loads with no subscriber and no logger), not only behind tracing's macros: sqlx turns
+//! on tracing's `log` feature, with which even a disabled span does work on every enter,
+//! exit and drop. The backend's future is instrumented only when the span is live; the
+//! clock is read only when someone listens or the `metrics` feature is on; nothing is
+//! allocated beyond what a guard always was (its name), and the loss state shared with
+//! [`LockGuard::lost`](crate::LockGuard::lost)'s future is allocated only once a loss is
+//! seen or that future is asked for.
 
 #[cfg(feature = "metrics")]
 pub(crate) mod meter;
@@ -27,15 +30,13 @@ use crate::raw::{Mode, Req, Scope, Wait};
 /// The target of the events and spans of lock requests and guards.
 pub(crate) const TARGET: &str = "dblock::lock";
 
-/// Whether the clock should be read: someone may want a duration.
+/// Whether anyone may want dblock's DEBUG events: a tracing subscriber enabled for
+/// [`TARGET`] at DEBUG, or (tracing forwards its events to `log` while no subscriber is
+/// set, with the `log` feature sqlx turns on) a `log` logger at DEBUG.
 #[inline]
-fn timing() -> bool {
-    cfg!(feature = "metrics") || tracing::enabled!(target: TARGET, tracing::Level::DEBUG)
-}
-
-#[inline]
-fn now_if_timing() -> Option<Instant> {
-    if timing() { Some(Instant::now()) } else { None }
+pub(crate) fn on() -> bool {
+    tracing::enabled!(target: TARGET, tracing::Level::DEBUG)
+        || log::max_level() >= log::LevelFilter::Debug
 }
 
 fn micros(d: Duration) -> u64 {
@@ -74,6 +75,8 @@ pub(crate) struct MetricsConfig {
 
 /// One request, from its start to its outcome (or its cancellation, on drop).
 pub(crate) struct Attempt {
+    /// Whether anyone listens to the events ([`on`] when the request started).
+    on: bool,
     span: Span,
     start: Option<Instant>,
     done: bool,
@@ -86,6 +89,17 @@ impl Attempt {
     /// the backend's future with) and a "lock requested" event.
     pub(crate) fn start(req: &Req<'_>, backend: &'static str, cfg: MetricsConfig) -> Attempt {
         let _ = cfg;
+        let on = on();
+        if !on {
+            return Attempt {
+                on,
+                span: Span::none(),
+                start: cfg!(feature = "metrics").then(Instant::now),
+                done: false,
+                #[cfg(feature = "metrics")]
+                labels: meter::Labels::new(backend, req.mode, cfg.group.and_then(|f| f(req.name))),
+            };
+        }
         let span = tracing::debug_span!(
             target: TARGET,
             "lock",
@@ -100,17 +114,27 @@ impl Attempt {
         );
         span.in_scope(|| tracing::debug!(target: TARGET, "lock requested"));
         Attempt {
+            on,
             span,
-            start: now_if_timing(),
+            start: Some(Instant::now()),
             done: false,
             #[cfg(feature = "metrics")]
             labels: meter::Labels::new(backend, req.mode, cfg.group.and_then(|f| f(req.name))),
         }
     }
 
-    /// The span to instrument the backend's acquisition with.
-    pub(crate) fn span(&self) -> &Span {
-        &self.span
+    /// Whether a request is worth observing: someone listens ([`on`]) or the `metrics`
+    /// feature is on. When it is not, the request makes no `Attempt`, and its guard an
+    /// [unobserved](Tally::unobserved) tally.
+    #[inline]
+    pub(crate) fn wanted() -> bool {
+        cfg!(feature = "metrics") || on()
+    }
+
+    /// The span to instrument the backend's acquisition with; `None` when no one listens
+    /// (instrumenting with a disabled span still costs, on every poll).
+    pub(crate) fn span(&self) -> Option<&Span> {
+        (!self.span.is_disabled()).then_some(&self.span)
     }
 
     fn waited(&self) -> (Option<Instant>, Duration) {
@@ -132,8 +156,10 @@ impl Attempt {
     ) -> Tally {
         self.done = true;
         let (now, waited) = self.waited();
-        let _e = self.span.enter();
-        tracing::debug!(target: TARGET, wait_us = micros(waited), token, "lock granted");
+        if self.on {
+            let _e = self.span.enter();
+            tracing::debug!(target: TARGET, wait_us = micros(waited), token, "lock granted");
+        }
         #[cfg(feature = "metrics")]
         meter::granted(&self.labels, waited.as_secs_f64());
         Tally {
@@ -144,7 +170,7 @@ impl Attempt {
                 backend,
                 granted: now,
                 #[cfg(feature = "metrics")]
-                labels: std::mem::replace(&mut self.labels, meter::Labels::Static(&[])),
+                labels: std::mem::replace(&mut self.labels, meter::Labels::None),
             },
             shared: OnceLock::new(),
         }
@@ -156,13 +182,17 @@ impl Attempt {
         let (_, waited) = self.waited();
         let _e = self.span.enter();
         if wait == Wait::Try {
-            tracing::debug!(target: TARGET, wait_us = micros(waited), "lock not obtained: held elsewhere");
+            if self.on {
+                tracing::debug!(target: TARGET, wait_us = micros(waited), "lock not obtained: held elsewhere");
+            }
             #[cfg(feature = "metrics")]
-            meter::not_granted(&self.labels, meter::NOT_OBTAINED);
+            meter::not_granted(&self.labels, meter::M::NotObtained);
         } else {
-            tracing::debug!(target: TARGET, wait_us = micros(waited), "lock not obtained: timed out");
+            if self.on {
+                tracing::debug!(target: TARGET, wait_us = micros(waited), "lock not obtained: timed out");
+            }
             #[cfg(feature = "metrics")]
-            meter::not_granted(&self.labels, meter::TIMED_OUT);
+            meter::not_granted(&self.labels, meter::M::TimedOut);
         }
     }
 
@@ -177,9 +207,9 @@ impl Attempt {
         meter::not_granted(
             &self.labels,
             if timed_out {
-                meter::TIMED_OUT
+                meter::M::TimedOut
             } else {
-                meter::FAILED
+                meter::M::Failed
             },
         );
     }
@@ -187,7 +217,7 @@ impl Attempt {
 
 impl Drop for Attempt {
     fn drop(&mut self) {
-        if !self.done {
+        if !self.done && self.on {
             let (_, waited) = self.waited();
             let _e = self.span.enter();
             tracing::debug!(target: TARGET, wait_us = micros(waited), "lock request cancelled");
@@ -212,7 +242,7 @@ struct Shared {
 /// The lock, as its events and metrics describe it.
 #[derive(Clone)]
 struct Info {
-    name: Arc<str>,
+    name: Box<str>,
     key: Key,
     mode: Mode,
     backend: &'static str,
@@ -257,6 +287,23 @@ pub(crate) struct Tally {
 }
 
 impl Tally {
+    /// The tally of a grant no one was listening for: it still reports a loss (a WARN)
+    /// and, if a subscriber arrived meanwhile, the release.
+    pub(crate) fn unobserved(req: &Req<'_>, backend: &'static str) -> Tally {
+        Tally {
+            info: Info {
+                name: req.name.into(),
+                key: req.key,
+                mode: req.mode,
+                backend,
+                granted: None,
+                #[cfg(feature = "metrics")]
+                labels: meter::Labels::None,
+            },
+            shared: OnceLock::new(),
+        }
+    }
+
     pub(crate) fn name(&self) -> &str {
         &self.info.name
     }
@@ -312,7 +359,7 @@ impl Drop for Tally {
         };
         let info = &self.info;
         let held_for = info.granted.map(|g| g.elapsed());
-        if !was_lost {
+        if !was_lost && on() {
             tracing::debug!(
                 target: TARGET,
                 name = &*info.name,
@@ -338,5 +385,54 @@ pub(crate) struct LossReporter {
 impl LossReporter {
     pub(crate) fn report(&self, reason: &LossReason) {
         self.info.report_loss(&self.shared, &[HELD], reason);
+    }
+}
+
+#[cfg(all(test, feature = "sqlite"))]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use std::sync::atomic::AtomicUsize;
+
+    use super::*;
+
+    /// Counts WARN events of [`TARGET`]; wants nothing else.
+    #[derive(Clone, Default)]
+    struct Warnings(Arc<AtomicUsize>);
+
+    impl tracing::Subscriber for Warnings {
+        fn enabled(&self, m: &tracing::Metadata<'_>) -> bool {
+            m.target() == TARGET && *m.level() == tracing::Level::WARN
+        }
+        fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+            tracing::span::Id::from_u64(1)
+        }
+        fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+        fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+        fn event(&self, _: &tracing::Event<'_>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+        fn enter(&self, _: &tracing::span::Id) {}
+        fn exit(&self, _: &tracing::span::Id) {}
+    }
+
+    /// A lock granted while nobody listened (the path that skips all observation when
+    /// the `metrics` feature is off) still reports its loss, once, to a subscriber that
+    /// arrived since.
+    #[tokio::test(flavor = "current_thread")]
+    async fn an_unobserved_grant_still_reports_its_loss_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite:{}", dir.path().join("locks.db").display());
+        let locks = crate::Locks::connect(&url).await.unwrap();
+        let guard = locks.lock("unobserved").await.unwrap();
+        assert_eq!(guard.name(), "unobserved");
+        assert_eq!(guard.key(), locks.key("unobserved").unwrap());
+        let warnings = Warnings::default();
+        let _sub = tracing::subscriber::set_default(warnings.clone());
+        std::fs::remove_file(dir.path().join("locks.db-locks")).unwrap();
+        assert!(!guard.is_held());
+        assert!(!guard.is_held());
+        assert!(guard.release().await.is_err());
+        assert_eq!(warnings.0.load(Ordering::SeqCst), 1);
     }
 }
