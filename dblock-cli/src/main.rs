@@ -1,8 +1,8 @@
 //! `dblock`: run a command under a named lock shared by every process of a database.
 //!
 //! ```text
-//! dblock run [--db URL] [--namespace NS] [--wait DURATION | --no-wait] [--shared] NAME -- COMMAND [ARGS...]
-//! dblock key [--namespace NS] NAME
+//! dblock run [--db URL] [--namespace NS] [--wait DURATION | --no-wait] [--shared | --limit N] NAME -- COMMAND [ARGS...]
+//! dblock key [--namespace NS] [--limit N] NAME
 //! dblock migrate [--db URL] [--ignore-missing] DIR [--dry-run]
 //! dblock migrate status [--db URL] [--ignore-missing] DIR
 //! dblock setup [--db URL] [--grant ROLE]...
@@ -140,6 +140,11 @@ struct RunArgs {
     #[arg(long)]
     shared: bool,
 
+    /// A semaphore: at most N holders of NAME at once (each takes one of N slots;
+    /// every process should use the same N). COMMAND gets DBLOCK_SLOT (0 to N-1).
+    #[arg(long, value_name = "N", conflicts_with = "shared")]
+    limit: Option<u32>,
+
     /// After the lock is lost, how long COMMAND has between SIGTERM and SIGKILL.
     #[arg(long, value_name = "DURATION", value_parser = duration::parse, default_value = "10s")]
     grace: Duration,
@@ -169,6 +174,10 @@ struct KeyArgs {
     /// connected to.
     #[arg(long, value_name = "URL")]
     db: Option<String>,
+
+    /// Print the keys of the N slots of the semaphore NAME (see dblock run --limit).
+    #[arg(long, value_name = "N")]
+    limit: Option<u32>,
 
     /// The lock name.
     #[arg(value_name = "NAME")]
@@ -223,6 +232,9 @@ fn key(args: &KeyArgs) -> u8 {
             return exit_code(&e);
         }
     };
+    if let Some(limit) = args.limit {
+        return slot_keys(args, limit, database.as_deref());
+    }
     match (dblock::Key::new(&args.namespace, &args.name), database) {
         (Ok(key), Some(database)) => {
             let name = dblock::mysql::lock_name(&database, key);
@@ -317,6 +329,10 @@ async fn bench(args: BenchArgs) -> u8 {
                 r.ratio()
             );
         }
+        // Floor and dblock reach the server alike (checked on both): say how.
+        if let Some(t) = rows.iter().find_map(|r| r.transport.as_deref()) {
+            outln!("(dblock and its floor both connected with {t})");
+        }
     }
     0
 }
@@ -327,6 +343,39 @@ pub(crate) fn one_line(e: &dblock::Error) -> String {
         .split_whitespace()
         .collect::<Vec<_>>()
         .join(" ")
+}
+
+/// `dblock key --limit N`: the semaphore's slot keys, one a line.
+fn slot_keys(args: &KeyArgs, limit: u32, database: Option<&str>) -> u8 {
+    if !(1..=dblock::MAX_SEMAPHORE_LIMIT).contains(&limit) {
+        errln!(
+            "dblock: --limit must be between 1 and {}",
+            dblock::MAX_SEMAPHORE_LIMIT
+        );
+        return EXIT_USAGE;
+    }
+    for slot in 0..limit {
+        let key = match dblock::Key::slot(&args.namespace, &args.name, slot) {
+            Ok(k) => k,
+            Err(e) => {
+                errln!("dblock: {}", crate::one_line(&e));
+                return exit_code(&e);
+            }
+        };
+        match database {
+            Some(db) => outln!(
+                "slot {slot:<4} key {key:<20}  mysql {}",
+                dblock::mysql::lock_name(db, key)
+            ),
+            None => {
+                let (classid, objid) = key.pg_locks_ids();
+                outln!(
+                    "slot {slot:<4} key {key:<20}  pg_locks classid={classid} objid={objid} objsubid=1"
+                );
+            }
+        }
+    }
+    0
 }
 
 /// Runs `f` to its exit code on a new tokio runtime: one thread unless `multi_thread`.

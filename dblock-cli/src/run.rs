@@ -115,23 +115,40 @@ pub async fn run(args: RunArgs) -> u8 {
         r = next_signal(&mut signals) => return 128 + r.signal as u8,
     };
 
+    let left = move || deadline.map(|t| t.saturating_duration_since(tokio::time::Instant::now()));
+    // The guard, and the semaphore slot it holds (with --limit).
     let take = |fenced: bool| {
-        let mut req = locks.request(name);
-        if args.shared {
-            req = req.shared();
-        } else if fenced {
-            req = req.fenced();
-        }
+        let locks = &locks;
         async move {
-            if args.no_wait {
-                req.try_lock().await
-            } else if let Some(t) = deadline {
-                req.try_lock_for(t.saturating_duration_since(tokio::time::Instant::now()))
-                    .await
-            } else {
-                req.lock().await.map(Some)
+            if let Some(limit) = args.limit {
+                let mut req = locks.semaphore(name, limit);
+                if fenced {
+                    req = req.fenced();
+                }
+                let got = match (args.no_wait, left()) {
+                    (true, _) => req.try_lock().await,
+                    (false, Some(t)) => req.try_lock_for(t).await,
+                    (false, None) => req.lock().await.map(Some),
+                };
+                return got.map(|g| g.map(|g| (Some(g.slot()), g.into_lock_guard())));
             }
+            let mut req = locks.request(name);
+            if args.shared {
+                req = req.shared();
+            } else if fenced {
+                req = req.fenced();
+            }
+            let got = match (args.no_wait, left()) {
+                (true, _) => req.try_lock().await,
+                (false, Some(t)) => req.try_lock_for(t).await,
+                (false, None) => req.lock().await.map(Some),
+            };
+            got.map(|g| g.map(|g| (None, g)))
         }
+    };
+    let held_by = match args.limit {
+        Some(n) => format!("all {n} slots held by other processes"),
+        None => "held by another process".to_string(),
     };
     let acquire = async {
         let fenced = !args.shared && !args.no_fencing;
@@ -148,16 +165,20 @@ pub async fn run(args: RunArgs) -> u8 {
             other => other,
         }
     };
-    let guard = tokio::select! {
+    let (slot, guard) = tokio::select! {
         r = acquire => match r {
             Ok(Some(g)) => g,
             Ok(None) => {
                 match args.wait {
                     Some(d) if !args.no_wait => errln!(
-                        "dblock: lock {name:?} not obtained within {} (held by another process)",
-                        show(d)
+                        "dblock: lock {name:?} not obtained within {} ({})",
+                        show(d),
+                        held_by
                     ),
-                    _ => errln!("dblock: lock {name:?} is held by another process (--no-wait)"),
+                    _ if args.limit.is_some() => {
+                        errln!("dblock: lock {name:?}: {held_by} (--no-wait)")
+                    }
+                    _ => errln!("dblock: lock {name:?} is {held_by} (--no-wait)"),
                 }
                 return EXIT_NOT_OBTAINED;
             }
@@ -177,6 +198,10 @@ pub async fn run(args: RunArgs) -> u8 {
     let program = &args.command[0];
     let mut cmd = tokio::process::Command::new(program);
     cmd.args(&args.command[1..]).env("DBLOCK_NAME", name);
+    match slot {
+        Some(s) => cmd.env("DBLOCK_SLOT", s.to_string()),
+        None => cmd.env_remove("DBLOCK_SLOT"),
+    };
     match guard.fencing_token() {
         Some(t) => cmd.env("DBLOCK_FENCING_TOKEN", t.to_string()),
         None => cmd.env_remove("DBLOCK_FENCING_TOKEN"),

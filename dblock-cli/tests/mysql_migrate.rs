@@ -263,3 +263,52 @@ async fn a_crash_mid_migration_is_refused_until_resolved() {
     assert_eq!(applied(&out), ["0002_slow.sql"]);
     assert_eq!(done_versions(&p).await, [1, 2]);
 }
+
+/// `migrate baseline --to V` records the migrations up to V as done without running
+/// them (a database migrated by another tool); the next run applies only the rest.
+/// Without `--to` (MySQL has no sqlx history dblock reads) and for `revert` (DDL commits
+/// as it goes: no safe rollback of a half-run down migration), a usage error that says
+/// why, and nothing changes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn baseline_records_without_running_and_revert_is_refused() {
+    let db = MyDb::new("mig_baseline").await;
+    let p = pool(&db).await;
+    let d = MigrationDir::new(&[
+        ("0001_a.sql", "CREATE TABLE a (x INT);"),
+        ("0002_b.sql", "CREATE TABLE b (x INT);"),
+        ("0003_c.sql", "CREATE TABLE c (x INT);"),
+    ]);
+    let state = tempfile::tempdir().unwrap();
+    let migrate = |args: &'static [&'static str]| {
+        let mut c = dblock_testkit::dblock_command(DBLOCK, state.path());
+        c.arg("migrate")
+            .args(args)
+            .args(["--db", &db.url, dir_arg(&d)]);
+        c
+    };
+    let out = migrate(&["baseline"]).output().await.unwrap();
+    assert_eq!(code(&out), 64, "{out:?}");
+    assert!(one_line_error(&out).contains("--to"), "{out:?}");
+    let out = migrate(&["baseline", "--to", "2"]).output().await.unwrap();
+    assert_eq!(code(&out), 0, "{out:?}");
+    assert_eq!(done_versions(&p).await, [1, 2]);
+    let tables: i64 = sqlx::query_scalar(
+        "SELECT COUNT(*) FROM information_schema.TABLES \
+         WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME IN ('a', 'b', 'c')",
+    )
+    .fetch_one(&p)
+    .await
+    .unwrap();
+    assert_eq!(tables, 0, "baseline runs nothing");
+    let out = migrate(&[]).output().await.unwrap();
+    assert_eq!(code(&out), 0, "{out:?}");
+    assert_eq!(applied(&out), ["0003_c.sql"]);
+    assert_eq!(done_versions(&p).await, [1, 2, 3]);
+    let out = migrate(&["revert"]).output().await.unwrap();
+    assert_eq!(code(&out), 64, "{out:?}");
+    assert!(
+        one_line_error(&out).contains("not available on MySQL"),
+        "{out:?}"
+    );
+    assert_eq!(done_versions(&p).await, [1, 2, 3], "nothing reverted");
+}

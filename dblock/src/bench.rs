@@ -1,11 +1,12 @@
 //! The standard workloads of `dblock bench`, each measured beside its floor: the
 //! cheapest correct way to do the same work issued directly, on the same server (or
-//! lock file), in the same run.
+//! lock file), in the same run. Every floor connection (or descriptor) is opened
+//! before anything is timed, and dblock's pool is filled by a warm-up first.
 //!
 //! | workload      | what a worker does                                   | floor |
 //! |---------------|------------------------------------------------------|-------|
-//! | `uncontended` | take and release a lock of its own (1 and 8 workers) | PostgreSQL: `SELECT pg_advisory_xact_lock(k)` in autocommit, one round trip per cycle; SQLite: `F_OFD_SETLK` lock + unlock |
-//! | `hot`         | take and release one lock shared by 8 workers        | PostgreSQL: `BEGIN`; `SELECT pg_advisory_xact_lock(k)`; `COMMIT` on one key, 8 clients, each statement awaited (what `pgbench -f` runs); SQLite: lock + unlock of one byte from 8 descriptors |
+//! | `uncontended` | take and release a lock of its own (1 and 8 workers) | PostgreSQL: per cycle one message, one round trip: `BEGIN; SELECT pg_advisory_xact_lock(k)`, the lock held when the reply comes, released by `ROLLBACK AND CHAIN` at the head of the next message (`postgres/floor.rs`); SQLite: `F_OFD_SETLK` lock + unlock |
+//! | `hot`         | take and release one lock shared by 8 workers        | PostgreSQL: the same loop on one key, so every hand-off is one message (the holder's release and its next request); SQLite: lock + unlock of one byte from 8 descriptors |
 //!
 //! Each workload and its floor run in alternating slices of half a second, so that a
 //! machine whose speed drifts (a shared host, a CPU changing frequency) slows both
@@ -14,11 +15,12 @@
 //! A dblock cycle is `lock().await` then dropping the guard, the way a program uses it;
 //! latency is the time `lock()` takes (for the floors, the lock statement's).
 //!
-//! The `hot` floor holds the lock from one statement to the next, as dblock does: an
-//! autocommit `pg_advisory_xact_lock` is released inside the server by the statement
-//! itself and never hands the lock over through a client, so it is no floor for
-//! handoffs. Numbers come from this machine and this server:
-//! compare ratios, not absolute figures.
+//! A floor holds the lock across a round trip, as dblock does: an autocommit
+//! `pg_advisory_xact_lock` is released inside the server by the statement itself, so
+//! it is different (less) work, and no floor for hand-offs. On PostgreSQL the floor and
+//! dblock reach the server the same way (TLS or not, checked on both); the report says
+//! which. Numbers come from this machine and this server: compare ratios, not absolute
+//! figures.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -49,6 +51,9 @@ pub struct Measurement {
     pub floor_ops_per_sec: f64,
     /// The floor's median latency, microseconds.
     pub floor_p50_us: f64,
+    /// How both reach the server, checked on each (`"TLS"`, `"no TLS"`), where that
+    /// applies.
+    pub transport: Option<String>,
 }
 
 impl Measurement {
@@ -66,7 +71,7 @@ impl Measurement {
         format!(
             "{{\"backend\":\"{}\",\"workload\":\"{}\",\"workers\":{},\"ops_per_sec\":{:.1},\
              \"p50_us\":{:.1},\"p99_us\":{:.1},\"floor_ops_per_sec\":{:.1},\"floor_p50_us\":{:.1},\
-             \"ratio\":{:.3}}}",
+             \"ratio\":{:.3},\"transport\":{}}}",
             self.backend,
             self.workload,
             self.workers,
@@ -75,7 +80,11 @@ impl Measurement {
             self.p99_us,
             self.floor_ops_per_sec,
             self.floor_p50_us,
-            self.ratio()
+            self.ratio(),
+            match &self.transport {
+                Some(t) => format!("\"{t}\""),
+                None => "null".to_string(),
+            }
         )
     }
 }
@@ -123,11 +132,28 @@ where
     F: Fn(usize, u64) -> Fut + Clone + Send + 'static,
     Fut: std::future::Future<Output = Result<Duration, Error>> + Send,
 {
+    timed_then(workers, secs, cycle, None).await
+}
+
+/// [`timed`], then `settle(worker)` as each worker stops (untimed, but inside the
+/// slice: a lock a floor still holds is released before the next slice starts, and a
+/// `hot` worker's last lock before the others can stop waiting for it).
+async fn timed_then<F, Fut>(
+    workers: usize,
+    secs: f64,
+    cycle: F,
+    settle: Option<Arc<dyn BenchFloor>>,
+) -> Result<Sample, Error>
+where
+    F: Fn(usize, u64) -> Fut + Clone + Send + 'static,
+    Fut: std::future::Future<Output = Result<Duration, Error>> + Send,
+{
     let stop = Instant::now() + Duration::from_secs_f64(secs);
     let start = Instant::now();
     let mut tasks = Vec::new();
     for w in 0..workers {
         let cycle = cycle.clone();
+        let settle = settle.clone();
         tasks.push(tokio::spawn(async move {
             let mut lat = Vec::with_capacity(1 << 16);
             let mut i = 0u64;
@@ -135,6 +161,9 @@ where
                 let d = cycle(w, i).await?;
                 lat.push(d.as_secs_f64() * 1e6);
                 i += 1;
+            }
+            if let Some(floor) = settle {
+                floor.settle(w).await?;
             }
             Ok::<_, Error>(lat)
         }));
@@ -177,7 +206,10 @@ pub async fn run(
     mut progress: impl FnMut(&str),
 ) -> Result<Vec<Measurement>, Error> {
     let backend = locks.backend_name();
-    let floor = Floor::open(locks).await?;
+    // One set of floor connections for the whole run, every one opened before anything
+    // is timed (dblock's pool is filled by the warm-up below, before timing too).
+    let floor = Floor::open(locks, WORKLOADS.iter().map(|w| w.1).max().unwrap_or(1)).await?;
+    let transport = floor.raw.transport();
     let mut out = Vec::new();
     for (workload, workers) in WORKLOADS {
         let hot = workload == "hot";
@@ -196,7 +228,13 @@ pub async fn run(
         );
         // Warm up: open the connections both sides need.
         progress(&format!("{backend} {workload} x{workers}: warming up"));
-        let _ = timed(workers, secs.min(0.3) / 2.0, floor.cycle(locks, hot)?).await?;
+        let _ = timed_then(
+            workers,
+            secs.min(0.3) / 2.0,
+            floor.cycle(locks, workers, hot),
+            Some(floor.raw.clone()),
+        )
+        .await?;
         let l = locks.clone();
         let n = names.clone();
         let _ = timed(workers, secs.min(0.3) / 2.0, move |w, i| {
@@ -213,7 +251,15 @@ pub async fn run(
                 "{backend} {workload} x{workers}: slice {}/{slices}",
                 k + 1
             ));
-            f.add(timed(workers, slice, floor.cycle(locks, hot)?).await?);
+            f.add(
+                timed_then(
+                    workers,
+                    slice,
+                    floor.cycle(locks, workers, hot),
+                    Some(floor.raw.clone()),
+                )
+                .await?,
+            );
             let l = locks.clone();
             let n = names.clone();
             d.add(
@@ -233,6 +279,7 @@ pub async fn run(
             p99_us: d.percentile(0.99),
             floor_ops_per_sec: f.rate(),
             floor_p50_us: f.percentile(0.5),
+            transport: transport.clone(),
         });
     }
     Ok(out)
@@ -250,34 +297,48 @@ async fn dblock_cycle(locks: &Locks, name: &str) -> Result<Duration, Error> {
 type BoxCycle =
     std::pin::Pin<Box<dyn std::future::Future<Output = Result<Duration, Error>> + Send>>;
 
-/// What the floor is measured with: the backend's own (see [`BenchFloor`]).
-struct Floor;
+/// What the floor is measured with: the backend's own (see [`BenchFloor`]), one set of
+/// connections (or descriptors) for the whole run.
+struct Floor {
+    raw: Arc<dyn BenchFloor>,
+}
 
 impl Floor {
-    async fn open(locks: &Locks) -> Result<Floor, Error> {
-        // Fails here, before any workload, when the backend has no floor.
-        floor_of(locks).map(|_| Floor)
+    /// Fails here, before any workload, when the backend has no floor; opens what
+    /// `workers` workers use.
+    async fn open(locks: &Locks, workers: usize) -> Result<Floor, Error> {
+        let raw = floor_of(locks)?;
+        raw.clone().open(workers).await?;
+        Ok(Floor { raw })
     }
 
     /// A cycle of the floor: per worker, its own raw connection (or descriptor).
     fn cycle(
         &self,
         locks: &Locks,
+        workers: usize,
         hot: bool,
-    ) -> Result<impl Fn(usize, u64) -> BoxCycle + Clone + Send + 'static, Error> {
-        let ns = locks.namespace().to_string();
-        let raw = floor_of(locks)?;
-        Ok(move |w: usize, i: u64| {
-            let key = match hot {
-                true => Key::derive(&ns, "bench:hot"),
-                false => Key::derive(&ns, &format!("bench:{w}:{}", i % 64)),
-            };
-            raw.clone().cycle(w, key, hot)
-        })
+    ) -> impl Fn(usize, u64) -> BoxCycle + Clone + Send + 'static {
+        let ns = locks.namespace();
+        let raw = self.raw.clone();
+        // Keys are derived once, outside the timed loops (dblock's names likewise).
+        let keys: Arc<Vec<Vec<Key>>> = Arc::new(
+            (0..workers)
+                .map(|w| {
+                    (0..64)
+                        .map(|i| match hot {
+                            true => Key::derive(ns, "bench:hot"),
+                            false => Key::derive(ns, &format!("bench:{w}:{i}")),
+                        })
+                        .collect()
+                })
+                .collect(),
+        );
+        move |w: usize, i: u64| raw.clone().cycle(w, keys[w][(i % 64) as usize], hot)
     }
 }
 
-/// A fresh set of the backend's raw connections (or descriptors).
+/// The backend's raw connections (or descriptors), not yet opened.
 fn floor_of(locks: &Locks) -> Result<Arc<dyn BenchFloor>, Error> {
     match locks.inner.backend.bench_floor() {
         Some(floor) => floor,

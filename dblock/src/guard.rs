@@ -43,10 +43,17 @@ impl fmt::Debug for LockGuard {
 
 impl LockGuard {
     pub(crate) fn new(tally: Tally, grant: Grant) -> LockGuard {
+        let key = tally.key();
+        LockGuard::keyed(tally, key, grant)
+    }
+
+    /// A guard whose fencing token is kept under `fence_key` (a semaphore's slot, whose
+    /// token is its name's).
+    pub(crate) fn keyed(tally: Tally, fence_key: Key, grant: Grant) -> LockGuard {
         LockGuard {
             fence: grant
                 .fence
-                .map(|(token, table)| Fence::new(tally.name(), tally.key(), token, table)),
+                .map(|(token, table)| Fence::new(tally.name(), fence_key, token, table)),
             held: grant.held,
             tally,
         }

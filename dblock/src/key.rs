@@ -88,6 +88,48 @@ impl Key {
         Key(i64::from_be_bytes(first))
     }
 
+    /// The key of slot `slot` (counted from 0) of the semaphore `name` in `namespace`,
+    /// after checking both: what [`Locks::semaphore`](crate::Locks::semaphore) locks.
+    ///
+    /// ```text
+    /// slot key = first 8 bytes, read big-endian as a signed 64-bit integer, of
+    ///            SHA-256( UTF-8(namespace) || 0x00 || UTF-8(name) || 0x00 || ASCII(slot in decimal) )
+    /// ```
+    ///
+    /// A slot's key depends on the name and the slot's number only, not on the
+    /// semaphore's limit; it never equals a lock name's key (its digest input has a
+    /// second NUL, which no name contains). Pinned like [`Key::new`]:
+    ///
+    /// ```
+    /// use dblock::Key;
+    /// // Pinned: never change these values.
+    /// assert_eq!(Key::slot("public", "exports", 1)?.as_i64(), -4993880158896479936);
+    /// # Ok::<(), dblock::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`Key::new`].
+    pub fn slot(namespace: &str, name: &str, slot: u32) -> Result<Key, Error> {
+        check_namespace(namespace)?;
+        check_name(name)?;
+        Ok(Key::derive_slot(namespace, name, slot))
+    }
+
+    /// The slot formula itself, for inputs already checked.
+    pub(crate) fn derive_slot(namespace: &str, name: &str, slot: u32) -> Key {
+        let mut h = Sha256::new();
+        h.update(namespace.as_bytes());
+        h.update([0u8]);
+        h.update(name.as_bytes());
+        h.update([0u8]);
+        h.update(slot.to_string().as_bytes());
+        let digest = h.finalize();
+        let mut first = [0u8; 8];
+        first.copy_from_slice(&digest[..8]);
+        Key(i64::from_be_bytes(first))
+    }
+
     /// A key given directly, for locks shared with programs that chose their own number
     /// (the seed's migration key, say).
     pub const fn from_i64(key: i64) -> Key {
@@ -193,6 +235,30 @@ mod tests {
             let got = Key::new(ns, name).unwrap().as_i64() as u64;
             assert_eq!(got, want, "key of ({ns:?}, {name:?}) is {got:#018x}");
         }
+    }
+
+    /// Computed independently (Python's `hashlib.sha256`, and PostgreSQL's `sha256`):
+    /// never change them.
+    #[test]
+    fn slot_keys_are_pinned_and_distinct_from_name_keys() {
+        let vectors: &[(&str, &str, u32, u64)] = &[
+            ("public", "exports", 0, 0xe048_815b_63e8_09e2),
+            ("public", "exports", 1, 0xbab2_2c74_461a_a140),
+            ("public", "exports", 2, 0xbaa0_326d_6013_ddc3),
+            ("tenant_a", "exports", 0, 0x2919_0c4c_c996_cd8b),
+        ];
+        for &(ns, name, slot, want) in vectors {
+            let got = Key::slot(ns, name, slot).unwrap().as_i64() as u64;
+            assert_eq!(
+                got, want,
+                "slot {slot} of ({ns:?}, {name:?}) is {got:#018x}"
+            );
+        }
+        assert_ne!(
+            Key::slot("public", "exports", 0).unwrap(),
+            Key::new("public", "exports").unwrap()
+        );
+        assert!(Key::slot("public", "", 0).is_err());
     }
 
     #[test]

@@ -39,6 +39,8 @@
 //!   held once the future and any guard are gone, and no pooled connection is reused
 //!   holding a lock or an open transaction. A wait that gives up also stops waiting on
 //!   the server.
+//! - **Semaphores.** [`Locks::semaphore`]: at most N holders of a name at once, each
+//!   holding one of N slot locks (`docs/semaphores.md`).
 //! - **Your own transaction.** [`postgres::xact`] takes a lock inside an sqlx
 //!   transaction of yours, released with it.
 //! - **Migrations.** [`migrate`]: start-up scripts and an ordered migration set, applied
@@ -57,6 +59,12 @@
 //! | `metrics`  | no      | counters, histograms and a gauge of locks through the `metrics` facade (`docs/observability.md`); `tracing` events are always on |
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
+// Shared helpers (connection strings, migration reverts, pooler settings) serve some backends
+// and not others; a build with one backend leaves the rest unused, which is expected.
+#![cfg_attr(
+    not(all(feature = "postgres", feature = "sqlite", feature = "mysql")),
+    allow(dead_code)
+)]
 
 /// The `dblock bench` workloads: the command-line program's, not a public API (no
 /// stability promised).
@@ -78,6 +86,7 @@ mod observe;
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub mod postgres;
 mod raw;
+mod semaphore;
 #[cfg(feature = "sqlite")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
 pub mod sqlite;
@@ -89,6 +98,7 @@ pub use guard::LockGuard;
 pub use key::{DEFAULT_NAMESPACE, Key, MAX_NAME_LEN, MAX_NAMESPACE_LEN, NAMESPACE_SETTING};
 pub use locks::{Builder, Locks, Request};
 pub use raw::{Mode, Scope};
+pub use semaphore::{MAX_SEMAPHORE_LIMIT, SemaphoreGuard, SemaphoreRequest};
 pub use target::{URL_ENV_VARS, default_sqlite_path, url_from_env};
 
 #[cfg(feature = "macros")]
@@ -118,6 +128,8 @@ mod docs_doctests {
     struct Choosing;
     #[doc = include_str!("../../docs/errors.md")]
     struct Errors;
+    #[doc = include_str!("../../docs/semaphores.md")]
+    struct Semaphores;
     #[cfg(feature = "mysql")]
     #[doc = include_str!("../../docs/mysql.md")]
     struct MySql;

@@ -375,6 +375,7 @@ impl<'a> Request<'a> {
             wait,
             fenced: self.fenced,
             lease: self.lease,
+            fence_key: None,
         };
         let backend = inner.backend.name();
         if !Attempt::wanted() {

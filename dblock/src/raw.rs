@@ -88,6 +88,16 @@ pub(crate) struct Req<'a> {
     pub(crate) wait: Wait,
     pub(crate) fenced: bool,
     pub(crate) lease: Option<Duration>,
+    /// The key of the fencing row when it is not `key`: a semaphore's slots share their
+    /// name's token. `None` for a plain lock.
+    pub(crate) fence_key: Option<Key>,
+}
+
+impl Req<'_> {
+    /// The key whose fencing row a fenced grant raises.
+    pub(crate) fn fence_key(&self) -> Key {
+        self.fence_key.unwrap_or(self.key)
+    }
 }
 
 /// A grant as a backend returns it.
@@ -181,6 +191,19 @@ pub(crate) trait RawLocks: Send + Sync + 'static {
     /// future leaves no lock held.
     fn acquire<'a>(&'a self, req: &'a Req<'a>) -> BoxFuture<'a, Result<Option<Grant>, Error>>;
 
+    /// Takes any one of `keys` (a semaphore's slots) as `req` says — `req.key` is the
+    /// name's own key, which a fenced grant's token is kept under — and says which;
+    /// `Ok(None)` if the wait ended without one. Dropping the future leaves nothing held.
+    /// By default [`acquire_any_in_turn`]; a backend that can try several keys in one
+    /// request overrides it.
+    fn acquire_any<'a>(
+        &'a self,
+        req: &'a Req<'a>,
+        keys: &'a [Key],
+    ) -> BoxFuture<'a, Result<Option<(usize, Grant)>, Error>> {
+        Box::pin(acquire_any_in_turn(self, req, keys))
+    }
+
     /// Whether the server itself frees the lock of a holder silent for longer than
     /// [`Req::lease`] (elections ask for one where it does).
     fn has_leases(&self) -> bool {
@@ -229,6 +252,72 @@ pub(crate) trait RawHeld: Send + Sync + 'static {
 
     /// Releases and waits for the database to confirm it.
     fn release(self: Box<Self>) -> BoxFuture<'static, Result<(), Error>>;
+}
+
+/// How long a wait for any of several keys waits on one of them before it tries them
+/// all again: the longest a slot freed while every waiter waits on another stays
+/// unused. Each slice is a request (a round trip on a server) per waiter.
+pub(crate) const ANY_SLICE: Duration = Duration::from_millis(500);
+
+/// Where a request for any of `n` keys starts (and first waits): one key on from the
+/// process's previous request, from an offset scrambled from the process id. So a
+/// process's waiters spread evenly over the keys (each freed key likely has one waiting
+/// on it), and processes do not all start at the first key.
+pub(crate) fn any_start(n: usize) -> usize {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    let seed = (std::process::id() as usize).wrapping_mul(0x9E37_79B9) >> 7;
+    seed.wrapping_add(NEXT.fetch_add(1, Ordering::Relaxed))
+        .checked_rem(n)
+        .unwrap_or(0)
+}
+
+/// Takes any one of `keys` with one plain request per key: tries each (from a rotated
+/// start) without waiting, then waits on one of them for at most [`ANY_SLICE`] (a
+/// different one each round, in the backend's own line of waiters), and again, until a
+/// key is granted or `req`'s wait ends. Each request leaves nothing held when it is not
+/// granted or is dropped, so neither does this.
+pub(crate) async fn acquire_any_in_turn<B: RawLocks + ?Sized>(
+    backend: &B,
+    req: &Req<'_>,
+    keys: &[Key],
+) -> Result<Option<(usize, Grant)>, Error> {
+    let n = keys.len();
+    if n == 0 {
+        return Err(Error::Unsupported("a request for any of no keys".into()));
+    }
+    let deadline = req.wait.deadline();
+    let mut start = any_start(n);
+    loop {
+        for i in 0..n {
+            let slot = (start + i) % n;
+            let one = Req {
+                key: keys[slot],
+                fence_key: Some(req.fence_key()),
+                wait: Wait::Try,
+                ..req.clone()
+            };
+            if let Some(g) = backend.acquire(&one).await? {
+                return Ok(Some((slot, g)));
+            }
+        }
+        let now = Instant::now();
+        let until = match deadline {
+            Some(d) if d <= now => return Ok(None),
+            Some(d) => d.min(now + ANY_SLICE),
+            None => now + ANY_SLICE,
+        };
+        let one = Req {
+            key: keys[start],
+            fence_key: Some(req.fence_key()),
+            wait: Wait::Until(until),
+            ..req.clone()
+        };
+        if let Some(g) = backend.acquire(&one).await? {
+            return Ok(Some((start, g)));
+        }
+        start = (start + 1) % n;
+    }
 }
 
 /// The latest fenced grant of a key, as the fencing table records it.
@@ -293,16 +382,36 @@ pub(crate) trait MigrationTarget: Send + Sync {
 
 /// The cheapest correct way to do a lock cycle on a backend, issued directly: what
 /// `dblock bench` measures dblock against. One set of raw connections (or descriptors),
-/// one per worker, opened on first use.
+/// one per worker, all opened by [`BenchFloor::open`] before anything is timed.
 pub(crate) trait BenchFloor: Send + Sync {
+    /// Opens what `workers` workers use (connections, descriptors), before any timing.
+    fn open(self: Arc<Self>, workers: usize) -> BoxFuture<'static, Result<(), Error>> {
+        let _ = workers;
+        Box::pin(std::future::ready(Ok(())))
+    }
+
     /// One floor cycle of `worker` on `key` (`hot`: the key is shared by all workers);
-    /// returns the acquisition's latency.
+    /// returns the acquisition's latency. A floor may leave the lock held when it
+    /// returns (released with its next cycle, as dblock's guard's release rides on the
+    /// next request), until [`BenchFloor::settle`].
     fn cycle(
         self: Arc<Self>,
         worker: usize,
         key: Key,
         hot: bool,
     ) -> BoxFuture<'static, Result<Duration, Error>>;
+
+    /// Releases whatever `worker` still holds, when its timed run ends.
+    fn settle(self: Arc<Self>, worker: usize) -> BoxFuture<'static, Result<(), Error>> {
+        let _ = worker;
+        Box::pin(std::future::ready(Ok(())))
+    }
+
+    /// How the floor reaches the server (`"TLS"`, `"plain TCP"`, …), once opened; `None`
+    /// where that does not apply.
+    fn transport(&self) -> Option<String> {
+        None
+    }
 }
 
 /// The table that keeps the latest token of every fenced name (see
@@ -322,4 +431,20 @@ pub(crate) fn holder_id() -> &'static str {
             .unwrap_or_else(|_| "unknown-host".into());
         format!("{host}:{}", std::process::id())
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn consecutive_requests_of_a_process_start_on_consecutive_keys() {
+        // Other tests may take starts meanwhile; consecutive starts still advance by one.
+        let starts: Vec<usize> = (0..6).map(|_| any_start(1_000_003)).collect();
+        for w in starts.windows(2) {
+            assert!(w[1] > w[0] || w[1] < 10, "{starts:?}");
+        }
+        assert_eq!(any_start(1), 0);
+        assert_eq!(any_start(0), 0);
+    }
 }

@@ -7,17 +7,17 @@ use std::path::Path;
 
 use tokio_postgres::Client;
 
-use crate::{admin_connect, pg_url, unique};
+use crate::PgDatabase;
 
-/// A database of one test's own, created empty; dropped by [`OwnDatabase::drop`] when the
-/// test passed, left behind for inspection when it failed.
+/// A [`PgDatabase`] with an administrator's connection kept open and the queries the
+/// adoption tests ask of it. Dropped like a `PgDatabase` (when the test passed; left for
+/// inspection when it failed).
 pub struct OwnDatabase {
-    pub name: String,
     /// The database's URL: `pg_url()` with the database name replaced.
     pub url: String,
-    /// An administrator's connection to it.
+    /// An administrator's connection to it (closed before the database is dropped).
     admin: Client,
-    server: Client,
+    db: PgDatabase,
 }
 
 /// `base` with its database (the path) replaced by `db`, query string kept.
@@ -40,19 +40,12 @@ pub fn with_database(base: &str, db: &str) -> String {
 
 impl OwnDatabase {
     pub async fn new(tag: &str) -> OwnDatabase {
-        let name = unique(tag);
-        let server = admin_connect(&pg_url()).await;
-        server
-            .batch_execute(&format!("CREATE DATABASE \"{name}\""))
-            .await
-            .unwrap();
-        let url = with_database(&pg_url(), &name);
-        let admin = admin_connect(&url).await;
+        let db = PgDatabase::new(tag).await;
+        let admin = db.admin().await;
         OwnDatabase {
-            name,
-            url,
+            url: db.url.clone(),
             admin,
-            server,
+            db,
         }
     }
 
@@ -100,17 +93,9 @@ impl OwnDatabase {
 
     /// Drops the database (terminating what is still connected).
     pub async fn drop(self) {
-        let OwnDatabase {
-            name,
-            admin,
-            server,
-            ..
-        } = self;
+        let OwnDatabase { admin, db, .. } = self;
         std::mem::drop(admin);
-        server
-            .batch_execute(&format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"))
-            .await
-            .unwrap();
+        std::mem::drop(db);
     }
 }
 

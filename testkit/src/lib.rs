@@ -8,14 +8,18 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
 
 pub mod adoption;
+pub mod appdb;
 pub mod cluster;
+pub mod mariadb_server;
 pub mod migrations;
 pub mod mysql;
 pub mod pgbouncer;
 pub mod semantics;
+pub mod testdb;
 pub mod tls;
 
 pub use mysql::{MyDb, mysql_url};
+pub use testdb::TestDb;
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -561,62 +565,4 @@ pub fn with_user(base: &str, user: &str) -> String {
         percent_encode(user),
         &base[end..]
     )
-}
-
-/// A database of one test's own on one of the three backends.
-pub enum TestDb {
-    Postgres(Box<PgSchema>),
-    Sqlite(SqliteDb),
-    MySql(MyDb),
-}
-
-impl TestDb {
-    pub async fn postgres(tag: &str) -> TestDb {
-        TestDb::Postgres(Box::new(PgSchema::new(tag).await))
-    }
-
-    pub async fn sqlite(_tag: &str) -> TestDb {
-        TestDb::Sqlite(SqliteDb::new())
-    }
-
-    pub async fn mysql(tag: &str) -> TestDb {
-        TestDb::MySql(MyDb::new(tag).await)
-    }
-
-    /// The URL of this test's database (schema, file).
-    pub fn url(&self) -> &str {
-        match self {
-            TestDb::Postgres(s) => &s.url,
-            TestDb::Sqlite(d) => &d.url,
-            TestDb::MySql(d) => &d.url,
-        }
-    }
-}
-
-/// One test source, run on every backend: for each `async fn NAME(url: &str)` listed,
-/// a module `NAME` with the tests `postgres`, `sqlite` and `mysql`, each on a database
-/// of its own.
-#[macro_export]
-macro_rules! every_backend {
-    ($($test:ident),* $(,)?) => {$(
-        mod $test {
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn postgres() {
-                let db = $crate::TestDb::postgres(stringify!($test)).await;
-                super::$test(db.url()).await;
-            }
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn sqlite() {
-                let db = $crate::TestDb::sqlite(stringify!($test)).await;
-                super::$test(db.url()).await;
-            }
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn mysql() {
-                let db = $crate::TestDb::mysql(stringify!($test)).await;
-                super::$test(db.url()).await;
-            }
-        }
-    )*};
 }

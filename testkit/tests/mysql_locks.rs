@@ -6,32 +6,9 @@ use std::time::{Duration, Instant};
 
 use dblock::{Error, Locks};
 use dblock_testkit::{MyDb, semantics};
+use sqlx::mysql::MySqlPoolOptions;
 
 const T: Duration = Duration::from_secs(10);
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_exclusive_lock_has_one_holder_at_a_time() {
-    let db = MyDb::new("excl").await;
-    semantics::an_exclusive_lock_has_one_holder_at_a_time(&db.locks().await).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn try_lock_reports_a_held_lock_as_none() {
-    let db = MyDb::new("try").await;
-    semantics::try_lock_reports_a_held_lock_as_none(&db.locks().await).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_deadline_wait_gives_up_or_gets_the_lock() {
-    let db = MyDb::new("deadline").await;
-    semantics::a_deadline_wait_gives_up_or_gets_the_lock(&db.locks().await).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn tasks_of_one_process_exclude_each_other() {
-    let db = MyDb::new("tasks").await;
-    semantics::tasks_of_one_process_exclude_each_other(&db.locks().await, |l| l.request("t")).await;
-}
 
 /// The lock name is the documented one, and the server shows it held by the guard's
 /// own connection: in `IS_USED_LOCK`, and in MariaDB's `METADATA_LOCK_INFO` (the
@@ -161,112 +138,6 @@ async fn sub_second_deadlines_are_honoured() {
     }
 }
 
-/// Named locks have no shared mode: `shared()` is refused with a typed error, never
-/// taken exclusively.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn shared_requests_are_refused_with_a_typed_error() {
-    let db = MyDb::new("shared").await;
-    let locks = db.locks().await;
-    for r in [
-        locks.request("rw").shared().try_lock().await.map(|_| ()),
-        locks.request("rw").shared().lock().await.map(|_| ()),
-    ] {
-        match r {
-            Err(Error::Unsupported(m)) => assert!(m.contains("shared"), "{m}"),
-            other => panic!("{other:?}"),
-        }
-    }
-    assert_eq!(db.holder(&db.lock_name("rw")).await, None, "nothing taken");
-}
-
-/// Dropping an acquisition at any point — while waiting behind a holder, or while the
-/// grant is on its way — leaves nothing held and no wait running on the server.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_cancelled_acquisition_leaves_nothing_held() {
-    let db = MyDb::new("cancel").await;
-    let locks = db.locks().await;
-    let name = db.lock_name("c");
-    // Deterministic spread of cancellation points, 0 to ~3 ms, then longer.
-    let mut seed = 0x2545_f491_u64;
-    let mut next = move || {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        seed
-    };
-    let mut cut = 0;
-    for i in 0..80 {
-        // Timers tick in milliseconds, shorter than an acquisition takes here: cut most
-        // acquisitions after a random number of polls instead, the task that runs the
-        // lock's connection progressing in between.
-        let granted = match i % 4 {
-            3 => tokio::time::timeout(Duration::from_millis(1 + next() % 5), locks.lock("c"))
-                .await
-                .is_ok(),
-            _ => polled(locks.lock("c"), next() % 60).await,
-        };
-        if !granted {
-            cut += 1;
-        }
-        // Dropped (cut off) or granted and dropped: either way the lock comes free.
-        assert!(db.eventually_free(&name, 10).await, "round {i}: still held");
-    }
-    eprintln!("{cut} of 80 acquisitions on a free lock were cut off");
-    assert!(
-        cut > 10,
-        "the cancellation points must fall inside acquisitions"
-    );
-    // Behind a holder on another handle: every wait is cut off mid-GET_LOCK.
-    let holder = db.locks().await;
-    let g = holder.lock("c").await.unwrap();
-    let id = db.holder(&name).await.unwrap();
-    for _ in 0..20 {
-        let after = Duration::from_millis(1 + next() % 30);
-        assert!(
-            tokio::time::timeout(after, locks.lock("c")).await.is_err(),
-            "granted while held"
-        );
-    }
-    // No killed wait lingers on the server…
-    let lingering = || async {
-        let n: i64 = sqlx::query_scalar(
-            "SELECT COUNT(*) FROM information_schema.PROCESSLIST \
-             WHERE INFO LIKE 'SELECT CAST(GET_LOCK(%' AND DB = ?",
-        )
-        .bind(&db.name)
-        .fetch_one(db.admin())
-        .await
-        .unwrap();
-        n == 0
-    };
-    assert!(
-        dblock_testkit::eventually(10, &mut || lingering()).await,
-        "waits still running on the server"
-    );
-    assert_eq!(db.holder(&name).await, Some(id));
-    // …so when the holder lets go, nobody holds it.
-    g.release().await.unwrap();
-    assert!(db.eventually_free(&name, 10).await);
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    assert_eq!(db.holder(&name).await, None, "a ghost waiter took it");
-}
-
-/// Polls `fut` at most `polls` times, yielding to the runtime in between; drops it
-/// unfinished otherwise. Returns whether it finished.
-async fn polled<F: std::future::Future>(fut: F, polls: u64) -> bool {
-    let mut fut = std::pin::pin!(fut);
-    for _ in 0..polls {
-        let ready =
-            std::future::poll_fn(|cx| std::task::Poll::Ready(fut.as_mut().poll(cx).is_ready()))
-                .await;
-        if ready {
-            return true;
-        }
-        tokio::task::yield_now().await;
-    }
-    false
-}
-
 /// `KILL CONNECTION` of the holder's session is noticed: `lost()` resolves, `is_held`
 /// turns false, `release` reports the loss, and the lock is free for others.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -343,19 +214,15 @@ async fn a_handle_on_an_sqlx_pool_takes_the_same_locks() {
     assert_eq!(held, 0);
 }
 
+/// Long names map to a lock name within MySQL's 64 characters; bad URLs are typed
+/// errors. (Bad names and unreachable servers: `every_backend_locks.rs`.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn bad_input_is_a_typed_error() {
+async fn long_names_fit_and_bad_urls_are_typed_errors() {
     let db = MyDb::new("bad").await;
     let locks = db.locks().await;
-    for bad in ["", "a\0b", &"x".repeat(2000)] {
-        assert!(
-            matches!(locks.try_lock(bad).await, Err(Error::InvalidName { .. })),
-            "{bad:?}"
-        );
-    }
-    // Long names map to a 32-character lock name.
     let long = "é".repeat(500);
     let g = locks.try_lock(&long).await.unwrap().unwrap();
+    assert!(db.lock_name(&long).len() <= 64);
     assert!(db.holder(&db.lock_name(&long)).await.is_some());
     drop(g);
     for url in [
@@ -367,6 +234,142 @@ async fn bad_input_is_a_typed_error() {
             "{url}"
         );
     }
-    let r = Locks::connect("mysql://root@127.0.0.1:1/test").await;
-    assert!(matches!(r, Err(Error::Connect { .. })), "{:?}", r.err());
+}
+
+/// A check holds the fencing row until its transaction ends: the next fenced grant
+/// waits for the checked transaction to commit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_checked_transaction_orders_the_next_grant_after_it() {
+    let db = MyDb::new("order").await;
+    let pool = MySqlPoolOptions::new()
+        .max_connections(2)
+        .connect(&db.url)
+        .await
+        .unwrap();
+    let locks = db.locks().await;
+    let g = locks.request("o").fenced().lock().await.unwrap();
+    let fence = g.fence().unwrap().clone();
+    let mut tx = pool.begin().await.unwrap();
+    fence.check_mysql(&mut tx).await.unwrap();
+    g.release().await.unwrap();
+    let next = {
+        let locks = locks.clone();
+        tokio::spawn(async move { locks.request("o").fenced().lock().await })
+    };
+    // The next grant's increment waits on the checked row (its INSERT stays running on
+    // the server), not on the named lock, which is free.
+    let waiting = dblock_testkit::eventually(10, &mut || async {
+        let n: i64 = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM information_schema.PROCESSLIST \
+             WHERE DB = ? AND INFO LIKE 'INSERT INTO dblock_fencing%'",
+        )
+        .bind(&db.name)
+        .fetch_one(db.admin())
+        .await
+        .unwrap();
+        n > 0
+    })
+    .await;
+    assert!(waiting, "the next grant waits for the checked transaction");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!next.is_finished());
+    tx.commit().await.unwrap();
+    let g2 = tokio::time::timeout(T, next)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(g2.fencing_token(), Some(fence.token() + 1));
+}
+
+/// A lease shorter than the checks can honour is refused, not silently shortened.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_too_short_to_honour_is_refused() {
+    let db = MyDb::new("shortlease").await;
+    let locks = db.locks().await;
+    assert!(matches!(
+        locks
+            .request("x")
+            .lease(Duration::from_millis(500))
+            .try_lock()
+            .await,
+        Err(Error::Unsupported(_))
+    ));
+    assert_eq!(db.holder(&db.lock_name("x")).await, None);
+}
+
+/// A `socket=` URL (sqlx's spelling) connects over the server's Unix socket and takes
+/// the same locks as TCP connections.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_unix_socket_url_takes_the_same_locks() {
+    let db = MyDb::new("socket").await;
+    let socket: String = sqlx::query_scalar("SELECT @@socket")
+        .fetch_one(db.admin())
+        .await
+        .unwrap();
+    let url = format!("{}?socket={socket}", db.url);
+    let over_socket = Locks::connect(&url).await.unwrap();
+    let g = over_socket.lock("s").await.unwrap();
+    let holder = db.holder(&db.lock_name("s")).await.expect("held");
+    let (host,): (String,) =
+        sqlx::query_as("SELECT HOST FROM information_schema.PROCESSLIST WHERE ID = ?")
+            .bind(holder)
+            .fetch_one(db.admin())
+            .await
+            .unwrap();
+    assert_eq!(host, "localhost", "a socket connection, not TCP ({host})");
+    let over_tcp = db.locks().await;
+    assert!(over_tcp.try_lock("s").await.unwrap().is_none());
+    g.release().await.unwrap();
+    assert!(over_tcp.try_lock("s").await.unwrap().is_some());
+}
+
+/// TLS as sqlx's MySQL driver spells it in the URL (`ssl-mode`, `ssl-ca`), against a
+/// throwaway MariaDB that refuses plain TCP: verified connections take locks; a plain
+/// one, an unknown CA and a name the certificate does not carry are refused as
+/// connect errors.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_urls_are_verified_and_plain_ones_refused() {
+    use dblock_testkit::mariadb_server::TempMariaDb;
+    use dblock_testkit::tls::Certs;
+    let certs = Certs::generate("localhost", "root");
+    let server = tokio::task::block_in_place(|| TempMariaDb::start_tls(&certs));
+    let ca = certs.ca.display();
+    let verified = server.url(
+        "localhost",
+        &format!("ssl-mode=verify_identity&ssl-ca={ca}"),
+    );
+    let a = Locks::connect(&verified).await.unwrap();
+    let g = a.lock("t").await.unwrap();
+    let b = Locks::connect(&server.url("localhost", &format!("ssl-mode=verify_ca&ssl-ca={ca}")))
+        .await
+        .unwrap();
+    assert!(
+        b.try_lock("t").await.unwrap().is_none(),
+        "one lock over TLS"
+    );
+    g.release().await.unwrap();
+    assert!(b.try_lock("t").await.unwrap().is_some());
+    let other = certs.other_ca.display();
+    for (url, why) in [
+        (server.url("localhost", "ssl-mode=disabled"), "plain TCP"),
+        (
+            server.url("localhost", &format!("ssl-mode=verify_ca&ssl-ca={other}")),
+            "an unknown CA",
+        ),
+        (
+            server.url(
+                "127.0.0.1",
+                &format!("ssl-mode=verify_identity&ssl-ca={ca}"),
+            ),
+            "a name the certificate lacks",
+        ),
+    ] {
+        let r = Locks::connect(&url).await;
+        assert!(
+            matches!(r, Err(Error::Connect { .. })),
+            "{why}: {:?}",
+            r.err()
+        );
+    }
 }

@@ -488,3 +488,33 @@ async fn sqlite_a_lost_lock_and_a_group_label_and_an_election() {
     assert_eq!(elected[0].get("token"), token.to_string());
     assert_eq!(cap.with_message("resigned leadership").len(), 1);
 }
+
+/// A semaphore's slot is observed as a lock on the semaphore's name, keyed by the slot.
+#[tokio::test]
+async fn sqlite_a_semaphore_slot_is_traced_and_counted() {
+    let db = SqliteDb::new();
+    let recorder = DebuggingRecorder::new();
+    let snap = recorder.snapshotter();
+    let _metrics = metrics::set_default_local_recorder(&recorder);
+    let cap = Capture::default();
+    let _tracing = tracing::subscriber::set_default(cap.clone());
+
+    let locks = db.locks().await;
+    let slot = bounded("semaphore", locks.semaphore("exports", 2).lock())
+        .await
+        .unwrap();
+    let key = slot.key().as_i64().to_string();
+    drop(slot);
+
+    let granted = cap.with_message("lock granted");
+    assert_eq!(granted.len(), 1, "{granted:#?}");
+    assert_eq!(granted[0].get("name"), "exports");
+    let released = cap.with_message("lock released");
+    assert_eq!(released.len(), 1, "{released:#?}");
+    assert_eq!(released[0].get("key"), key, "the slot's key");
+    let m = Metrics::take(&snap);
+    let ex = [("backend", "sqlite"), ("mode", "exclusive")];
+    assert_eq!(m.counter("dblock_locks_acquired_total", &ex), 1);
+    assert_eq!(m.counter("dblock_locks_released_total", &ex), 1);
+    assert_eq!(m.gauge("dblock_locks_held", &ex), 0.0);
+}

@@ -7,12 +7,11 @@ use std::time::{Duration, Instant};
 use dblock::{Error, Key, Locks, Mode, Scope};
 use dblock_testkit::{PgSchema, eventually, semantics};
 
-/// The hub seed's test, ported: a named lock is held by one holder at a time across
-/// the database's sessions; other names are free.
+/// The hub seed's test in the session scope (the default scope, and the other
+/// backends: every_backend_locks.rs).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_exclusive_lock_has_one_holder_at_a_time() {
+async fn an_exclusive_lock_has_one_holder_at_a_time_in_the_session_scope() {
     let s = PgSchema::new("seed").await;
-    semantics::an_exclusive_lock_has_one_holder_at_a_time(&s.locks().await).await;
     let session = Locks::builder()
         .url(&s.url)
         .scope(Scope::Session)
@@ -141,9 +140,9 @@ async fn a_deadline_gives_up_and_stops_waiting_on_the_server() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_common_semantics_hold_in_both_scopes() {
+async fn the_common_semantics_hold_in_the_session_scope() {
     let s = PgSchema::new("common").await;
-    for scope in [Scope::Transaction, Scope::Session] {
+    for scope in [Scope::Session] {
         let locks = Locks::builder()
             .url(&s.url)
             .scope(scope)
@@ -578,26 +577,6 @@ async fn a_waiter_whose_connection_is_terminated_gets_connection_lost() {
         .unwrap();
     assert!(matches!(r, Err(Error::ConnectionLost { .. })), "{r:?}");
     drop(g);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn bad_names_are_typed_errors_that_touch_nothing() {
-    let s = PgSchema::new("badname").await;
-    let locks = s.locks().await;
-    for bad in ["", "nul\0inside", &"x".repeat(dblock::MAX_NAME_LEN + 1)] {
-        assert!(matches!(
-            locks.lock(bad).await,
-            Err(Error::InvalidName { .. })
-        ));
-        assert!(matches!(
-            locks.try_lock(bad).await,
-            Err(Error::InvalidName { .. })
-        ));
-        assert!(matches!(locks.key(bad), Err(Error::InvalidName { .. })));
-    }
-    assert!(s.advisory_of_sessions().await.is_empty());
-    let bad_ns = Locks::builder().url(&s.url).namespace("").build().await;
-    assert!(matches!(bad_ns, Err(Error::InvalidNamespace { .. })));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,31 +1,25 @@
-//! One held (or awaited) named lock: a task that owns its connection.
+//! One lock: taken in the request's own future, then held by a task that owns its
+//! connection.
 //!
-//! The acquisition, the checks while the lock is held and the release all run on a
-//! task spawned per request, which owns the pooled connection. The request's future
-//! only waits for the task's answer, so dropping it never leaves a statement half-sent
-//! or a wait running: the task sees the answer's receiver close, ends the server-side
-//! wait with `KILL QUERY` from a control connection, and closes the lock's connection
-//! (which releases anything it holds). The guard's half ([`MyHeld`]) is a channel to
-//! the task: dropping it makes the task send `RELEASE_LOCK` at once and put the
-//! connection back in the pool.
+//! The acquisition is one statement on dblock's own connections (`GET_LOCK(name, 0)`
+//! for `try`, `GET_LOCK(name, S)` otherwise), sent from the caller's future: no task or
+//! channel between the request and the server. Its connection's server id is known
+//! beforehand (see `pool.rs`), so a deadline, or the request's future being dropped,
+//! ends the wait with `KILL CONNECTION` from a control connection and the connection is
+//! closed (`Job`'s `Drop`): nothing stays held, no wait keeps running. Once granted, a
+//! task takes the connection to check it every interval and to release it; the guard's
+//! half ([`MyHeld`]) is a channel to that task: dropping it makes the task send
+//! `RELEASE_LOCK` at once and put the connection back in its pool.
 
 use std::time::Duration;
 
-use sqlx::MySql;
-use sqlx::pool::PoolConnection;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
 
+use super::pool::LockConn;
 use super::{FOREVER_SECS, MyBackend, map_sqlx};
 use crate::error::{Error, LossReason};
 use crate::raw::{BoxFuture, Grant, RawHeld, Req, Wait};
-
-/// How long a killed wait may take to return before its connection is dropped
-/// unanswered.
-const KILL_GRACE: Duration = Duration::from_secs(5);
-
-/// How long to wait for a killed wait to return before killing it again.
-const KILL_RETRY: Duration = Duration::from_millis(100);
 
 /// A request from the guard to its task.
 enum Cmd {
@@ -107,18 +101,18 @@ fn lost(reason: LossReason) -> Error {
     Error::LockLost { reason }
 }
 
-/// Takes the lock `req` names on a connection of `b`'s pool, by way of a task that owns
-/// that connection for as long as the lock is held.
+/// Takes the lock `req` names on a connection of `b`'s, in the caller's future; once
+/// granted, a task takes the connection over to hold, check and release it.
 pub(crate) async fn acquire(b: &MyBackend, req: &Req<'_>) -> Result<Option<Grant>, Error> {
-    let conn = b.pool.acquire().await.map_err(map_sqlx)?;
     let control = b.control().await?.clone();
-    let (reply, answer) = oneshot::channel();
-    let job = Job {
+    let conn = b.lock_conn().await?;
+    let mut job = Job {
+        id: conn.id(),
         conn: Some(conn),
         name: b.lock_name(req.key),
         wait: req.wait,
         fence: req.fenced.then(|| super::fence::FenceRow {
-            key: req.key,
+            key: req.fence_key(),
             namespace: req.namespace.to_string(),
             name: req.name.to_string(),
         }),
@@ -127,18 +121,29 @@ pub(crate) async fn acquire(b: &MyBackend, req: &Req<'_>) -> Result<Option<Grant
         check_interval: b.check_interval,
         check_timeout: b.check_timeout,
     };
-    tokio::spawn(job.run(reply));
-    match answer.await {
-        Ok(r) => r,
-        Err(_) => Err(Error::ConnectionLost {
-            message: "the lock's connection task ended".into(),
-        }),
-    }
+    let token = match job.take().await? {
+        Some(token) => token,
+        None => return Ok(None),
+    };
+    let (cmds, cmd_rx) = mpsc::unbounded_channel();
+    let (loss_tx, loss) = watch::channel(None);
+    // No await from here to the return: the grant cannot be dropped half-made.
+    tokio::spawn(job.hold(cmd_rx, loss_tx));
+    Ok(Some(Grant {
+        held: Box::new(MyHeld { cmds, loss }),
+        fence: token.map(|t| (t, std::sync::Arc::from(crate::raw::FENCING_TABLE))),
+    }))
 }
 
+/// One lock's connection and what to do with it. Dropped with its connection still in
+/// it (the request's future dropped mid-statement, or the runtime shutting down), it
+/// kills the session (`KILL CONNECTION`, from the control pool) and closes it, so that
+/// neither a running wait nor a grant survives.
 struct Job {
-    /// `None` once closed.
-    conn: Option<PoolConnection<MySql>>,
+    /// `None` once closed or recycled.
+    conn: Option<LockConn>,
+    /// The session's id on the server, once known.
+    id: Option<u64>,
     name: String,
     wait: Wait,
     fence: Option<super::fence::FenceRow>,
@@ -149,101 +154,79 @@ struct Job {
     check_timeout: Duration,
 }
 
-type Reply = oneshot::Sender<Result<Option<Grant>, Error>>;
-
 /// How a wait in `GET_LOCK` ended.
 enum Ended {
     Answered(Result<Option<i64>, sqlx::Error>),
     Deadline,
-    Cancelled,
+}
+
+fn closed() -> Error {
+    Error::ConnectionLost {
+        message: "the connection was closed".into(),
+    }
 }
 
 impl Job {
-    async fn run(mut self, mut reply: Reply) {
-        let taken = self.take(&mut reply).await;
-        let token = match taken {
-            Ok(Some(token)) => token,
-            Ok(None) => {
-                let _ = reply.send(Ok(None));
-                return;
-            }
-            Err(e) => {
-                let _ = reply.send(Err(e));
-                return;
-            }
-        };
-        let (cmds, cmd_rx) = mpsc::unbounded_channel();
-        let (loss_tx, loss) = watch::channel(None);
-        let grant = Grant {
-            held: Box::new(MyHeld { cmds, loss }),
-            fence: token.map(|t| (t, std::sync::Arc::from(crate::raw::FENCING_TABLE))),
-        };
-        // If the request's future is gone, the grant comes back and drops here, which
-        // closes the command channel: `hold` then releases at once.
-        drop(reply.send(Ok(Some(grant))));
-        self.hold(cmd_rx, loss_tx).await;
-    }
-
     /// Takes the lock: `Ok(Some(token))` when held (with the fencing token if asked
     /// for), `Ok(None)` when not granted in time. Leaves nothing held unless it returns
     /// `Ok(Some(_))`.
-    async fn take(&mut self, reply: &mut Reply) -> Result<Option<Option<i64>>, Error> {
-        let Some(conn) = self.conn.as_mut() else {
-            return Err(Error::ConnectionLost {
-                message: "the connection was closed".into(),
-            });
-        };
-        // One round trip: the connection's id (for KILL QUERY, should a wait follow) and
-        // an attempt that does not wait.
-        let first: Result<(i64, Option<i64>), sqlx::Error> = sqlx::query_as(
-            "SELECT CAST(CONNECTION_ID() AS SIGNED), CAST(GET_LOCK(?, 0) AS SIGNED)",
-        )
-        .bind(&self.name)
-        .fetch_one(&mut **conn)
-        .await;
-        let (id, got) = match first {
-            Ok(r) => r,
-            Err(e) => {
-                self.close().await;
-                return Err(map_sqlx(e));
-            }
-        };
-        let granted = match got {
-            Some(1) => true,
-            Some(_) => false,
+    async fn take(&mut self) -> Result<Option<Option<i64>>, Error> {
+        let granted = match self.id {
+            // dblock's own connection: one statement, whatever the wait.
+            Some(id) => match self.wait {
+                Wait::Try => self.attempt().await?,
+                w => self.wait_for_it(id, w.deadline()).await?,
+            },
+            // A borrowed one: its id (for KILL, should a wait follow) and an attempt
+            // that does not wait, in one round trip.
             None => {
-                self.close().await;
-                return Err(null_get_lock());
+                let Some(conn) = self.conn.as_mut().and_then(LockConn::raw) else {
+                    return Err(closed());
+                };
+                let first: Result<(i64, Option<i64>), sqlx::Error> = sqlx::query_as(
+                    "SELECT CAST(CONNECTION_ID() AS SIGNED), CAST(GET_LOCK(?, 0) AS SIGNED)",
+                )
+                .bind(&self.name)
+                .fetch_one(conn)
+                .await;
+                let (id, got) = match first {
+                    Ok(r) => r,
+                    Err(e) => {
+                        self.close().await;
+                        return Err(map_sqlx(e));
+                    }
+                };
+                self.id = Some(id as u64);
+                match (got, self.wait) {
+                    (Some(1), _) => true,
+                    (None, _) => {
+                        self.close().await;
+                        return Err(null_get_lock());
+                    }
+                    (Some(_), Wait::Try) => {
+                        self.recycle();
+                        false
+                    }
+                    (Some(_), w) => self.wait_for_it(id as u64, w.deadline()).await?,
+                }
             }
         };
         if !granted {
-            let deadline = match self.wait {
-                Wait::Try => return Ok(None),
-                w => w.deadline(),
-            };
-            if !self.wait_for_it(id, deadline, reply).await? {
-                return Ok(None);
-            }
-        }
-        if reply.is_closed() {
-            self.release_or_close().await;
-            return Err(Error::Unsupported("cancelled".into()));
+            return Ok(None);
         }
         if let Some(lease) = self.lease {
             // The server closes a session idle this long, and so frees the lock of a
             // holder that fell silent; a live holder's checks keep it busy.
             let secs = lease.as_secs_f64().ceil().max(1.0) as u64;
-            let set = match self.conn.as_mut() {
+            let set = match self.conn.as_mut().and_then(LockConn::raw) {
                 Some(conn) => sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
                     "SET SESSION wait_timeout = {secs}"
                 )))
-                .execute(&mut **conn)
+                .execute(conn)
                 .await
                 .map(|_| ())
                 .map_err(map_sqlx),
-                None => Err(Error::ConnectionLost {
-                    message: "the connection was closed".into(),
-                }),
+                None => Err(closed()),
             };
             if let Err(e) = set {
                 self.release_or_close().await;
@@ -253,10 +236,8 @@ impl Job {
         let token = match self.fence.take() {
             None => None,
             Some(row) => {
-                let Some(conn) = self.conn.as_mut() else {
-                    return Err(Error::ConnectionLost {
-                        message: "the connection was closed".into(),
-                    });
+                let Some(conn) = self.conn.as_mut().and_then(LockConn::raw) else {
+                    return Err(closed());
                 };
                 match super::fence::next_token(conn, &row).await {
                     Ok(t) => Some(t),
@@ -270,73 +251,76 @@ impl Job {
         Ok(Some(token))
     }
 
-    /// Waits in `GET_LOCK` until granted (`true`), the deadline passes or the request
-    /// is dropped (`false`; the wait is killed and the connection closed).
-    async fn wait_for_it(
-        &mut self,
-        id: i64,
-        deadline: Option<Instant>,
-        reply: &mut Reply,
-    ) -> Result<bool, Error> {
+    /// `GET_LOCK(name, 0)`: whether it was granted. Not granted, the connection goes
+    /// back to its pool.
+    async fn attempt(&mut self) -> Result<bool, Error> {
+        let Some(conn) = self.conn.as_mut().and_then(LockConn::raw) else {
+            return Err(closed());
+        };
+        let r = sqlx::query_scalar::<_, Option<i64>>("SELECT CAST(GET_LOCK(?, 0) AS SIGNED)")
+            .bind(&self.name)
+            .fetch_one(conn)
+            .await;
+        match r {
+            Ok(Some(1)) => Ok(true),
+            Ok(Some(_)) => {
+                self.recycle();
+                Ok(false)
+            }
+            Ok(None) => {
+                self.close().await;
+                Err(null_get_lock())
+            }
+            Err(e) => {
+                self.close().await;
+                Err(map_sqlx(e))
+            }
+        }
+    }
+
+    /// Waits in `GET_LOCK` until granted (`true`) or the deadline passes (`false`; the
+    /// session is killed and the connection closed, so a grant that raced the deadline
+    /// is given up with it).
+    async fn wait_for_it(&mut self, id: u64, deadline: Option<Instant>) -> Result<bool, Error> {
         let secs = match deadline {
             None => FOREVER_SECS,
             Some(d) => {
                 let left = d.saturating_duration_since(Instant::now());
                 if left.is_zero() {
+                    self.recycle();
                     return Ok(false);
                 }
-                // A backstop only: the wait is killed at the exact deadline below.
+                // A backstop only: the wait is ended at the exact deadline below.
                 left.as_secs() + 2
             }
         };
-        let Some(conn) = self.conn.as_mut() else {
-            return Ok(false);
+        let Some(conn) = self.conn.as_mut().and_then(LockConn::raw) else {
+            return Err(closed());
         };
         let ended = {
             let wait =
                 sqlx::query_scalar::<_, Option<i64>>("SELECT CAST(GET_LOCK(?, ?) AS SIGNED)")
                     .bind(&self.name)
                     .bind(secs)
-                    .fetch_one(&mut **conn);
-            let mut wait = std::pin::pin!(wait);
-            let until = deadline.unwrap_or_else(far_future);
-            let ended = tokio::select! {
-                // The wait first, so its statement is sent before a cancellation that
-                // is already known is acted on: a kill must find the wait running.
-                biased;
-                r = &mut wait => Ended::Answered(r),
-                () = tokio::time::sleep_until(until) => Ended::Deadline,
-                () = reply.closed() => Ended::Cancelled,
-            };
-            match ended {
-                Ended::Answered(r) => Ended::Answered(r),
-                cut => {
-                    // End the wait on the server, then let the statement finish so the
-                    // connection is not dropped mid-reply. Whatever it answers, the
-                    // connection is closed below: a grant that raced the kill is given
-                    // up with it.
-                    // The kill is repeated until the wait ends: one sent before the
-                    // statement reached the server finds nothing to kill.
-                    let give_up = Instant::now() + KILL_GRACE;
-                    loop {
-                        let _ = sqlx::raw_sql(sqlx::AssertSqlSafe(format!("KILL QUERY {id}")))
-                            .execute(&self.control)
-                            .await;
-                        let step = (Instant::now() + KILL_RETRY).min(give_up);
-                        if tokio::time::timeout_at(step, &mut wait).await.is_ok()
-                            || Instant::now() >= give_up
-                        {
-                            break;
-                        }
-                    }
-                    cut
-                }
+                    .fetch_one(conn);
+            match deadline {
+                None => Ended::Answered(wait.await),
+                Some(until) => tokio::select! {
+                    // The wait first: a grant that is ready wins over a deadline just
+                    // passed.
+                    biased;
+                    r = wait => Ended::Answered(r),
+                    () = tokio::time::sleep_until(until) => Ended::Deadline,
+                },
             }
         };
         match ended {
             Ended::Answered(Ok(Some(1))) => Ok(true),
             // The server-side backstop ran out first (a deadline a hair before ours).
-            Ended::Answered(Ok(Some(_))) => Ok(false),
+            Ended::Answered(Ok(Some(_))) => {
+                self.recycle();
+                Ok(false)
+            }
             Ended::Answered(Ok(None)) => {
                 // Killed by someone else, or refused.
                 self.close().await;
@@ -346,8 +330,15 @@ impl Job {
                 self.close().await;
                 Err(map_sqlx(e))
             }
-            Ended::Deadline | Ended::Cancelled => {
-                self.close().await;
+            Ended::Deadline => {
+                // The statement is cut off mid-reply: end the session on the server
+                // (which ends the wait, or frees a grant that just raced in) and drop
+                // the connection.
+                let kill = sqlx::raw_sql(sqlx::AssertSqlSafe(format!("KILL CONNECTION {id}")));
+                let _ = tokio::time::timeout(self.check_timeout, kill.execute(&self.control)).await;
+                if let Some(mut conn) = self.conn.take() {
+                    conn.close_on_drop();
+                }
                 Ok(false)
             }
         }
@@ -407,14 +398,14 @@ impl Job {
     /// Asks whether this session still holds the lock; on any doubt closes the
     /// connection (which frees the lock if it somehow still held it) and says why.
     async fn check(&mut self) -> Result<(), LossReason> {
-        let Some(conn) = self.conn.as_mut() else {
+        let Some(conn) = self.conn.as_mut().and_then(LockConn::raw) else {
             return Err(task_gone());
         };
         let q = sqlx::query_scalar::<_, i64>(
             "SELECT CAST(COALESCE(IS_USED_LOCK(?) = CONNECTION_ID(), 0) AS SIGNED)",
         )
         .bind(&self.name)
-        .fetch_one(&mut **conn);
+        .fetch_one(conn);
         let outcome = tokio::time::timeout(self.check_timeout, q).await;
         let reason = match outcome {
             Ok(Ok(1)) => return Ok(()),
@@ -438,18 +429,18 @@ impl Job {
     /// `RELEASE_LOCK`, then the connection goes back to the pool; if the server does not
     /// confirm, the connection is closed instead.
     async fn release(&mut self) -> Result<(), Error> {
-        let Some(conn) = self.conn.as_mut() else {
+        let Some(conn) = self.conn.as_mut().and_then(LockConn::raw) else {
             return Err(lost(task_gone()));
         };
         let r = sqlx::query_scalar::<_, Option<i64>>("SELECT CAST(RELEASE_LOCK(?) AS SIGNED)")
             .bind(&self.name)
-            .fetch_one(&mut **conn)
+            .fetch_one(&mut *conn)
             .await;
         match r {
             Ok(Some(1)) => {
                 if self.lease.is_some() {
                     let reset = sqlx::raw_sql("SET SESSION wait_timeout = @@GLOBAL.wait_timeout")
-                        .execute(&mut **conn)
+                        .execute(conn)
                         .await;
                     if reset.is_err() {
                         // Released; only the connection is in doubt.
@@ -458,7 +449,7 @@ impl Job {
                     }
                 }
                 // Back to the pool, holding nothing.
-                self.conn = None;
+                self.recycle();
                 Ok(())
             }
             Ok(_) => {
@@ -484,17 +475,35 @@ impl Job {
     /// back to the pool.
     async fn close(&mut self) {
         if let Some(conn) = self.conn.take() {
-            let _ = conn.close().await;
+            conn.close().await;
+        }
+    }
+
+    /// Back to its pool: it holds nothing and no statement is in flight.
+    fn recycle(&mut self) {
+        if let Some(conn) = self.conn.take() {
+            conn.recycle();
         }
     }
 }
 
 impl Drop for Job {
     fn drop(&mut self) {
-        // Not closed or returned on purpose (the runtime is shutting down mid-statement):
-        // never let such a connection back into the pool.
-        if let Some(conn) = self.conn.as_mut() {
-            conn.close_on_drop();
+        // Not closed or recycled on purpose: the request's future was dropped (a wait
+        // or a grant may be in flight), or the runtime is shutting down. Never let such
+        // a connection back into a pool, and end its session on the server.
+        let Some(mut conn) = self.conn.take() else {
+            return;
+        };
+        conn.close_on_drop();
+        drop(conn);
+        if let (Some(id), Ok(rt)) = (self.id, tokio::runtime::Handle::try_current()) {
+            let control = self.control.clone();
+            let timeout = self.check_timeout;
+            rt.spawn(async move {
+                let kill = sqlx::raw_sql(sqlx::AssertSqlSafe(format!("KILL CONNECTION {id}")));
+                let _ = tokio::time::timeout(timeout, kill.execute(&control)).await;
+            });
         }
     }
 }
@@ -504,8 +513,4 @@ fn null_get_lock() -> Error {
         code: None,
         message: "GET_LOCK returned NULL (the wait was killed, or the server refused it)".into(),
     }
-}
-
-fn far_future() -> Instant {
-    Instant::now() + Duration::from_secs(FOREVER_SECS)
 }

@@ -24,7 +24,7 @@ use sqlx::{AssertSqlSafe, MySql, Row};
 use super::{MyBackend, map_sqlx};
 use crate::error::{Error, WaitingFor};
 use crate::key::Key;
-use crate::migrate::adopt::History;
+use crate::migrate::adopt::{History, baseline_records};
 use crate::migrate::plan::{Applied, MIGRATION_LOCK_KEY, Record, Report, failed, millis, plan};
 use crate::migrate::set::Migration;
 use crate::raw::{BoxFuture, MigrationTarget, Mode, RawHeld, Req, Scope, Wait};
@@ -57,11 +57,55 @@ impl MigrationTarget for MyBackend {
         set: &'a [Migration],
         to: Option<i64>,
     ) -> BoxFuture<'a, Result<Vec<i64>, Error>> {
-        let _ = (set, to);
+        Box::pin(baseline(self, set, to))
+    }
+
+    fn revert<'a>(
+        &'a self,
+        set: &'a [Migration],
+        to: Option<i64>,
+        on_reverted: &'a mut (dyn FnMut(&Applied) + Send),
+    ) -> BoxFuture<'a, Result<Vec<Applied>, Error>> {
+        let _ = (set, to, on_reverted);
         Box::pin(std::future::ready(Err(Error::Unsupported(
-            "migrate baseline is not implemented on MySQL yet".into(),
+            "migrate revert is not available on MySQL/MariaDB: DDL commits as it goes, so a \
+             down migration that fails half way cannot be rolled back; revert by hand and \
+             delete its dblock_migrations row (docs/mysql.md)"
+                .into(),
         ))))
     }
+}
+
+/// `Runner::baseline` on MySQL: under the migration lock, the table, then every row in
+/// one statement (all or none), recorded `done` without running anything. Only with
+/// `to` (MySQL has no sqlx history dblock reads); refuses, as a run does, while a
+/// migration is recorded as started and never done.
+async fn baseline(b: &MyBackend, set: &[Migration], to: Option<i64>) -> Result<Vec<i64>, Error> {
+    let guard = lock(b).await?;
+    let mut conn = connection(b).await?;
+    sqlx::raw_sql(CREATE_TABLE)
+        .execute(&mut *conn)
+        .await
+        .map_err(map_sqlx)?;
+    let records = read_records(&mut conn, Some(set)).await?;
+    let rows = baseline_records(set, &records, &History::default(), to)?;
+    if !rows.is_empty() {
+        let mut q = sqlx::QueryBuilder::<MySql>::new(
+            "INSERT INTO dblock_migrations (version, name, checksum, state, applied_at, duration_ms) ",
+        );
+        q.push_values(&rows, |mut v, r| {
+            v.push_bind(r.version)
+                .push_bind(r.name.clone())
+                .push_bind(r.checksum.clone())
+                .push("'done'")
+                .push(NOW)
+                .push_bind(0i64);
+        });
+        q.build().execute(&mut *conn).await.map_err(map_sqlx)?;
+    }
+    drop(conn);
+    guard.release().await?;
+    Ok(rows.iter().map(|r| r.version).collect())
 }
 
 const CREATE_TABLE: &str = "CREATE TABLE IF NOT EXISTS dblock_migrations (\
@@ -86,6 +130,7 @@ async fn lock(b: &MyBackend) -> Result<Box<dyn RawHeld>, Error> {
         wait: Wait::Forever,
         fenced: false,
         lease: None,
+        fence_key: None,
     };
     match super::lock::acquire(b, &req).await? {
         Some(grant) => Ok(grant.held),

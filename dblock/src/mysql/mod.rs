@@ -40,15 +40,17 @@
 //!   nothing.
 //! - **Whole seconds, and no "forever" on MariaDB.** The timeout is in seconds, and
 //!   MariaDB answers a negative one (MySQL's "wait forever") with NULL and warning 1411.
-//!   dblock first asks `GET_LOCK(name, 0)` (with `CONNECTION_ID()` in the same
-//!   statement); if the lock is held elsewhere, it waits in `GET_LOCK(name, S)` with `S`
-//!   one year for an unbounded wait, or the deadline rounded up plus a second as a
-//!   server-side backstop, and ends the wait itself at the exact deadline: `KILL QUERY`
-//!   of the waiting connection from a second connection. A connection whose wait was
-//!   killed is closed, never reused, so no grant that raced the kill survives and no
-//!   kill can hit a later statement.
-//! - **Cancellation.** The wait runs on a task that owns the connection; dropping the
-//!   request's future tells that task, which kills the wait the same way and closes the
+//!   dblock waits in `GET_LOCK(name, S)` with `S` one year for an unbounded wait, or the
+//!   deadline rounded up plus a second as a server-side backstop, and ends the wait
+//!   itself at the exact deadline: `KILL CONNECTION` of the waiting session from a
+//!   second connection, whose id dblock read when it opened the connection. The
+//!   connection is closed, never reused, so no grant that raced the kill survives and
+//!   no kill can hit a later statement. `try_lock` is `GET_LOCK(name, 0)`. Each is one
+//!   statement, one round trip. (On a caller's sqlx pool, whose connections' ids are
+//!   not known beforehand, the first statement asks for the id with `GET_LOCK(name, 0)`
+//!   and a wait follows as a second.)
+//! - **Cancellation.** The acquisition runs in the request's own future; dropping it
+//!   mid-statement kills the session the same way (from a spawned task) and closes the
 //!   connection. Nothing stays held.
 //! - **No shared mode.** Named locks are exclusive only. dblock refuses `shared()`
 //!   requests with [`Error::Unsupported`] rather than take them exclusively (or grant
@@ -89,6 +91,7 @@ pub(crate) mod fence;
 mod floor;
 mod lock;
 pub(crate) mod migrate;
+mod pool;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -138,15 +141,24 @@ pub(crate) async fn from_sqlx(
 /// # Ok::<(), dblock::Error>(())
 /// ```
 pub fn lock_name(database: &str, key: Key) -> String {
+    name_in(&name_prefix(database), key)
+}
+
+/// `dblock:<first 8 hex digits of SHA-256(database)>:`, the part of [`lock_name`] that
+/// depends on the database only.
+pub(crate) fn name_prefix(database: &str) -> String {
     let digest = Sha256::digest(database.as_bytes());
-    let mut out = String::with_capacity(32);
+    let mut out = String::with_capacity(16);
     out.push_str("dblock:");
     for b in &digest[..4] {
         out.push_str(&format!("{b:02x}"));
     }
     out.push(':');
-    out.push_str(&format!("{:016x}", key.as_i64() as u64));
     out
+}
+
+pub(crate) fn name_in(prefix: &str, key: Key) -> String {
+    format!("{prefix}{:016x}", key.as_i64() as u64)
 }
 
 /// The database a `mysql://` or `mariadb://` URL names (what [`lock_name`] takes), read
@@ -179,17 +191,26 @@ pub fn database_of_url(url: &str) -> Result<String, Error> {
 
 /// The backend of a handle on a MySQL or MariaDB database.
 pub(crate) struct MyBackend {
-    /// Where lock connections come from: dblock's own pool, or the caller's.
+    /// The caller's pool, or dblock's own for what is not a lock (the fencing and
+    /// migration tables).
     pub(crate) pool: MySqlPool,
+    /// dblock's own lock connections (`None` on the caller's pool: locks borrow its
+    /// connections).
+    own_locks: Option<Arc<pool::OwnPool>>,
     /// A connection or two for `KILL QUERY`, opened on first use.
     control: tokio::sync::OnceCell<MySqlPool>,
     /// The database every lock name includes.
     pub(crate) database: Arc<str>,
+    /// Its part of every lock name, hashed once.
+    name_prefix: String,
     check_interval: Duration,
     check_timeout: Duration,
     /// Whether dblock opened the pool itself (the benchmark's floor needs its options).
     pub(crate) own: bool,
     fence_table_ready: tokio::sync::OnceCell<()>,
+    /// The benchmark's floor, one per handle: its connections, once open, serve every
+    /// slice of a run (none is opened inside a timed slice after the warm-up).
+    floor: std::sync::OnceLock<Arc<floor::Floor>>,
 }
 
 /// The longest wait `GET_LOCK` is asked for when there is no deadline: a year, since
@@ -237,8 +258,14 @@ impl MyBackend {
             // Each lock's task checks its connection while it is held; a ping before
             // every acquisition would add a round trip to every lock.
             .test_before_acquire(false)
-            .connect_lazy_with(options);
-        Ok(MyBackend::new(pool, database, opts, true))
+            .connect_lazy_with(options.clone());
+        let mut b = MyBackend::new(pool, database, opts, true);
+        b.own_locks = Some(pool::OwnPool::new(
+            options,
+            opts.max_connections,
+            opts.acquire_timeout,
+        ));
+        Ok(b)
     }
 
     /// Borrows connections from the caller's pool.
@@ -260,18 +287,29 @@ impl MyBackend {
     fn new(pool: MySqlPool, database: Arc<str>, opts: &Options, own: bool) -> MyBackend {
         MyBackend {
             pool,
+            own_locks: None,
+            name_prefix: name_prefix(&database),
             control: tokio::sync::OnceCell::new(),
             database,
             check_interval: opts.check_interval,
             check_timeout: opts.check_timeout,
             own,
             fence_table_ready: tokio::sync::OnceCell::new(),
+            floor: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// A connection to take a lock on.
+    async fn lock_conn(&self) -> Result<pool::LockConn, Error> {
+        match &self.own_locks {
+            Some(own) => own.acquire().await,
+            None => pool::LockConn::borrow(&self.pool).await,
         }
     }
 
     /// The `GET_LOCK` name of `key` on this database.
     pub(crate) fn lock_name(&self, key: Key) -> String {
-        lock_name(&self.database, key)
+        name_in(&self.name_prefix, key)
     }
 
     /// Takes the lock `req` asks for: see [`lock`] for the protocol.
@@ -357,10 +395,15 @@ impl RawLocks for MyBackend {
 
     fn bench_floor(&self) -> Option<Result<Arc<dyn BenchFloor>, Error>> {
         Some(match self.own {
-            true => Ok(Arc::new(floor::Floor::new(
-                (*self.pool.connect_options()).clone(),
-                self.database.clone(),
-            ))),
+            true => Ok(self
+                .floor
+                .get_or_init(|| {
+                    Arc::new(floor::Floor::new(
+                        (*self.pool.connect_options()).clone(),
+                        self.database.clone(),
+                    ))
+                })
+                .clone()),
             false => Err(Error::Unsupported(
                 "the benchmark needs a mysql:// URL, not an sqlx pool".into(),
             )),

@@ -9,7 +9,7 @@ use tokio::time::Instant;
 use super::conn::{Armed, Conn};
 use super::held::Pinned;
 use super::mux;
-use super::plan::Plan;
+use super::plan::{Any, Plan};
 use super::pool::Pool;
 use super::pooler::{Known, Pooler};
 use super::sql::first_value;
@@ -17,10 +17,10 @@ use super::sqlx_conn::SqlxSource;
 use super::tls::Connector;
 use super::wire::QueryError;
 use crate::error::{Error, WaitingFor};
-use crate::key::{DEFAULT_NAMESPACE, NAMESPACE_SETTING};
+use crate::key::{DEFAULT_NAMESPACE, Key, NAMESPACE_SETTING};
 use crate::raw::{
     BenchFloor, BoxFuture, FencingStore, Grant, MigrationTarget, Options, RawLocks, Req, Scope,
-    Wait,
+    Wait, acquire_any_in_turn, any_start,
 };
 
 /// Where a backend's connections come from.
@@ -229,6 +229,31 @@ impl PgBackend {
 
     /// Takes a lock as `req` says: one round trip on a pinned connection.
     async fn acquire(&self, req: &Req<'_>) -> Result<Option<Grant>, Error> {
+        Ok(self.acquire_keys(req, &[]).await?.map(|(_, g)| g))
+    }
+
+    /// Takes any one of `keys` (see [`Any`]), `req.key` being the name's; the index of
+    /// the key granted. A fenced request, or one a multiplexing handle would take on a
+    /// shared connection, takes them one by one instead.
+    async fn acquire_any(
+        &self,
+        req: &Req<'_>,
+        keys: &[Key],
+    ) -> Result<Option<(usize, Grant)>, Error> {
+        let multiplexed = self.mux.is_some() && mux::Mux::applies(req);
+        if req.fenced || multiplexed || keys.is_empty() {
+            return acquire_any_in_turn(self, req, keys).await;
+        }
+        self.acquire_keys(req, keys).await
+    }
+
+    /// Takes `req.key`, or with `any` keys any one of them: one round trip on a pinned
+    /// connection per slice of waiting.
+    async fn acquire_keys(
+        &self,
+        req: &Req<'_>,
+        any: &[Key],
+    ) -> Result<Option<(usize, Grant)>, Error> {
         if let Some(lease) = req.lease {
             // The holder must learn of a loss before the server can end its session and
             // grant the lock to another: a silent connection is declared lost at most
@@ -269,9 +294,13 @@ impl PgBackend {
             ),
             false => None,
         };
-        if let Some(mux) = self.mux.as_ref().filter(|_| mux::Mux::applies(req)) {
+        if let Some(mux) = self
+            .mux
+            .as_ref()
+            .filter(|_| any.is_empty() && mux::Mux::applies(req))
+        {
             match mux.try_acquire(req, fence_table.as_ref()).await? {
-                mux::Attempt::Granted(g) => return Ok(Some(g)),
+                mux::Attempt::Granted(g) => return Ok(Some((0, g))),
                 mux::Attempt::NotFree if req.wait == Wait::Try => return Ok(None),
                 // Waiting never blocks a shared connection: wait on a connection of its own.
                 mux::Attempt::NotFree | mux::Attempt::HeldHere => {}
@@ -299,7 +328,13 @@ impl PgBackend {
             (_, Wait::Until(d)) => Some(d + POOLER_GRACE),
             _ => None,
         };
-        // A wait longer than one slice goes round again (see WAIT_SLICE_MS).
+        // A wait longer than one slice goes round again (see WAIT_SLICE_MS), on the
+        // next of `any` keys.
+        let mut start = if any.is_empty() {
+            0
+        } else {
+            any_start(any.len())
+        };
         loop {
             let conn = match queued_bound {
                 Some(b) => {
@@ -310,12 +345,14 @@ impl PgBackend {
                 }
                 None => self.source.get_until(deadline).await?,
             };
-            let plan = Plan::new(
+            let plan = Plan::build(
                 req,
                 fence_table.as_deref(),
                 self.check_disconnect,
                 self.version >= 120_000,
+                (!any.is_empty()).then_some(Any { keys: any, start }),
             );
+            start = (start + 1) % any.len().max(1);
             let armed = Armed::new(conn);
             let result = match deadline {
                 // The server ends the wait (lock_timeout); the client-side bound is a
@@ -343,21 +380,38 @@ impl PgBackend {
                 None => armed.conn().lock_query(&plan.sql, plan.wanted()).await,
             };
             let conn = armed.disarm();
-            return match result {
-                Ok(firsts) => match plan.outcome(&firsts) {
-                    Some(token) => {
-                        conn.link().set_holding(true);
-                        Ok(Some(Grant {
-                            held: Box::new(Pinned::new(conn, req, self.check_timeout)),
-                            fence: token.zip(fence_table),
-                        }))
+            let outcome = result.map(|firsts| match any.is_empty() {
+                true => plan.outcome(&firsts).map(|token| (0, token)),
+                false => plan.granted_slot(&firsts).map(|slot| (slot, None)),
+            });
+            return match outcome {
+                Ok(granted) => {
+                    match granted.filter(|&(slot, _)| any.is_empty() || slot < any.len()) {
+                        Some((slot, token)) => {
+                            conn.link().set_holding(true);
+                            let held = match any.get(slot) {
+                                Some(&key) => Pinned::new(
+                                    conn,
+                                    &Req { key, ..req.clone() },
+                                    self.check_timeout,
+                                ),
+                                None => Pinned::new(conn, req, self.check_timeout),
+                            };
+                            Ok(Some((
+                                slot,
+                                Grant {
+                                    held: Box::new(held),
+                                    fence: token.zip(fence_table),
+                                },
+                            )))
+                        }
+                        None => {
+                            plan.clean_up(&conn, false);
+                            conn.recycle();
+                            Ok(None)
+                        }
                     }
-                    None => {
-                        plan.clean_up(&conn, false);
-                        conn.recycle();
-                        Ok(None)
-                    }
-                },
+                }
                 Err(QueryError::Db { code, message }) => {
                     plan.clean_up(&conn, true);
                     conn.recycle();
@@ -398,14 +452,6 @@ impl PgBackend {
         }
     }
 
-    /// The configuration of dblock's own connections, if it uses its own.
-    pub(crate) fn native_config(&self) -> Option<(tokio_postgres::Config, Connector)> {
-        match &self.source {
-            Source::Native(p) => Some((p.config().clone(), p.tls().clone())),
-            Source::Sqlx(_) => None,
-        }
-    }
-
     /// A connection of this handle's own, pinned for the caller (the migration runner):
     /// it must go back through [`Conn::recycle`] only with no lock held and no
     /// transaction open, and through [`Conn::abandon`] (or a dropped [`Armed`]) whenever
@@ -441,6 +487,14 @@ impl RawLocks for PgBackend {
         Box::pin(PgBackend::acquire(self, req))
     }
 
+    fn acquire_any<'a>(
+        &'a self,
+        req: &'a Req<'a>,
+        keys: &'a [Key],
+    ) -> BoxFuture<'a, Result<Option<(usize, Grant)>, Error>> {
+        Box::pin(PgBackend::acquire_any(self, req, keys))
+    }
+
     fn has_leases(&self) -> bool {
         true
     }
@@ -462,9 +516,13 @@ impl RawLocks for PgBackend {
     }
 
     fn bench_floor(&self) -> Option<Result<Arc<dyn BenchFloor>, Error>> {
-        Some(match self.native_config() {
-            Some((c, tls)) => Ok(Arc::new(super::floor::Floor::new(c, tls))),
-            None => Err(Error::Unsupported(
+        Some(match &self.source {
+            Source::Native(p) => Ok(Arc::new(super::floor::Floor::new(
+                p.config().clone(),
+                p.tls().clone(),
+                p.clone(),
+            ))),
+            Source::Sqlx(_) => Err(Error::Unsupported(
                 "the benchmark needs a postgres:// URL, not an sqlx pool".into(),
             )),
         })

@@ -117,9 +117,10 @@ impl Mux {
         let sql = match fence_table {
             Some(table) => format!(
                 "INSERT INTO {table} AS f (key, namespace, name, token, holder, granted_at) \
-                 SELECT {k}, {ns}, {name}, 1, {holder}, now() WHERE pg_try_advisory_lock({k}) \
+                 SELECT {fk}, {ns}, {name}, 1, {holder}, now() WHERE pg_try_advisory_lock({k}) \
                  ON CONFLICT (key) DO UPDATE SET token = f.token + 1, \
                  holder = EXCLUDED.holder, granted_at = EXCLUDED.granted_at RETURNING token",
+                fk = req.fence_key().as_i64(),
                 ns = quote_literal(req.namespace),
                 name = quote_literal(req.name),
                 holder = quote_literal(holder_id()),

@@ -10,7 +10,7 @@ use super::conn::Conn;
 use super::sql::{i64_text, quote_literal};
 use super::wire::{LockSql, Release};
 use crate::key::Key;
-use crate::raw::{Mode, Req, Scope, Wait, holder_id};
+use crate::raw::{ANY_SLICE, Mode, Req, Scope, Wait, holder_id};
 
 /// The longest `lock_timeout`, `idle_in_transaction_session_timeout` or
 /// `idle_session_timeout` the server accepts, in milliseconds (2³¹ − 1: about 24.8 days).
@@ -49,17 +49,46 @@ pub(crate) struct Plan {
     token_at: Option<usize>,
     /// Whether the server's lock_timeout is shorter than the wait asked for.
     pub(crate) sliced: bool,
+    /// Whether the request takes any one of several keys (see [`Any`]): then the
+    /// statement at `must_be_true` returns the index of the key granted, or NULL.
+    any: bool,
+}
+
+/// A request for any one of several keys (a semaphore's slots), in one statement:
+/// `SELECT CASE WHEN pg_try_advisory_xact_lock(k₂) THEN 2 WHEN … ELSE (SELECT 2 FROM
+/// pg_advisory_xact_lock(k₂)) END` — each key tried in turn from `start` (CASE stops at
+/// the first granted), then a wait on `keys[start]` alone, as long as one slice; the
+/// scalar subquery is evaluated only when the ELSE is reached. A try ends `ELSE NULL`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Any<'a> {
+    pub(crate) keys: &'a [Key],
+    pub(crate) start: usize,
 }
 
 impl Plan {
     /// `chain`: whether the server has `ROLLBACK AND CHAIN` (PostgreSQL 12).
+    #[cfg(test)]
     pub(crate) fn new(
         req: &Req<'_>,
         fence_table: Option<&str>,
         check_disconnect: bool,
         chain: bool,
     ) -> Plan {
+        Plan::build(req, fence_table, check_disconnect, chain, None)
+    }
+
+    /// The plan of `req` (`chain`: whether the server has `ROLLBACK AND CHAIN`,
+    /// PostgreSQL 12), for any one of several keys when `any` is given (never with a
+    /// fenced request, which takes its slots one by one).
+    pub(crate) fn build(
+        req: &Req<'_>,
+        fence_table: Option<&str>,
+        check_disconnect: bool,
+        chain: bool,
+        any: Option<Any<'_>>,
+    ) -> Plan {
         debug_assert!(!req.fenced || fence_table.is_some());
+        debug_assert!(!(req.fenced && any.is_some()));
         let mut kbuf = [0u8; 20];
         let k = i64_text(req.key.as_i64(), &mut kbuf);
         let shared = if req.mode == Mode::Shared {
@@ -71,21 +100,27 @@ impl Plan {
         // at most one WAIT_SLICE_MS: a longer wait is asked for again, so that no waiter
         // holds one statement's snapshot for longer than that.
         let mut sliced = false;
+        // A wait for any of several keys waits on one of them: a shorter slice, so that
+        // the others are tried again soon (see ANY_SLICE).
+        let slice_ms = match any {
+            Some(_) => ANY_SLICE.as_millis(),
+            None => WAIT_SLICE_MS,
+        };
         let timeout_ms = match req.wait {
             Wait::Until(t) => {
                 // Rounded up: the server must not give up before the deadline.
                 let left = t.saturating_duration_since(Instant::now());
                 let ms = left.as_micros().div_ceil(1000);
-                sliced = ms > WAIT_SLICE_MS;
+                sliced = ms > slice_ms;
                 if left < Duration::from_millis(1) {
                     None
                 } else {
-                    Some(ms.min(WAIT_SLICE_MS))
+                    Some(ms.min(slice_ms))
                 }
             }
             Wait::Forever => {
                 sliced = true;
-                Some(WAIT_SLICE_MS)
+                Some(slice_ms)
             }
             Wait::Try => None,
         };
@@ -115,14 +150,18 @@ impl Plan {
                 if let Some(ms) = timeout_ms {
                     sql.push(&[&format!("SET LOCAL lock_timeout = {ms}")]);
                 }
-                let f = if try_ {
-                    "SELECT pg_try_advisory_xact_lock"
+                if let Some(any) = any {
+                    must_be_true = Some(push_any(&mut sql, any, "_xact", try_));
                 } else {
-                    "SELECT pg_advisory_xact_lock"
-                };
-                let i = sql.push(&[f, shared, "(", k, ")"]);
-                if try_ {
-                    must_be_true = Some(i);
+                    let f = if try_ {
+                        "SELECT pg_try_advisory_xact_lock"
+                    } else {
+                        "SELECT pg_advisory_xact_lock"
+                    };
+                    let i = sql.push(&[f, shared, "(", k, ")"]);
+                    if try_ {
+                        must_be_true = Some(i);
+                    }
                 }
             }
             (Scope::Session, false) => {
@@ -137,14 +176,18 @@ impl Plan {
                 if let Some(ms) = timeout_ms {
                     sql.push(&[&format!("SELECT set_config('lock_timeout', '{ms}', true)")]);
                 }
-                let f = if try_ {
-                    "SELECT pg_try_advisory_lock"
+                if let Some(any) = any {
+                    must_be_true = Some(push_any(&mut sql, any, "", try_));
                 } else {
-                    "SELECT pg_advisory_lock"
-                };
-                let i = sql.push(&[f, shared, "(", k, ")"]);
-                if try_ {
-                    must_be_true = Some(i);
+                    let f = if try_ {
+                        "SELECT pg_try_advisory_lock"
+                    } else {
+                        "SELECT pg_advisory_lock"
+                    };
+                    let i = sql.push(&[f, shared, "(", k, ")"]);
+                    if try_ {
+                        must_be_true = Some(i);
+                    }
                 }
             }
             (scope, true) => {
@@ -171,9 +214,10 @@ impl Plan {
                 }
                 let upsert = format!(
                     "INSERT INTO {table} AS f (key, namespace, name, token, holder, granted_at) \
-                     SELECT {k}, {ns}, {name}, 1, {holder}, now() {cond}\
+                     SELECT {fk}, {ns}, {name}, 1, {holder}, now() {cond}\
                      ON CONFLICT (key) DO UPDATE SET token = f.token + 1, \
                      holder = EXCLUDED.holder, granted_at = EXCLUDED.granted_at RETURNING token",
+                    fk = req.fence_key().as_i64(),
                     ns = quote_literal(req.namespace),
                     name = quote_literal(req.name),
                     holder = quote_literal(holder_id()),
@@ -216,7 +260,15 @@ impl Plan {
             must_be_true,
             token_at,
             sliced,
+            any: any.is_some(),
         }
+    }
+
+    /// From the first values of [`Plan::wanted`], for a request for any of several
+    /// keys: the index of the key granted, if one was.
+    pub(crate) fn granted_slot(&self, firsts: &[Option<String>; 2]) -> Option<usize> {
+        debug_assert!(self.any);
+        firsts[0].as_deref()?.parse().ok()
     }
 
     /// The statements whose first values [`Plan::outcome`] reads.
@@ -227,6 +279,7 @@ impl Plan {
     /// From the first values of [`Plan::wanted`]: `None` if the lock was not obtained,
     /// `Some(token)` if it was.
     pub(crate) fn outcome(&self, firsts: &[Option<String>; 2]) -> Option<Option<i64>> {
+        debug_assert!(!self.any);
         let [must_be_true, token] = firsts;
         if self.must_be_true.is_some() && must_be_true.as_deref() != Some("t") {
             return None;
@@ -266,6 +319,33 @@ impl Plan {
         };
         conn.send(&sql);
     }
+}
+
+/// Writes the statement of an [`Any`] request (`scope`: `"_xact"` or `""`); returns its
+/// index.
+fn push_any(sql: &mut LockSql, any: Any<'_>, scope: &str, try_: bool) -> usize {
+    use std::fmt::Write;
+    let n = any.keys.len();
+    let mut text = String::from("SELECT CASE");
+    for i in 0..n {
+        let slot = (any.start + i) % n;
+        let _ = write!(
+            text,
+            " WHEN pg_try_advisory{scope}_lock({}) THEN {slot}",
+            any.keys[slot].as_i64()
+        );
+    }
+    if try_ {
+        text.push_str(" ELSE NULL END");
+    } else {
+        let _ = write!(
+            text,
+            " ELSE (SELECT {s} FROM pg_advisory{scope}_lock({}) AS w) END",
+            any.keys[any.start % n].as_i64(),
+            s = any.start % n
+        );
+    }
+    sql.push(&[&text])
 }
 
 /// How many statements [`release_sql`] writes.
@@ -319,6 +399,7 @@ mod tests {
             wait,
             fenced,
             lease: None,
+            fence_key: None,
         }
     }
 
@@ -346,6 +427,35 @@ mod tests {
         let p = Plan::new_t(&req(Scope::Session, Mode::Shared, Wait::Try, false), None);
         assert_eq!(p.sql.alone(), "SELECT pg_try_advisory_lock_shared(42)");
         assert_eq!(p.must_be_true, Some(0));
+    }
+
+    #[test]
+    fn a_request_for_any_of_several_keys_is_one_statement() {
+        let keys = [Key::from_i64(10), Key::from_i64(11), Key::from_i64(12)];
+        let any = Some(Any {
+            keys: &keys,
+            start: 1,
+        });
+        let r = req(Scope::Transaction, Mode::Exclusive, Wait::Forever, false);
+        let p = Plan::build(&r, None, false, true, any);
+        assert_eq!(
+            p.sql.alone(),
+            "BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL lock_timeout = 500; \
+             SELECT CASE WHEN pg_try_advisory_xact_lock(11) THEN 1 \
+             WHEN pg_try_advisory_xact_lock(12) THEN 2 WHEN pg_try_advisory_xact_lock(10) THEN 0 \
+             ELSE (SELECT 1 FROM pg_advisory_xact_lock(11) AS w) END"
+        );
+        assert!(p.sliced);
+        assert_eq!(p.wanted(), [Some(2), None]);
+        assert_eq!(p.granted_slot(&[Some("2".into()), None]), Some(2));
+        assert_eq!(p.granted_slot(&[None, None]), None);
+        let r = req(Scope::Session, Mode::Exclusive, Wait::Try, false);
+        let p = Plan::build(&r, None, false, true, any);
+        assert_eq!(
+            p.sql.alone(),
+            "SELECT CASE WHEN pg_try_advisory_lock(11) THEN 1 \
+             WHEN pg_try_advisory_lock(12) THEN 2 WHEN pg_try_advisory_lock(10) THEN 0 ELSE NULL END"
+        );
     }
 
     #[test]

@@ -45,7 +45,7 @@ pub(crate) async fn next_token(shared: &Shared, req: &Req<'_>) -> Result<i64, Er
          ON CONFLICT (key) DO UPDATE SET token = token + 1, holder = excluded.holder, \
          granted_at = excluded.granted_at RETURNING token",
     )
-    .bind(req.key.as_i64())
+    .bind(req.fence_key().as_i64())
     .bind(req.namespace)
     .bind(req.name)
     .bind(holder_id())

@@ -9,6 +9,15 @@
 //!     takes NAME, prints `held TOKEN`, then sleeps until killed.
 //! dblock-worker wait URL NAME
 //!     waits for NAME, prints `acquired`, exits.
+//! dblock-worker semaphore URL NAME LIMIT ITERATIONS SLEEP_MS DIR [--no-lock]
+//!     prints `ready`, waits for a line on stdin (so that every process starts at
+//!     once), then ITERATIONS times: takes a slot of the semaphore NAME, creates a
+//!     marker file in DIR, counts the markers there, sleeps, removes its marker,
+//!     releases. Prints `max=M`: the most markers it saw at once.
+//! dblock-worker hold-slot URL NAME LIMIT
+//!     takes a slot of the semaphore NAME, prints `held SLOT`, then sleeps until killed.
+//! dblock-worker wait-slot URL NAME LIMIT
+//!     waits for a slot of the semaphore NAME, prints `acquired SLOT`, exits.
 //! dblock-worker kleppmann URL NAME [--no-fence]
 //!     takes NAME fenced, prints `held TOKEN`, waits for a line on stdin, then writes
 //!     `resource` row 1 (value 'A') in a transaction checked by the fence (unless
@@ -22,6 +31,8 @@
 
 use std::io::Write;
 use std::time::Duration;
+
+use dblock_testkit::appdb::Outcome;
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
@@ -114,9 +125,53 @@ async fn main() {
             std::io::stdout().flush().unwrap();
             drop(guard);
         }
+        "semaphore" => {
+            let limit: u32 = arg(3).parse().unwrap();
+            let iterations: u32 = arg(4).parse().unwrap();
+            let sleep = Duration::from_millis(arg(5).parse().unwrap());
+            let dir = std::path::PathBuf::from(arg(6));
+            let locked = !args.iter().any(|a| a == "--no-lock");
+            println!("ready");
+            std::io::stdout().flush().unwrap();
+            let mut line = String::new();
+            std::io::stdin().read_line(&mut line).unwrap();
+            let marker = dir.join(format!("inside-{}", std::process::id()));
+            let mut max = 0;
+            for _ in 0..iterations {
+                let guard = if locked {
+                    Some(locks.semaphore(&name, limit).lock().await.unwrap())
+                } else {
+                    None
+                };
+                std::fs::write(&marker, "").unwrap();
+                let inside = std::fs::read_dir(&dir).unwrap().count();
+                max = max.max(inside);
+                tokio::time::sleep(sleep).await;
+                std::fs::remove_file(&marker).unwrap();
+                if let Some(g) = guard {
+                    g.release().await.unwrap();
+                }
+            }
+            println!("max={max}");
+        }
+        "hold-slot" => {
+            let limit: u32 = arg(3).parse().unwrap();
+            let guard = locks.semaphore(&name, limit).lock().await.unwrap();
+            println!("held {}", guard.slot());
+            std::io::stdout().flush().unwrap();
+            tokio::time::sleep(Duration::from_secs(3600)).await;
+            drop(guard);
+        }
+        "wait-slot" => {
+            let limit: u32 = arg(3).parse().unwrap();
+            let guard = locks.semaphore(&name, limit).lock().await.unwrap();
+            println!("acquired {}", guard.slot());
+            std::io::stdout().flush().unwrap();
+            drop(guard);
+        }
         "kleppmann" => {
             let no_fence = args.iter().any(|a| a == "--no-fence");
-            let pool = sqlx::PgPool::connect(&arg(1)).await.unwrap();
+            let app = dblock_testkit::appdb::AppDb::connect(&arg(1)).await;
             let guard = locks.request(&name).fenced().lock().await.unwrap();
             let fence = guard.fence().unwrap().clone();
             println!("held {}", fence.token());
@@ -125,19 +180,11 @@ async fn main() {
             std::io::stdin().read_line(&mut line).unwrap();
             // Whatever happened meanwhile, this process now does its write, as a holder
             // that paused without noticing would.
-            let mut tx = pool.begin().await.unwrap();
-            sqlx::query("UPDATE resource SET value = 'A', token = $1 WHERE id = 1")
-                .bind(fence.token())
-                .execute(&mut *tx)
-                .await
-                .unwrap();
-            let ok = no_fence || fence.check_postgres(&mut tx).await.is_ok();
-            if ok {
-                tx.commit().await.unwrap();
-                println!("written");
-            } else {
-                tx.rollback().await.unwrap();
-                println!("rejected");
+            let checked = (!no_fence).then_some(&fence);
+            match app.write_resource("A", fence.token(), checked).await {
+                Outcome::Written => println!("written"),
+                Outcome::Rejected => println!("rejected"),
+                Outcome::Failed(e) => println!("failed {e}"),
             }
             drop(guard);
         }
@@ -153,7 +200,7 @@ async fn main() {
                 .build()
                 .await
                 .unwrap();
-            let pool = sqlx::PgPool::connect(&arg(1)).await.unwrap();
+            let app = dblock_testkit::appdb::AppDb::connect(&arg(1)).await;
             let election = dblock::leader::Election::new(&locks, &name).lease(lease);
             loop {
                 let term = election.campaign().await.unwrap();
@@ -170,21 +217,12 @@ async fn main() {
                         }
                         () = tokio::time::sleep(Duration::from_millis(20)) => {}
                     }
-                    let Ok(mut tx) = pool.begin().await else {
-                        continue;
-                    };
-                    let ins = sqlx::query("INSERT INTO leader_log (token) VALUES ($1)")
-                        .bind(fence.token())
-                        .execute(&mut *tx)
-                        .await;
-                    if ins.is_err() {
-                        continue;
+                    let checked = (!no_fence).then_some(&fence);
+                    let out = app.log_term(fence.token(), checked).await;
+                    if let Outcome::Failed(e) = &out {
+                        eprintln!("log_term: {e}");
                     }
-                    let ok = no_fence || fence.check_postgres(&mut tx).await.is_ok();
-                    if ok {
-                        let _ = tx.commit().await;
-                    } else {
-                        let _ = tx.rollback().await;
+                    if out == Outcome::Rejected {
                         println!("rejected {}", fence.token());
                         std::io::stdout().flush().unwrap();
                     }

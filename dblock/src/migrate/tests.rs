@@ -1,0 +1,159 @@
+//! Unit tests of the migration runner's pure parts.
+
+use super::plan::failed;
+use super::*;
+
+#[test]
+fn the_lock_comes_first_and_the_ddl_is_carried_through_byte_for_byte() {
+    let ddl = "-- leading comment\nCREATE TABLE IF NOT EXISTS t (x int);\n\
+               DO $$ BEGIN PERFORM 1; END $$;\r\n\tCREATE INDEX IF NOT EXISTS i ON t (x)";
+    let sql = lock_prefixed(ddl);
+    let first = "SELECT pg_advisory_xact_lock(4918577646357138689);\n";
+    assert!(sql.starts_with(first), "{sql}");
+    assert_eq!(&sql[first.len()..], ddl, "the caller's DDL, unaltered");
+    // The prefix is one complete statement, whatever the script starts with.
+    let stmts = split::split(&sql);
+    assert_eq!(
+        stmts[0],
+        "SELECT pg_advisory_xact_lock(4918577646357138689)"
+    );
+    assert_eq!(lock_prefixed(""), first);
+}
+
+#[test]
+fn the_key_reads_dblockm_and_shows_in_pg_locks_as_documented() {
+    assert_eq!(&MIGRATION_LOCK_KEY.to_be_bytes()[..7], b"DBLOCKM");
+    assert_eq!(MIGRATION_LOCK_KEY.to_be_bytes()[7], 1, "version byte");
+    assert_eq!(
+        crate::Key::from_i64(MIGRATION_LOCK_KEY).pg_locks_ids(),
+        (1_145_195_599, 1_129_008_385)
+    );
+}
+
+#[test]
+fn start_up_scripts_with_transaction_control_are_refused() {
+    assert!(check_script("CREATE TABLE a (x int); CREATE INDEX i ON a (x);").is_ok());
+    let e = check_script("CREATE TABLE a (x int); COMMIT; CREATE TABLE b (y int)")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("statement 2 is COMMIT"), "{e}");
+}
+
+fn rec(version: i64, checksum: &str) -> Record {
+    Record {
+        version,
+        name: format!("n{version}"),
+        checksum: checksum.into(),
+        applied_at: "2026-01-01T00:00:00.000Z".into(),
+        duration_ms: 5,
+    }
+}
+
+#[test]
+fn plans_apply_what_is_pending_and_refuse_edits_and_unknown_versions() {
+    let set = Migrations::from_sources([
+        ("1_a.sql", "SELECT 1"),
+        ("2_b.sql", "SELECT 2"),
+        ("3_c.sql", "SELECT 3"),
+    ])
+    .unwrap();
+    let set = set.checked().unwrap();
+    let sum = |v: usize| set[v - 1].checksum().to_string();
+    let versions = |p: Vec<&Migration>| p.iter().map(|m| m.version()).collect::<Vec<_>>();
+    assert_eq!(versions(plan(set, &[], false).unwrap()), [1, 2, 3]);
+    // An out-of-order pending migration (merged late) is applied too.
+    let recs = [rec(1, &sum(1)), rec(3, &sum(3))];
+    assert_eq!(versions(plan(set, &recs, false).unwrap()), [2]);
+
+    match plan(set, &[rec(1, &sum(1)), rec(2, "beef")], false) {
+        Err(Error::MigrationEdited {
+            file, version: 2, ..
+        }) => assert_eq!(file, "2_b.sql"),
+        other => panic!("{other:?}"),
+    }
+    let recs = [rec(1, &sum(1)), rec(7, "x")];
+    match plan(set, &recs, false) {
+        Err(Error::UnknownMigrations { missing }) => assert_eq!(missing, ["7 (n7)"]),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(versions(plan(set, &recs, true).unwrap()), [2, 3]);
+
+    let st = status_of(
+        set,
+        vec![rec(1, &sum(1)), rec(2, "beef"), rec(7, "x")],
+        false,
+    );
+    let states: Vec<_> = st.entries.iter().map(|e| (e.version, e.state)).collect();
+    assert_eq!(
+        states,
+        [
+            (1, State::Applied),
+            (2, State::Edited),
+            (3, State::Pending),
+            (7, State::Unknown)
+        ]
+    );
+    assert!(st.would_refuse());
+    assert_eq!(st.count(State::Pending), 1);
+    assert_eq!(st.entries[3].name, "n7");
+    assert_eq!(st.entries[0].duration, Some(Duration::from_millis(5)));
+}
+
+#[test]
+fn a_failure_outside_a_transaction_says_which_statement() {
+    let set = Migrations::from_sources([
+        (
+            "dir/0004_idx.sql",
+            "-- dblock:no-transaction\nSELECT 1; SELECT 2;",
+        ),
+        ("dir/0005_cic.sql", "CREATE INDEX CONCURRENTLY i ON t (x)"),
+    ])
+    .unwrap();
+    let e = failed(
+        set.get(4).unwrap(),
+        Some((2, 2)),
+        Error::Database {
+            code: Some("42P01".into()),
+            message: "relation \"t\" does not exist".into(),
+        },
+    );
+    assert_eq!(e.sqlstate(), Some("42P01"));
+    assert_eq!(
+        e.to_string(),
+        "migration dir/0004_idx.sql failed at statement 2 of 2 (outside a transaction: \
+         statement 1 stays applied): database error 42P01: relation \"t\" does not exist"
+    );
+    let e = failed(
+        set.get(5).unwrap(),
+        None,
+        Error::Database {
+            code: Some("25001".into()),
+            message: "CREATE INDEX CONCURRENTLY cannot run inside a transaction block".into(),
+        },
+    );
+    assert!(
+        e.to_string()
+            .contains("hint: make \"-- dblock:no-transaction\""),
+        "{e}"
+    );
+}
+
+#[allow(dead_code)]
+fn futures_are_send(locks: &Locks, set: &Migrations) {
+    fn send<T: Send>(_: T) {}
+    send(set.run(locks));
+    send(set.runner(locks).on_applied(|_| {}).run());
+    send(set.runner(locks).dry_run());
+    send(set.runner(locks).status());
+    send(set.runner(locks).server_version_num());
+    send(set.runner(locks).baseline(None));
+    send(set.runner(locks).on_applied(|_| {}).revert(None));
+    send(locks.run_script(""));
+    #[cfg(feature = "postgres")]
+    {
+        let pool: Option<sqlx::PgPool> = None;
+        if let Some(p) = &pool {
+            send(run_script(p, ""));
+        }
+    }
+}
