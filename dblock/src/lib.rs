@@ -56,6 +56,7 @@
 //! | `sqlite`   | yes     | the embedded default: an SQLite file and byte-range locks beside it (Linux) |
 //! | `mysql`    | yes     | MySQL 8 / MariaDB 10.6+ named locks (`GET_LOCK`): see [`mysql`] |
 //! | `macros`   | yes     | [`migrations!`]: a directory of migrations embedded at compile time |
+//! | `metrics`  | no      | counters, histograms and a gauge of locks through the `metrics` facade (`docs/observability.md`); `tracing` events are always on |
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 // Shared helpers (connection strings, migration reverts, pooler settings) serve some backends
@@ -81,6 +82,7 @@ pub mod migrate;
 #[cfg(feature = "mysql")]
 #[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
 pub mod mysql;
+mod observe;
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub mod postgres;
@@ -135,4 +137,7 @@ mod docs_doctests {
     #[cfg(feature = "mysql")]
     #[doc = include_str!("../../docs/mysql.md")]
     struct MySql;
+    #[cfg(all(feature = "metrics", feature = "postgres"))]
+    #[doc = include_str!("../../docs/observability.md")]
+    struct Observability;
 }

@@ -17,6 +17,7 @@ use tokio::time::Instant;
 use crate::error::{Error, LossReason, WaitingFor};
 use crate::key::{Key, check_name};
 use crate::locks::Locks;
+use crate::observe::{Attempt, Tally};
 use crate::raw::{Mode, RawHeld, Req, Scope, Wait};
 
 impl Locks {
@@ -214,25 +215,51 @@ impl LockSetRequest<'_> {
                 held: None,
             }));
         };
-        let grant = {
-            let req = Req {
-                namespace: &inner.namespace,
-                name: first_name,
-                key: first,
-                mode: self.mode,
-                scope: self.scope,
-                wait,
-                fenced: false,
-                lease: self.lease,
-                fence_key: None,
-            };
-            inner.backend.acquire_all(&req, &keys).await?
-        };
-        Ok(grant.map(|g| LockSet {
-            names: named,
+        let req = Req {
+            namespace: &inner.namespace,
+            name: first_name,
+            key: first,
             mode: self.mode,
-            held: Some(g.held),
-        }))
+            scope: self.scope,
+            wait,
+            fenced: false,
+            lease: self.lease,
+            fence_key: None,
+        };
+        // Observed as one request under its first name (by key): one acquisition, one
+        // held lock in the gauge, whatever the set's size (docs/observability.md).
+        let backend = inner.backend.name();
+        let attempt = Attempt::wanted().then(|| Attempt::start(&req, backend, inner.metrics));
+        let acquire = inner.backend.acquire_all(&req, &keys);
+        let result = match attempt.as_ref().and_then(Attempt::span) {
+            Some(span) => tracing::Instrument::instrument(acquire, span.clone()).await,
+            None => acquire.await,
+        };
+        match result {
+            Ok(Some(g)) => {
+                let tally = match attempt {
+                    Some(a) => a.granted(&req, backend, None),
+                    None => Tally::unobserved(&req, backend),
+                };
+                Ok(Some(LockSet {
+                    names: named,
+                    mode: self.mode,
+                    held: Some((g.held, tally)),
+                }))
+            }
+            Ok(None) => {
+                if let Some(a) = attempt {
+                    a.not_granted(req.wait);
+                }
+                Ok(None)
+            }
+            Err(e) => {
+                if let Some(a) = attempt {
+                    a.failed(&e);
+                }
+                Err(e)
+            }
+        }
     }
 }
 
@@ -244,8 +271,8 @@ pub struct LockSet {
     /// (key, name), in the order taken: ascending keys.
     names: Vec<(Key, String)>,
     mode: Mode,
-    /// `None` for an empty set.
-    held: Option<Box<dyn RawHeld>>,
+    /// `None` for an empty set; with what tracing and metrics are told of it.
+    held: Option<(Box<dyn RawHeld>, Tally)>,
 }
 
 impl fmt::Debug for LockSet {
@@ -286,7 +313,16 @@ impl LockSet {
     /// Whether every lock is still held as far as this process knows (see
     /// [`LockGuard::is_held`](crate::LockGuard::is_held)).
     pub fn is_held(&self) -> bool {
-        self.held.as_ref().is_none_or(|h| h.loss().is_none())
+        let Some((h, tally)) = &self.held else {
+            return true;
+        };
+        match h.loss() {
+            None => true,
+            Some(reason) => {
+                tally.saw_loss(&reason);
+                false
+            }
+        }
     }
 
     /// A future that resolves, with the reason, when any of the locks is lost (see
@@ -296,10 +332,17 @@ impl LockSet {
     ///
     /// Dropping the future has no effect on the locks.
     pub fn lost(&self) -> impl Future<Output = LossReason> + Send + 'static {
-        let lost = self.held.as_ref().map(|h| h.lost());
+        let lost = self
+            .held
+            .as_ref()
+            .map(|(h, tally)| (h.lost(), tally.loss_reporter()));
         async move {
             match lost {
-                Some(f) => f.await,
+                Some((f, reporter)) => {
+                    let reason = f.await;
+                    reporter.report(&reason);
+                    reason
+                }
                 None => std::future::pending().await,
             }
         }
@@ -316,10 +359,14 @@ impl LockSet {
     /// Cancelling the check has no effect on the locks (as
     /// [`LockGuard::check`](crate::LockGuard::check)).
     pub async fn check(&mut self) -> Result<(), Error> {
-        match self.held.as_mut() {
-            Some(h) => h.check().await,
-            None => Ok(()),
+        let Some((h, tally)) = self.held.as_mut() else {
+            return Ok(());
+        };
+        let r = h.check().await;
+        if let Err(Error::LockLost { reason }) = &r {
+            tally.saw_loss(reason);
         }
+        r
     }
 
     /// Releases every lock now and waits for the database to confirm it.
@@ -334,10 +381,16 @@ impl LockSet {
     /// Cancelling the release still releases (as
     /// [`LockGuard::release`](crate::LockGuard::release)).
     pub async fn release(self) -> Result<(), Error> {
-        match self.held {
-            Some(h) => h.release().await,
-            None => Ok(()),
+        let Some((held, tally)) = self.held else {
+            return Ok(());
+        };
+        tally.closing();
+        let r = held.release().await;
+        if let Err(Error::LockLost { reason }) = &r {
+            tally.saw_loss(reason);
         }
+        drop(tally);
+        r
     }
 }
 
