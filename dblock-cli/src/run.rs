@@ -148,16 +148,33 @@ pub async fn run(args: RunArgs) -> u8 {
             other => other,
         }
     };
+    // After a second of waiting, say what for and who holds it (on a terminal, or
+    // with DBLOCK_WAIT_NOTICE=1).
+    let notice = async {
+        if !wait_notice_wanted() {
+            return std::future::pending().await;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let who = crate::status::holders_of(&locks, name).await;
+        errln!(
+            "dblock: waiting for lock {name:?}, held by {}",
+            who.as_deref().unwrap_or("another process")
+        );
+        std::future::pending::<()>().await
+    };
     let guard = tokio::select! {
+        () = notice => return EXIT_UNAVAILABLE,
         r = acquire => match r {
             Ok(Some(g)) => g,
             Ok(None) => {
+                let who = crate::status::holders_of(&locks, name).await;
+                let who = who.as_deref().unwrap_or("another process");
                 match args.wait {
                     Some(d) if !args.no_wait => errln!(
-                        "dblock: lock {name:?} not obtained within {} (held by another process)",
+                        "dblock: lock {name:?} not obtained within {} (held by {who})",
                         show(d)
                     ),
-                    _ => errln!("dblock: lock {name:?} is held by another process (--no-wait)"),
+                    _ => errln!("dblock: lock {name:?} is held by {who} (--no-wait)"),
                 }
                 return EXIT_NOT_OBTAINED;
             }
@@ -242,6 +259,16 @@ pub async fn run(args: RunArgs) -> u8 {
             errln!("dblock: warning: releasing lock {name:?}: {}", one_line(&e));
             code
         }
+    }
+}
+
+/// Whether a wait says after a second what it waits for: on a terminal, or when
+/// `DBLOCK_WAIT_NOTICE` is set (to anything but empty or `0`).
+fn wait_notice_wanted() -> bool {
+    use std::io::IsTerminal;
+    match std::env::var_os("DBLOCK_WAIT_NOTICE") {
+        Some(v) => !v.is_empty() && v != "0",
+        None => std::io::stderr().is_terminal(),
     }
 }
 

@@ -65,6 +65,7 @@ mod conninfo;
 mod error;
 pub mod fencing;
 mod guard;
+mod inspect;
 mod key;
 pub mod leader;
 mod locks;
@@ -79,6 +80,7 @@ mod raw;
 #[cfg(feature = "sqlite")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
 pub mod sqlite;
+pub mod status;
 mod target;
 
 pub use error::{Error, LossReason, WaitingFor};
@@ -86,7 +88,7 @@ pub use fencing::Fence;
 pub use guard::LockGuard;
 pub use key::{DEFAULT_NAMESPACE, Key, MAX_NAME_LEN, MAX_NAMESPACE_LEN, NAMESPACE_SETTING};
 pub use locks::{Builder, Locks, Request};
-pub use raw::{Mode, Scope};
+pub use raw::{LockStatus, Mode, Party, Scope};
 pub use target::{URL_ENV_VARS, default_sqlite_path, url_from_env};
 
 #[cfg(feature = "macros")]

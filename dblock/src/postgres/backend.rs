@@ -57,7 +57,7 @@ pub(crate) struct PgBackend {
     /// on PostgreSQL 14+: the only way to end a cut-off wait without a cancel request).
     check_disconnect: bool,
     /// `server_version_num`.
-    version: u32,
+    pub(super) version: u32,
     /// How often held connections are checked (a lease must be longer).
     check_interval: Duration,
     /// How long a check may go unanswered (and a release, before it is given up).
@@ -299,8 +299,12 @@ impl PgBackend {
             (_, Wait::Until(d)) => Some(d + POOLER_GRACE),
             _ => None,
         };
-        // A wait longer than one slice goes round again (see WAIT_SLICE_MS).
+        // A wait longer than one slice goes round again (see WAIT_SLICE_MS); the later
+        // slices say when the wait began, for `dblock status`.
+        let began = std::time::SystemTime::now();
+        let mut slices = 0u32;
         loop {
+            slices += 1;
             let conn = match queued_bound {
                 Some(b) => {
                     match tokio::time::timeout_at(b, self.source.get_until(deadline)).await {
@@ -315,6 +319,7 @@ impl PgBackend {
                 fence_table.as_deref(),
                 self.check_disconnect,
                 self.version >= 120_000,
+                (slices > 1).then_some(began),
             );
             let armed = Armed::new(conn);
             let result = match deadline {
@@ -347,6 +352,7 @@ impl PgBackend {
                 Ok(firsts) => match plan.outcome(&firsts) {
                     Some(token) => {
                         conn.link().set_holding(true);
+                        conn.link().set_label(crate::status::label(req));
                         Ok(Some(Grant {
                             held: Box::new(Pinned::new(conn, req, self.check_timeout)),
                             fence: token.zip(fence_table),
@@ -458,6 +464,10 @@ impl RawLocks for PgBackend {
     }
 
     fn migrations(&self) -> Option<&dyn MigrationTarget> {
+        Some(self)
+    }
+
+    fn status(&self) -> Option<&dyn crate::raw::StatusSource> {
         Some(self)
     }
 

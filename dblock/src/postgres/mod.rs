@@ -58,6 +58,7 @@ mod revert;
 mod setup;
 mod sql;
 mod sqlx_conn;
+mod status;
 pub(crate) mod tls;
 mod url;
 mod wire;

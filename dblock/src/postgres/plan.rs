@@ -2,7 +2,7 @@
 //! request sends as one simple-protocol message, and how its reply is read.
 
 use std::borrow::Cow;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use tokio::time::Instant;
 
@@ -11,6 +11,7 @@ use super::sql::{i64_text, quote_literal};
 use super::wire::{LockSql, Release};
 use crate::key::Key;
 use crate::raw::{Mode, Req, Scope, Wait, holder_id};
+use crate::status::write_comment;
 
 /// The longest `lock_timeout`, `idle_in_transaction_session_timeout` or
 /// `idle_session_timeout` the server accepts, in milliseconds (2³¹ − 1: about 24.8 days).
@@ -53,11 +54,14 @@ pub(crate) struct Plan {
 
 impl Plan {
     /// `chain`: whether the server has `ROLLBACK AND CHAIN` (PostgreSQL 12).
+    /// `waiting_since`: when the wait began, on a wait's second and later slices (the
+    /// first one's start is the statement's own, which the server shows).
     pub(crate) fn new(
         req: &Req<'_>,
         fence_table: Option<&str>,
         check_disconnect: bool,
         chain: bool,
+        waiting_since: Option<SystemTime>,
     ) -> Plan {
         debug_assert!(!req.fenced || fence_table.is_some());
         let mut kbuf = [0u8; 20];
@@ -207,6 +211,16 @@ impl Plan {
                 }
             }
         }
+        // Names the lock in pg_stat_activity for `dblock status`: no extra round trip.
+        sql.annotate(|text| {
+            write_comment(
+                text,
+                req.namespace,
+                req.name,
+                Some(req.scope),
+                waiting_since,
+            )
+        });
         Plan {
             sql,
             scope: req.scope,
@@ -305,7 +319,9 @@ mod tests {
 
     impl Plan {
         fn new_t(req: &Req<'_>, fence_table: Option<&str>) -> Plan {
-            Plan::new(req, fence_table, false, true)
+            let mut p = Plan::new(req, fence_table, false, true, None);
+            p.sql.strip_annotation();
+            p
         }
     }
 
@@ -346,6 +362,41 @@ mod tests {
         let p = Plan::new_t(&req(Scope::Session, Mode::Shared, Wait::Try, false), None);
         assert_eq!(p.sql.alone(), "SELECT pg_try_advisory_lock_shared(42)");
         assert_eq!(p.must_be_true, Some(0));
+    }
+
+    #[test]
+    fn every_request_names_its_lock_in_a_comment_the_chained_form_keeps() {
+        let since = SystemTime::now();
+        for (scope, fenced, waiting) in [
+            (Scope::Transaction, false, None),
+            (Scope::Session, false, Some(since)),
+            (Scope::Transaction, true, None),
+        ] {
+            let p = Plan::new(
+                &req(scope, Mode::Exclusive, Wait::Forever, fenced),
+                Some("\"public\".dblock_fencing"),
+                false,
+                true,
+                waiting,
+            );
+            let key = Key::derive("public", "it's");
+            for text in [
+                p.sql.alone().to_string(),
+                Release::Rollback { chain: true }
+                    .carried_by(&p.sql)
+                    .0
+                    .into_owned(),
+            ] {
+                // The test request's key is 42, not the name's: parse the comment alone.
+                let c = crate::status::parse_comments(&text);
+                assert_eq!(c.len(), 1, "{text}");
+                assert_eq!(c[0].key(), key);
+                assert_eq!(c[0].scope, Some(scope));
+                assert_eq!(c[0].since.is_some(), waiting.is_some(), "{text}");
+                // The statements are unchanged: the comment ends the last one.
+                assert!(text.ends_with(" */"), "{text}");
+            }
+        }
     }
 
     #[test]
@@ -500,12 +551,14 @@ mod tests {
         assert_eq!(text, format!("ROLLBACK; {}", p.sql.alone()));
         assert_eq!(skip, 1);
         // A server without AND CHAIN, or a request that does not begin a transaction.
-        let old = Plan::new(
+        let mut old = Plan::new(
             &req(Scope::Transaction, Mode::Exclusive, Wait::Try, false),
             None,
             false,
             false,
+            None,
         );
+        old.sql.strip_annotation();
         assert_eq!(Release::Rollback { chain: true }.carried_by(&old.sql).1, 1);
         let session = Plan::new_t(
             &req(Scope::Session, Mode::Exclusive, Wait::Try, false),
