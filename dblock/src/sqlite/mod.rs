@@ -102,6 +102,7 @@ mod file;
 mod floor;
 mod migrate;
 mod queue;
+mod status;
 mod sys;
 
 use std::collections::HashMap;
@@ -485,6 +486,10 @@ impl RawLocks for SqliteBackend {
     }
 
     fn migrations(&self) -> Option<&dyn MigrationTarget> {
+        Some(self)
+    }
+
+    fn status(&self) -> Option<&dyn crate::raw::StatusSource> {
         Some(self)
     }
 
