@@ -27,17 +27,27 @@ pub use crate::raw::{LockStatus, Party};
 use crate::raw::{Mode, Scope};
 
 impl Party {
-    /// `program[pid]@host`, or what of it is known.
+    /// `program[pid]@host (connection N)`, or what of it is known.
     pub fn describe(&self) -> String {
-        let mut s = self.program.clone().unwrap_or_else(|| "?".into());
+        let mut s = String::new();
+        if self.program.is_some() || self.pid.is_some() {
+            s.push_str(self.program.as_deref().unwrap_or("?"));
+        }
         if let Some(pid) = self.pid {
             let _ = write!(s, "[{pid}]");
         }
         if let Some(h) = &self.host {
             let _ = write!(s, "@{h}");
         }
-        if let Some(c) = self.connection {
-            let _ = write!(s, " (connection {c})");
+        match (self.connection, s.is_empty()) {
+            (Some(c), true) => {
+                let _ = write!(s, "connection {c}");
+            }
+            (Some(c), false) => {
+                let _ = write!(s, " (connection {c})");
+            }
+            (None, true) => s.push_str("an unknown process"),
+            (None, false) => {}
         }
         s
     }

@@ -89,6 +89,7 @@ pub(crate) mod fence;
 mod floor;
 mod lock;
 pub(crate) mod migrate;
+mod status;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -352,6 +353,10 @@ impl RawLocks for MyBackend {
     }
 
     fn migrations(&self) -> Option<&dyn MigrationTarget> {
+        Some(self)
+    }
+
+    fn status(&self) -> Option<&dyn crate::raw::StatusSource> {
         Some(self)
     }
 
