@@ -118,6 +118,8 @@ mod docs_doctests {
     struct Choosing;
     #[doc = include_str!("../../docs/errors.md")]
     struct Errors;
+    #[doc = include_str!("../../docs/status.md")]
+    struct Status;
     #[cfg(feature = "mysql")]
     #[doc = include_str!("../../docs/mysql.md")]
     struct MySql;
