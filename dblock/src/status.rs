@@ -251,7 +251,7 @@ pub(crate) fn write_comment(
     out.push_str(" name=");
     encode(out, name);
     out.push_str(" holder=");
-    encode(out, crate::raw::holder_id());
+    out.push_str(holder_encoded());
     if let Some(s) = scope {
         out.push_str(" scope=");
         out.push_str(scope_str(s));
@@ -262,34 +262,45 @@ pub(crate) fn write_comment(
     out.push_str(" */");
 }
 
-/// What a held lock's connection sends as its health check: its comment alone, with
-/// the time of the grant (an empty query to the server).
-pub(crate) fn label(req: &crate::raw::Req<'_>) -> std::sync::Arc<str> {
-    let mut s = String::with_capacity(96 + req.name.len());
-    write_comment(
-        &mut s,
-        req.namespace,
-        req.name,
-        Some(req.scope),
-        Some(SystemTime::now()),
-    );
-    std::sync::Arc::from(s.trim_start())
+/// What a held lock's connection sends as its health check: the request's comment
+/// (`comment`, as [`write_comment`] wrote it, without `since=`) with the time of the
+/// grant added; an empty query to the server.
+pub(crate) fn label(comment: &str) -> std::sync::Arc<str> {
+    let body = comment.trim_start();
+    let body = body.strip_suffix(" */").unwrap_or(body);
+    let mut s = String::with_capacity(body.len() + 24);
+    s.push_str(body);
+    let _ = write!(s, " since={} */", unix_ms(SystemTime::now()));
+    std::sync::Arc::from(s)
 }
 
 /// Percent-encodes what could end a comment, start a nested one (`*`), split the
-/// comment's fields (space) or statements (`;`), or is a control character.
+/// comment's fields (space) or statements (`;`), or is a control character. Runs of
+/// other bytes are copied whole (every byte encoded is ASCII, so runs end at character
+/// boundaries).
 fn encode(out: &mut String, s: &str) {
-    for c in s.chars() {
-        match c {
-            '%' | '*' | ' ' | ';' | '\u{7f}' => {
-                let _ = write!(out, "%{:02X}", c as u32);
-            }
-            c if (c as u32) < 0x20 => {
-                let _ = write!(out, "%{:02X}", c as u32);
-            }
-            c => out.push(c),
+    const HEX: &[u8; 16] = b"0123456789ABCDEF";
+    let mut start = 0;
+    for (i, b) in s.bytes().enumerate() {
+        if matches!(b, b'%' | b'*' | b' ' | b';' | 0x7f) || b < 0x20 {
+            out.push_str(&s[start..i]);
+            out.push('%');
+            out.push(char::from(HEX[usize::from(b >> 4)]));
+            out.push(char::from(HEX[usize::from(b & 15)]));
+            start = i + 1;
         }
     }
+    out.push_str(&s[start..]);
+}
+
+/// This process's `holder=` value, encoded once.
+fn holder_encoded() -> &'static str {
+    static H: OnceLock<String> = OnceLock::new();
+    H.get_or_init(|| {
+        let mut s = String::new();
+        encode(&mut s, crate::raw::holder_id());
+        s
+    })
 }
 
 fn decode(s: &str) -> Option<String> {
@@ -416,6 +427,18 @@ mod tests {
             );
             assert_eq!(comment_for(&s, Key::from_i64(1)), None);
         }
+    }
+
+    #[test]
+    fn a_label_is_the_comment_with_the_grant_time() {
+        let mut s = String::from("SELECT 1");
+        write_comment(&mut s, "public", "a b", Some(Scope::Transaction), None);
+        let l = label(&s[s.find(MARK).unwrap_or_default()..]);
+        assert!(l.starts_with(MARK) && l.ends_with(" */"), "{l}");
+        let c = parse_comments(&l);
+        assert_eq!(c.len(), 1, "{l}");
+        assert_eq!(c[0].name, "a b");
+        assert!(c[0].since.is_some(), "{l}");
     }
 
     #[test]

@@ -352,7 +352,8 @@ impl PgBackend {
                 Ok(firsts) => match plan.outcome(&firsts) {
                     Some(token) => {
                         conn.link().set_holding(true);
-                        conn.link().set_label(crate::status::label(req));
+                        conn.link()
+                            .set_label(crate::status::label(plan.sql.comment()));
                         Ok(Some(Grant {
                             held: Box::new(Pinned::new(conn, req, self.check_timeout)),
                             fence: token.zip(fence_table),

@@ -145,6 +145,13 @@ impl LockSql {
         f(&mut self.text);
     }
 
+    /// The comment [`LockSql::annotate`] appended (empty if none).
+    pub(crate) fn comment(&self) -> &str {
+        self.text
+            .rfind(crate::status::MARK)
+            .map_or("", |at| &self.text[at..])
+    }
+
     /// Removes what [`LockSql::annotate`] appended (tests compare bare statements).
     #[cfg(test)]
     pub(crate) fn strip_annotation(&mut self) {

@@ -232,7 +232,7 @@ fn scan(path: &Path) -> std::io::Result<(Vec<Found>, Vec<(u32, u32, Option<Syste
 fn parse_lock_line(line: &str, ino: u64) -> Option<(u64, Mode)> {
     // `1: OFDLCK  ADVISORY  WRITE -1 00:2d:1234 100 100`; blocked requests show `->`.
     let t: Vec<&str> = line.split_whitespace().collect();
-    if t.iter().any(|w| *w == "->") || t.len() < 8 {
+    if t.contains(&"->") || t.len() < 8 {
         return None;
     }
     let mode = match t[3] {
