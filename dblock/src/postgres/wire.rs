@@ -93,6 +93,8 @@ pub(crate) struct LockSql {
     after_begin: Option<usize>,
     /// Whether the request opens with [`LockSql::begin`].
     begins: bool,
+    /// Where [`LockSql::annotate`]'s comment starts in `text`, if there is one.
+    comment_at: Option<usize>,
 }
 
 impl LockSql {
@@ -108,6 +110,7 @@ impl LockSql {
             statements: 0,
             after_begin: None,
             begins: false,
+            comment_at: None,
         }
     }
 
@@ -142,20 +145,21 @@ impl LockSql {
 
     /// Lets `f` append to the request's last statement (a comment).
     pub(crate) fn annotate(&mut self, f: impl FnOnce(&mut String)) {
+        self.comment_at = Some(self.text.len());
         f(&mut self.text);
     }
 
     /// The comment [`LockSql::annotate`] appended (empty if none).
     pub(crate) fn comment(&self) -> &str {
-        self.text
-            .rfind(crate::status::MARK)
-            .map_or("", |at| &self.text[at..])
+        self.comment_at
+            .and_then(|at| self.text.get(at..))
+            .unwrap_or_default()
     }
 
     /// Removes what [`LockSql::annotate`] appended (tests compare bare statements).
     #[cfg(test)]
     pub(crate) fn strip_annotation(&mut self) {
-        if let Some(at) = self.text.find(" /* dblock ") {
+        if let Some(at) = self.comment_at.take() {
             self.text.truncate(at);
         }
     }
