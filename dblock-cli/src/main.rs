@@ -3,6 +3,8 @@
 //! ```text
 //! dblock run [--db URL] [--namespace NS] [--wait DURATION | --no-wait] [--shared | --limit N] NAME -- COMMAND [ARGS...]
 //! dblock key [--namespace NS] [--limit N] NAME
+//! dblock status [--db URL] [--namespace NS] [NAME...] [--json] [--watch]
+//! dblock release [--db URL] [--namespace NS] NAME --force
 //! dblock migrate [--db URL] [--ignore-missing] DIR [--dry-run]
 //! dblock migrate status [--db URL] [--ignore-missing] DIR
 //! dblock setup [--db URL] [--grant ROLE]...
@@ -51,6 +53,7 @@ mod migrate;
 mod notice;
 mod run;
 mod setup;
+mod status;
 mod sys;
 
 use std::ffi::OsString;
@@ -89,6 +92,10 @@ enum Command {
     Run(RunArgs),
     /// Print the key of NAME, and where PostgreSQL shows it in pg_locks.
     Key(KeyArgs),
+    /// Show who holds and who awaits locks (all, or the NAMEs given).
+    Status(status::StatusArgs),
+    /// Break lock NAME by ending its holder's database session (needs --force).
+    Release(status::ReleaseArgs),
     /// Measure lock cycles against the floor of the same work done directly.
     Bench(BenchArgs),
     /// Apply the migrations in DIR the database lacks, under the database-wide
@@ -219,6 +226,8 @@ fn main() -> ExitCode {
         Command::Run(args) => block_on(false, run::run(args)),
         Command::Migrate(args) => migrate::main(args),
         Command::Setup(args) => block_on(false, setup::setup(args)),
+        Command::Status(args) => block_on(false, status::status(args)),
+        Command::Release(args) => block_on(false, status::release(args)),
     };
     ExitCode::from(code)
 }

@@ -165,10 +165,37 @@ pub async fn run(args: RunArgs) -> u8 {
             other => other,
         }
     };
+    // After a second of waiting, say what for and who holds it (on a terminal, or
+    // with DBLOCK_WAIT_NOTICE=1).
+    let notice = async {
+        if !wait_notice_wanted() {
+            return std::future::pending().await;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        match args.limit {
+            Some(n) => errln!("dblock: waiting for a slot of {name:?}: all {n} held"),
+            None => {
+                let who = crate::status::holders_of(&locks, name).await;
+                errln!(
+                    "dblock: waiting for lock {name:?}, held by {}",
+                    who.as_deref().unwrap_or("another process")
+                );
+            }
+        }
+        std::future::pending::<()>().await
+    };
     let (slot, guard) = tokio::select! {
+        () = notice => return EXIT_UNAVAILABLE,
         r = acquire => match r {
             Ok(Some(g)) => g,
             Ok(None) => {
+                let held_by = match args.limit {
+                    Some(_) => held_by,
+                    None => match crate::status::holders_of(&locks, name).await {
+                        Some(who) => format!("held by {who}"),
+                        None => held_by,
+                    },
+                };
                 match args.wait {
                     Some(d) if !args.no_wait => errln!(
                         "dblock: lock {name:?} not obtained within {} ({})",
@@ -267,6 +294,16 @@ pub async fn run(args: RunArgs) -> u8 {
             errln!("dblock: warning: releasing lock {name:?}: {}", one_line(&e));
             code
         }
+    }
+}
+
+/// Whether a wait says after a second what it waits for: on a terminal, or when
+/// `DBLOCK_WAIT_NOTICE` is set (to anything but empty or `0`).
+fn wait_notice_wanted() -> bool {
+    use std::io::IsTerminal;
+    match std::env::var_os("DBLOCK_WAIT_NOTICE") {
+        Some(v) => !v.is_empty() && v != "0",
+        None => std::io::stderr().is_terminal(),
     }
 }
 

@@ -74,6 +74,7 @@ mod conninfo;
 mod error;
 pub mod fencing;
 mod guard;
+mod inspect;
 mod key;
 pub mod leader;
 mod lock_set;
@@ -91,6 +92,7 @@ mod semaphore;
 #[cfg(feature = "sqlite")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
 pub mod sqlite;
+pub mod status;
 mod target;
 
 pub use error::{Error, LossReason, WaitingFor};
@@ -99,7 +101,7 @@ pub use guard::LockGuard;
 pub use key::{DEFAULT_NAMESPACE, Key, MAX_NAME_LEN, MAX_NAMESPACE_LEN, NAMESPACE_SETTING};
 pub use lock_set::{LockSet, LockSetRequest};
 pub use locks::{Builder, Locks, Request};
-pub use raw::{Mode, Scope};
+pub use raw::{LockStatus, Mode, Party, Scope};
 pub use semaphore::{MAX_SEMAPHORE_LIMIT, SemaphoreGuard, SemaphoreRequest};
 pub use target::{URL_ENV_VARS, default_sqlite_path, url_from_env};
 
@@ -134,6 +136,8 @@ mod docs_doctests {
     struct LockSets;
     #[doc = include_str!("../../docs/semaphores.md")]
     struct Semaphores;
+    #[doc = include_str!("../../docs/status.md")]
+    struct Status;
     #[cfg(feature = "mysql")]
     #[doc = include_str!("../../docs/mysql.md")]
     struct MySql;

@@ -615,6 +615,16 @@ impl Builder {
         self
     }
 
+    /// The `application_name` dblock's own PostgreSQL connections give (ahead of the
+    /// URL's `application_name=` and `PGAPPNAME`; the default is
+    /// [`default_application_name`](crate::status::default_application_name),
+    /// `program[pid]@host`). Not applied to a borrowed sqlx pool, whose options are the
+    /// caller's.
+    pub fn application_name(mut self, name: impl Into<String>) -> Self {
+        self.opts.application_name = Some(name.into());
+        self
+    }
+
     /// Opens the handle.
     ///
     /// # Errors

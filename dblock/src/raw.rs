@@ -17,7 +17,7 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, OnceLock};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use tokio::time::Instant;
 
@@ -165,6 +165,8 @@ pub(crate) struct Options {
     pub(crate) multiplex: usize,
     /// What lies between dblock and PostgreSQL, as declared (or to detect).
     pub(crate) pooler: Pooler,
+    /// The `application_name` dblock's own connections give, if the builder named one.
+    pub(crate) application_name: Option<String>,
 }
 
 impl Default for Options {
@@ -177,6 +179,7 @@ impl Default for Options {
             allow_network_filesystem: false,
             multiplex: 0,
             pooler: Pooler::Detect,
+            application_name: None,
         }
     }
 }
@@ -242,6 +245,11 @@ pub(crate) trait RawLocks: Send + Sync + 'static {
 
     /// The migration runner's side of this backend, if it has one.
     fn migrations(&self) -> Option<&dyn MigrationTarget> {
+        None
+    }
+
+    /// Who holds and awaits locks on this backend, if it can tell (`dblock status`).
+    fn status(&self) -> Option<&dyn StatusSource> {
         None
     }
 
@@ -397,6 +405,66 @@ impl RawHeld for HeldAll {
         let all = futures_util::future::join_all(self.0.into_iter().map(|h| h.release()));
         Box::pin(async move { all.await.into_iter().collect() })
     }
+}
+
+/// One lock as [`Locks::status`](crate::Locks::status) sees it: its key, its name when
+/// known, who holds it and who waits for it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LockStatus {
+    /// The key the server knows the lock by.
+    pub key: Key,
+    /// The namespace the name is keyed in, when known.
+    pub namespace: Option<String>,
+    /// The lock's name, when known (`None` for a lock taken without dblock, or whose
+    /// name the server could not show).
+    pub name: Option<String>,
+    /// Who holds it (several for a shared lock).
+    pub holders: Vec<Party>,
+    /// Who waits for it, longest waiting first.
+    pub waiters: Vec<Party>,
+}
+
+/// A holder of a lock, or a waiter for one: what is known of its process and its
+/// connection.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct Party {
+    /// Exclusive or shared.
+    pub mode: Mode,
+    /// Transaction or session scope, where the backend has the distinction and it is
+    /// known.
+    pub scope: Option<Scope>,
+    /// The host its process runs on.
+    pub host: Option<String>,
+    /// Its operating-system process id.
+    pub pid: Option<u32>,
+    /// Its program (or the `application_name` it gave, when that is not dblock's).
+    pub program: Option<String>,
+    /// The server's id for its connection: PostgreSQL's backend pid, MySQL's connection
+    /// id.
+    pub connection: Option<i64>,
+    /// The client address and port the server sees.
+    pub client: Option<String>,
+    /// When it was granted the lock (a holder) or began to wait (a waiter).
+    pub since: Option<SystemTime>,
+}
+
+/// A name asked about: namespace, name and its key.
+pub(crate) type Asked<'a> = (&'a str, &'a str, Key);
+
+/// A backend that can say who holds and awaits locks, and end a holder's session
+/// (`dblock status`, `dblock release --force`).
+pub(crate) trait StatusSource: Send + Sync {
+    /// The locks of `asked` (held or awaited), or with `asked` empty every lock the
+    /// backend can list.
+    fn status<'a>(
+        &'a self,
+        asked: &'a [Asked<'a>],
+    ) -> BoxFuture<'a, Result<Vec<LockStatus>, Error>>;
+
+    /// Ends the sessions holding `asked`'s lock; who was ended (empty: nobody held it).
+    fn terminate<'a>(&'a self, asked: Asked<'a>) -> BoxFuture<'a, Result<Vec<Party>, Error>>;
 }
 
 /// The latest fenced grant of a key, as the fencing table records it.

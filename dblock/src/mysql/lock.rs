@@ -110,6 +110,7 @@ pub(crate) async fn acquire(b: &MyBackend, req: &Req<'_>) -> Result<Option<Grant
         id: conn.id(),
         conn: Some(conn),
         name: b.lock_name(req.key),
+        who: (req.namespace.to_string(), req.name.to_string()),
         wait: req.wait,
         fence: req.fenced.then(|| super::fence::FenceRow {
             key: req.fence_key(),
@@ -145,6 +146,8 @@ struct Job {
     /// The session's id on the server, once known.
     id: Option<u64>,
     name: String,
+    /// The request's namespace and name, which a wait names in a comment.
+    who: (String, String),
     wait: Wait,
     fence: Option<super::fence::FenceRow>,
     control: sqlx::MySqlPool,
@@ -298,11 +301,24 @@ impl Job {
             return Err(closed());
         };
         let ended = {
-            let wait =
-                sqlx::query_scalar::<_, Option<i64>>("SELECT CAST(GET_LOCK(?, ?) AS SIGNED)")
-                    .bind(&self.name)
-                    .bind(secs)
-                    .fetch_one(conn);
+            // In text, not prepared, with a comment naming the lock: the processlist then
+            // shows what the wait is for (`dblock status`). Only waits pay for it, and
+            // the GET_LOCK name is hex and colons, safe to quote.
+            let mut sql = format!("SELECT CAST(GET_LOCK('{}', {secs}) AS SIGNED)", self.name);
+            crate::status::write_comment(
+                &mut sql,
+                &self.who.0,
+                &self.who.1,
+                None,
+                Some(std::time::SystemTime::now()),
+            );
+            let wait = async move {
+                use sqlx::Row;
+                sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+                    .fetch_one(conn)
+                    .await
+                    .and_then(|row| row.try_get::<Option<i64>, _>(0))
+            };
             match deadline {
                 None => Ended::Answered(wait.await),
                 Some(until) => tokio::select! {

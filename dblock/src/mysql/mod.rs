@@ -92,6 +92,7 @@ mod floor;
 mod lock;
 pub(crate) mod migrate;
 mod pool;
+mod status;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -397,6 +398,10 @@ impl RawLocks for MyBackend {
     }
 
     fn migrations(&self) -> Option<&dyn MigrationTarget> {
+        Some(self)
+    }
+
+    fn status(&self) -> Option<&dyn crate::raw::StatusSource> {
         Some(self)
     }
 

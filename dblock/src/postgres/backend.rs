@@ -344,13 +344,17 @@ impl PgBackend {
             _ => None,
         };
         // A wait longer than one slice goes round again (see WAIT_SLICE_MS), on the
-        // next of `any` keys.
+        // next of `any` keys; the later slices say when the wait began, for `dblock
+        // status`.
         let mut start = if any.is_empty() {
             0
         } else {
             any_start(any.len())
         };
+        let began = std::time::SystemTime::now();
+        let mut slices = 0u32;
         loop {
+            slices += 1;
             let conn = match queued_bound {
                 Some(b) => {
                     match tokio::time::timeout_at(b, self.source.get_until(deadline)).await {
@@ -366,6 +370,7 @@ impl PgBackend {
                 self.check_disconnect,
                 self.version >= 120_000,
                 (!any.is_empty()).then_some(Any { keys: any, start }),
+                (slices > 1).then_some(began),
             );
             start = (start + 1) % any.len().max(1);
             let armed = Armed::new(conn);
@@ -404,6 +409,8 @@ impl PgBackend {
                     match granted.filter(|&(slot, _)| any.is_empty() || slot < any.len()) {
                         Some((slot, token)) => {
                             conn.link().set_holding(true);
+                            conn.link()
+                                .set_label(crate::status::label(plan.sql.comment()));
                             let held = match any.get(slot) {
                                 Some(&key) => Pinned::new(
                                     conn,
@@ -535,6 +542,10 @@ impl RawLocks for PgBackend {
     }
 
     fn migrations(&self) -> Option<&dyn MigrationTarget> {
+        Some(self)
+    }
+
+    fn status(&self) -> Option<&dyn crate::raw::StatusSource> {
         Some(self)
     }
 

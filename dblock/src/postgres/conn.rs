@@ -41,7 +41,7 @@ impl Conn {
     /// which stays usable.
     pub(crate) async fn check(&self) -> Result<(), QueryError> {
         match self {
-            Conn::Native(c) => c.query("").await.map(|_| ()),
+            Conn::Native(c) => c.query(&c.link().label()).await.map(|_| ()),
             Conn::Sqlx(c) => c.check().await,
         }
     }

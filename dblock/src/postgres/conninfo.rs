@@ -127,7 +127,7 @@ pub(crate) fn parse(s: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<Par
         let name = map
             .get("fallback_application_name")
             .cloned()
-            .unwrap_or_else(|| "dblock".into());
+            .unwrap_or_else(crate::status::default_application_name);
         map.insert("application_name".into(), name);
     }
     map.remove("fallback_application_name");

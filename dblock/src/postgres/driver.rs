@@ -84,8 +84,10 @@ pub(crate) async fn drive(
                 continue;
             }
             if let Some(c) = client.upgrade() {
+                // A comment naming the lock: still an empty query to the server.
+                let label = link.label();
                 let p: Ping = Box::pin(async move {
-                    c.simple_query("")
+                    c.simple_query(&label)
                         .await
                         .map(|_| ())
                         .map_err(QueryError::from_driver)

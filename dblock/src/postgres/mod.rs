@@ -61,6 +61,7 @@ mod revert;
 mod setup;
 mod sql;
 mod sqlx_conn;
+mod status;
 pub(crate) mod tls;
 mod token;
 mod url;

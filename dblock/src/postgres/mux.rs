@@ -116,7 +116,7 @@ impl Mux {
         } else {
             ""
         };
-        let sql = match fence_table {
+        let mut sql = match fence_table {
             Some(table) => next_token_sql(
                 table,
                 req,
@@ -125,6 +125,9 @@ impl Mux {
             ),
             None => format!("SELECT pg_try_advisory_lock{shared}({k})"),
         };
+        // Names the lock while the request runs (a shared connection's later requests
+        // and checks replace it: `dblock status` names multiplexed locks only so long).
+        crate::status::write_comment(&mut sql, req.namespace, req.name, Some(req.scope), None);
         let unlock = format!("SELECT pg_advisory_unlock{shared}({k})");
         // If this future is dropped mid-request, the unlock is queued behind it on the
         // same connection: whatever the request did, the key ends up free.

@@ -143,7 +143,7 @@ async fn run_connection(
                 }
                 Some(Cmd::Check(reply)) => {
                     let since = Instant::now();
-                    let res = match tokio::time::timeout(timeout, run(&mut conn, "")).await {
+                    let res = match tokio::time::timeout(timeout, run(&mut conn, &link.label())).await {
                         Ok(r) => r.map(|_| ()),
                         Err(_) => {
                             let reason = LossReason::Unresponsive { after: since.elapsed() };
@@ -188,7 +188,7 @@ async fn run_connection(
                     continue;
                 }
                 let since = Instant::now();
-                match tokio::time::timeout(timeout, run(&mut conn, "")).await {
+                match tokio::time::timeout(timeout, run(&mut conn, &link.label())).await {
                     Ok(Ok(_)) => {}
                     Ok(Err(e)) => {
                         let message = match e {

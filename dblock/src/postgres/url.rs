@@ -15,7 +15,10 @@ pub(crate) async fn open(url: &str, opts: &Options) -> Result<(Box<dyn RawLocks>
     };
     // dblock's own `pooler=` parameter, which the driver would refuse.
     let (stripped, declared) = super::pooler::split_url(url).map_err(invalid)?;
-    let (config, shown, tls) = parse(&stripped).map_err(invalid)?;
+    let (mut config, shown, tls) = parse(&stripped).map_err(invalid)?;
+    if let Some(name) = &opts.application_name {
+        config.application_name(name);
+    }
     let mut opts = opts.clone();
     if let Some(p) = declared {
         opts.pooler = p;

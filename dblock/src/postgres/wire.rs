@@ -93,6 +93,8 @@ pub(crate) struct LockSql {
     after_begin: Option<usize>,
     /// Whether the request opens with [`LockSql::begin`].
     begins: bool,
+    /// Where [`LockSql::annotate`]'s comment starts in `text`, if there is one.
+    comment_at: Option<usize>,
 }
 
 impl LockSql {
@@ -108,6 +110,7 @@ impl LockSql {
             statements: 0,
             after_begin: None,
             begins: false,
+            comment_at: None,
         }
     }
 
@@ -138,6 +141,27 @@ impl LockSql {
             }
         }
         i
+    }
+
+    /// Lets `f` append to the request's last statement (a comment).
+    pub(crate) fn annotate(&mut self, f: impl FnOnce(&mut String)) {
+        self.comment_at = Some(self.text.len());
+        f(&mut self.text);
+    }
+
+    /// The comment [`LockSql::annotate`] appended (empty if none).
+    pub(crate) fn comment(&self) -> &str {
+        self.comment_at
+            .and_then(|at| self.text.get(at..))
+            .unwrap_or_default()
+    }
+
+    /// Removes what [`LockSql::annotate`] appended (tests compare bare statements).
+    #[cfg(test)]
+    pub(crate) fn strip_annotation(&mut self) {
+        if let Some(at) = self.comment_at.take() {
+            self.text.truncate(at);
+        }
     }
 
     /// Whether the request opens with a BEGIN (a transaction-scoped one).
@@ -217,6 +241,9 @@ pub(crate) struct Link {
     holding: AtomicBool,
     /// `Some` once the connection is known to be gone.
     lost: watch::Sender<Option<LossReason>>,
+    /// What health checks send while a lock is held: a comment naming the lock (see
+    /// [`status`](crate::status)), so that `pg_stat_activity.query` keeps naming it.
+    label: std::sync::Mutex<Option<Arc<str>>>,
 }
 
 impl Link {
@@ -224,7 +251,21 @@ impl Link {
         Arc::new(Link {
             holding: AtomicBool::new(false),
             lost: watch::Sender::new(None),
+            label: std::sync::Mutex::new(None),
         })
+    }
+
+    /// Sets what health checks send while the lock now granted is held.
+    pub(crate) fn set_label(&self, label: Arc<str>) {
+        *self.label.lock().unwrap_or_else(|p| p.into_inner()) = Some(label);
+    }
+
+    /// What a health check sends: the held lock's comment, or the empty query.
+    pub(crate) fn label(&self) -> Arc<str> {
+        match &*self.label.lock().unwrap_or_else(|p| p.into_inner()) {
+            Some(l) => l.clone(),
+            None => Arc::from(""),
+        }
     }
 
     pub(crate) fn holding(&self) -> bool {

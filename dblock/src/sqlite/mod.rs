@@ -123,6 +123,7 @@ mod file;
 mod floor;
 mod migrate;
 mod queue;
+mod status;
 mod sys;
 mod table;
 
@@ -423,6 +424,10 @@ impl RawLocks for SqliteBackend {
     }
 
     fn migrations(&self) -> Option<&dyn MigrationTarget> {
+        Some(self)
+    }
+
+    fn status(&self) -> Option<&dyn crate::raw::StatusSource> {
         Some(self)
     }
 

@@ -1,0 +1,308 @@
+//! `dblock status` on the embedded backend, read from `/proc` (Linux) with nothing
+//! added to the lock path: the kernel lists each open file's byte-range locks in
+//! `/proc/PID/fdinfo/FD` (OFD locks report no pid to `F_OFD_GETLK`, but the fdinfo of
+//! the holding descriptor is in its process's directory), and a process waiting in line
+//! has a thread named `dblock-` and the low 32 bits of the lock's offset (see
+//! [`queue`](super::queue)). Names come from the names asked for and the fencing table
+//! (fenced grants record theirs); other locks show as their byte offset. Processes
+//! whose `/proc` entries this user may not read are not seen.
+//!
+//! `release --force` is refused: a byte-range lock belongs to the open file of the
+//! process that holds it and ends only with it; the refusal names the process.
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+use std::time::{Duration, SystemTime};
+
+use super::SqliteBackend;
+use crate::error::Error;
+use crate::key::Key;
+use crate::raw::{Asked, BoxFuture, LockStatus, Mode, Party, StatusSource};
+
+impl StatusSource for SqliteBackend {
+    fn status<'a>(
+        &'a self,
+        asked: &'a [Asked<'a>],
+    ) -> BoxFuture<'a, Result<Vec<LockStatus>, Error>> {
+        Box::pin(self.lock_status(asked))
+    }
+
+    fn terminate<'a>(&'a self, asked: Asked<'a>) -> BoxFuture<'a, Result<Vec<Party>, Error>> {
+        Box::pin(async move {
+            let rows = self.lock_status(&[asked]).await?;
+            let holders: Vec<String> = rows
+                .iter()
+                .flat_map(|l| l.holders.iter())
+                .map(Party::describe)
+                .collect();
+            if holders.is_empty() {
+                return Ok(Vec::new());
+            }
+            let pids: Vec<String> = rows
+                .iter()
+                .flat_map(|l| l.holders.iter())
+                .filter_map(|p| p.pid.map(|p| p.to_string()))
+                .collect();
+            Err(Error::Unsupported(format!(
+                "the embedded backend's lock {:?} belongs to the process holding it ({}), and \
+                 ends only when that process releases it or exits; dblock does not signal \
+                 processes: end it yourself if you mean to (kill {})",
+                asked.1,
+                holders.join(", "),
+                pids.join(" ")
+            )))
+        })
+    }
+}
+
+/// A byte-range lock found in a process's fdinfo.
+struct Found {
+    pid: u32,
+    offset: u64,
+    mode: Mode,
+}
+
+impl SqliteBackend {
+    async fn lock_status(&self, asked: &[Asked<'_>]) -> Result<Vec<LockStatus>, Error> {
+        let path = self.shared.lock.path.clone();
+        let (found, waiting) = tokio::task::spawn_blocking(move || scan(&path))
+            .await
+            .map_err(|e| Error::io("reading /proc", std::io::Error::other(e.to_string())))?
+            .map_err(|e| Error::io("reading /proc", e))?;
+        let wanted: Vec<u64> = asked.iter().map(|a| a.2.file_offset()).collect();
+        // Offsets some process waits in line for (by their low 32 bits): a lock byte
+        // whose neighbour is such a place in line is that waiter's gate, not a lock.
+        let gate_of = |f: &Found| {
+            waiting
+                .iter()
+                .any(|w| w.0 == f.pid && w.1 == (f.offset ^ 1) as u32)
+        };
+        let mut locks: BTreeMap<u64, LockStatus> = BTreeMap::new();
+        for f in found.iter().filter(|f| !gate_of(f)) {
+            if !wanted.is_empty() && !wanted.contains(&f.offset) {
+                continue;
+            }
+            let key = asked
+                .iter()
+                .find(|a| a.2.file_offset() == f.offset)
+                .map_or(Key::from_i64(f.offset as i64), |a| a.2);
+            let lock = locks.entry(f.offset).or_insert_with(|| LockStatus {
+                key,
+                namespace: None,
+                name: None,
+                holders: Vec::new(),
+                waiters: Vec::new(),
+            });
+            lock.holders.push(party(f.pid, f.mode, None));
+        }
+        for (pid, low, since) in &waiting {
+            let at = locks
+                .keys()
+                .copied()
+                .find(|o| *o as u32 == *low)
+                .or_else(|| wanted.iter().copied().find(|o| *o as u32 == *low));
+            let Some(offset) = at else { continue };
+            let key = asked
+                .iter()
+                .find(|a| a.2.file_offset() == offset)
+                .map_or(Key::from_i64(offset as i64), |a| a.2);
+            let lock = locks.entry(offset).or_insert_with(|| LockStatus {
+                key,
+                namespace: None,
+                name: None,
+                holders: Vec::new(),
+                waiters: Vec::new(),
+            });
+            lock.waiters.push(party(*pid, Mode::Exclusive, *since));
+        }
+        self.names_from_fencing(&mut locks).await;
+        let mut out: Vec<LockStatus> = locks.into_values().collect();
+        for l in &mut out {
+            l.waiters.sort_by_key(|w| w.since);
+        }
+        Ok(out)
+    }
+
+    /// Names (and keys) of fenced locks, from the fencing table, if it exists.
+    async fn names_from_fencing(&self, locks: &mut BTreeMap<u64, LockStatus>) {
+        if locks.values().all(|l| l.name.is_some()) {
+            return;
+        }
+        let Ok(db) = self.shared.db().await else {
+            return;
+        };
+        let rows: Result<Vec<(i64, String, String)>, _> =
+            sqlx::query_as("SELECT key, namespace, name FROM dblock_fencing")
+                .fetch_all(db)
+                .await;
+        for (k, ns, name) in rows.unwrap_or_default() {
+            let key = Key::from_i64(k);
+            if Key::derive(&ns, &name) != key {
+                continue;
+            }
+            if let Some(l) = locks.get_mut(&key.file_offset()) {
+                l.key = key;
+                l.namespace = Some(ns);
+                l.name = Some(name);
+            }
+        }
+    }
+}
+
+fn party(pid: u32, mode: Mode, since: Option<SystemTime>) -> Party {
+    let program = std::fs::read_to_string(format!("/proc/{pid}/comm"))
+        .ok()
+        .map(|c| c.trim_end().to_string());
+    Party {
+        mode,
+        host: Some(crate::status::host().to_string()),
+        pid: Some(pid),
+        program,
+        since,
+        ..Party::default()
+    }
+}
+
+/// What `/proc` shows: the single-byte locks on the lock file at `path` (pid, offset,
+/// mode), and each thread waiting in line (pid, low 32 bits of the offset, since when).
+#[allow(clippy::type_complexity)]
+fn scan(path: &Path) -> std::io::Result<(Vec<Found>, Vec<(u32, u32, Option<SystemTime>)>)> {
+    let md = std::fs::metadata(path)?;
+    let (dev, ino) = (md.dev(), md.ino());
+    let mut found = Vec::new();
+    let mut waiting = Vec::new();
+    let boot = boot_time();
+    for entry in std::fs::read_dir("/proc")?.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let dir = entry.path();
+        // Descriptors of the lock file, and the locks listed under them.
+        if let Ok(fds) = std::fs::read_dir(dir.join("fd")) {
+            for fd in fds.flatten() {
+                let Ok(m) = std::fs::metadata(fd.path()) else {
+                    continue;
+                };
+                if m.dev() != dev || m.ino() != ino {
+                    continue;
+                }
+                let info = dir.join("fdinfo").join(fd.file_name());
+                let Ok(text) = std::fs::read_to_string(info) else {
+                    continue;
+                };
+                for line in text.lines().filter_map(|l| l.strip_prefix("lock:")) {
+                    if let Some((offset, mode)) = parse_lock_line(line, ino) {
+                        found.push(Found { pid, offset, mode });
+                    }
+                }
+            }
+        }
+        // Threads waiting in line.
+        if let Ok(tasks) = std::fs::read_dir(dir.join("task")) {
+            for t in tasks.flatten() {
+                let Ok(comm) = std::fs::read_to_string(t.path().join("comm")) else {
+                    continue;
+                };
+                let Some(hex) = comm.trim_end().strip_prefix("dblock-") else {
+                    continue;
+                };
+                let Ok(low) = u32::from_str_radix(hex, 16) else {
+                    continue;
+                };
+                let since = std::fs::read_to_string(t.path().join("stat"))
+                    .ok()
+                    .and_then(|s| started(&s, boot));
+                waiting.push((pid, low, since));
+            }
+        }
+    }
+    // One process seen twice (OFD locks shared by a fork) shows once.
+    found.sort_by_key(|f| (f.offset, f.pid));
+    found.dedup_by_key(|f| (f.offset, f.pid));
+    Ok((found, waiting))
+}
+
+/// A `/proc/…/fdinfo` lock line (after `lock:`) on inode `ino`, one byte long and
+/// granted: its offset and mode.
+fn parse_lock_line(line: &str, ino: u64) -> Option<(u64, Mode)> {
+    // `1: OFDLCK  ADVISORY  WRITE -1 00:2d:1234 100 100`; blocked requests show `->`.
+    let t: Vec<&str> = line.split_whitespace().collect();
+    if t.contains(&"->") || t.len() < 8 {
+        return None;
+    }
+    let mode = match t[3] {
+        "WRITE" => Mode::Exclusive,
+        "READ" => Mode::Shared,
+        _ => return None,
+    };
+    let file_ino: u64 = t[5].rsplit(':').next()?.parse().ok()?;
+    let (start, end): (u64, u64) = (t[6].parse().ok()?, t[7].parse().ok()?);
+    (file_ino == ino && start == end).then_some((start, mode))
+}
+
+/// The system's boot time (`btime` in `/proc/stat`).
+fn boot_time() -> Option<SystemTime> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let secs: u64 = stat
+        .lines()
+        .find_map(|l| l.strip_prefix("btime "))?
+        .trim()
+        .parse()
+        .ok()?;
+    Some(SystemTime::UNIX_EPOCH + Duration::from_secs(secs))
+}
+
+/// When a thread started, from its `stat` (field 22, in clock ticks since boot; Linux
+/// reports these at USER_HZ, 100 a second).
+fn started(stat: &str, boot: Option<SystemTime>) -> Option<SystemTime> {
+    // The command name (field 2) may hold spaces: count from after its `)`.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let ticks: u64 = rest.split_whitespace().nth(19)?.parse().ok()?;
+    Some(boot? + Duration::from_millis(ticks * 10))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fdinfo_lock_lines_are_read() {
+        let ino = 1234;
+        assert_eq!(
+            parse_lock_line("\t1: OFDLCK  ADVISORY  WRITE -1 00:2d:1234 100 100", ino),
+            Some((100, Mode::Exclusive))
+        );
+        assert_eq!(
+            parse_lock_line("1: POSIX  ADVISORY  READ 42 08:02:1234 7 7", ino),
+            Some((7, Mode::Shared))
+        );
+        // Another file, a longer range, a blocked request.
+        assert_eq!(
+            parse_lock_line("1: OFDLCK ADVISORY WRITE -1 00:2d:99 1 1", ino),
+            None
+        );
+        assert_eq!(
+            parse_lock_line("1: OFDLCK ADVISORY WRITE -1 00:2d:1234 4 5", ino),
+            None
+        );
+        assert_eq!(
+            parse_lock_line("1: -> OFDLCK ADVISORY WRITE -1 00:2d:1234 4 4", ino),
+            None
+        );
+    }
+
+    #[test]
+    fn a_thread_start_is_read_from_its_stat() {
+        let boot = Some(SystemTime::UNIX_EPOCH);
+        let stat = "7 (dblock-0a (x)) S 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 250 20";
+        assert_eq!(
+            started(stat, boot),
+            Some(SystemTime::UNIX_EPOCH + Duration::from_millis(2500))
+        );
+    }
+}

@@ -1,0 +1,484 @@
+//! Who holds a lock and who waits for it: the rows
+//! [`Locks::status`](crate::Locks::status) returns, their JSON shape, and how dblock's
+//! connections say who they are.
+//!
+//! # How names are recovered
+//!
+//! A server knows locks by key, not by name. dblock tells it the name without an extra
+//! round trip: each PostgreSQL acquisition (one message) ends with a comment,
+//!
+//! ```text
+//! SELECT pg_advisory_xact_lock(-5686219459067394536) /* dblock ns=public name=autoland:7 holder=ci-7:4242 scope=transaction */
+//! ```
+//!
+//! which `pg_stat_activity.query` shows while the request waits, and the connection's
+//! health check, while the lock is held, is that comment alone (with `since=`, the
+//! grant's time), so the holder's `query` keeps naming its lock. Values are
+//! percent-encoded (`%`, `*`, space, `;` and control characters), so no name can end the
+//! comment early. `dblock status` believes a comment only if the name in it hashes to
+//! the key the server shows. See `docs/status.md` for what each backend shows.
+
+use std::fmt::Write as _;
+use std::sync::OnceLock;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use crate::key::Key;
+pub use crate::raw::{LockStatus, Party};
+use crate::raw::{Mode, Scope};
+
+impl Party {
+    /// `program[pid]@host (connection N)`, or what of it is known.
+    pub fn describe(&self) -> String {
+        let mut s = String::new();
+        if self.program.is_some() || self.pid.is_some() {
+            s.push_str(self.program.as_deref().unwrap_or("?"));
+        }
+        if let Some(pid) = self.pid {
+            let _ = write!(s, "[{pid}]");
+        }
+        if let Some(h) = &self.host {
+            let _ = write!(s, "@{h}");
+        }
+        match (self.connection, s.is_empty()) {
+            (Some(c), true) => {
+                let _ = write!(s, "connection {c}");
+            }
+            (Some(c), false) => {
+                let _ = write!(s, " (connection {c})");
+            }
+            (None, true) => s.push_str("an unknown process"),
+            (None, false) => {}
+        }
+        s
+    }
+}
+
+impl LockStatus {
+    /// The lock's name, or `key:<key>` when the name is not known.
+    pub fn label(&self) -> String {
+        match &self.name {
+            Some(n) => n.clone(),
+            None => format!("key:{}", self.key),
+        }
+    }
+}
+
+/// The stable JSON shape of `dblock status --json` (documented in `docs/status.md`):
+/// `{"version":1,"backend":…,"now_ms":…,"locks":[…]}`, times in milliseconds since the
+/// Unix epoch and ages (`for_ms`) against `now`.
+pub fn to_json(backend: &str, locks: &[LockStatus], now: SystemTime) -> String {
+    let mut out = String::new();
+    let _ = write!(
+        out,
+        "{{\"version\":1,\"backend\":{},\"now_ms\":{},\"locks\":[",
+        json_str(backend),
+        unix_ms(now)
+    );
+    for (i, l) in locks.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        let _ = write!(
+            out,
+            "{{\"key\":{},\"namespace\":{},\"name\":{},\"holders\":{},\"waiters\":{}}}",
+            l.key.as_i64(),
+            json_opt(l.namespace.as_deref()),
+            json_opt(l.name.as_deref()),
+            parties_json(&l.holders, now),
+            parties_json(&l.waiters, now)
+        );
+    }
+    out.push_str("]}");
+    out
+}
+
+fn parties_json(parties: &[Party], now: SystemTime) -> String {
+    let mut out = String::from("[");
+    for (i, p) in parties.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        let num = |v: Option<String>| v.unwrap_or_else(|| "null".into());
+        let _ = write!(
+            out,
+            "{{\"mode\":\"{}\",\"scope\":{},\"host\":{},\"pid\":{},\"program\":{},\
+             \"connection\":{},\"client\":{},\"since_ms\":{},\"for_ms\":{}}}",
+            mode_str(p.mode),
+            json_opt(p.scope.map(scope_str)),
+            json_opt(p.host.as_deref()),
+            num(p.pid.map(|v| v.to_string())),
+            json_opt(p.program.as_deref()),
+            num(p.connection.map(|v| v.to_string())),
+            json_opt(p.client.as_deref()),
+            num(p.since.map(|t| unix_ms(t).to_string())),
+            num(p.since.map(|t| age(t, now).as_millis().to_string())),
+        );
+    }
+    out.push(']');
+    out
+}
+
+/// How long ago `since` was, at `now` (zero for a time ahead of `now`: clocks differ).
+pub fn age(since: SystemTime, now: SystemTime) -> Duration {
+    now.duration_since(since).unwrap_or_default()
+}
+
+/// `"exclusive"` or `"shared"`.
+pub fn mode_str(m: Mode) -> &'static str {
+    match m {
+        Mode::Exclusive => "exclusive",
+        Mode::Shared => "shared",
+    }
+}
+
+/// `"transaction"` or `"session"`.
+pub fn scope_str(s: Scope) -> &'static str {
+    match s {
+        Scope::Transaction => "transaction",
+        Scope::Session => "session",
+    }
+}
+
+fn json_opt(s: Option<&str>) -> String {
+    s.map_or_else(|| "null".into(), json_str)
+}
+
+fn json_str(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if (c as u32) < 0x20 => {
+                let _ = write!(out, "\\u{:04x}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+pub(crate) fn unix_ms(t: SystemTime) -> u128 {
+    t.duration_since(UNIX_EPOCH).unwrap_or_default().as_millis()
+}
+
+pub(crate) fn from_unix_ms(ms: f64) -> Option<SystemTime> {
+    (ms.is_finite() && ms >= 0.0).then(|| UNIX_EPOCH + Duration::from_micros((ms * 1000.0) as u64))
+}
+
+// ---------------------------------------------------------------------------------
+// Who this process is.
+
+/// This process's program: the file name of its executable.
+pub(crate) fn program() -> &'static str {
+    static P: OnceLock<String> = OnceLock::new();
+    P.get_or_init(|| {
+        std::env::current_exe()
+            .ok()
+            .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+            .or_else(|| {
+                std::env::args_os().next().map(|a| {
+                    let a = a.to_string_lossy().into_owned();
+                    a.rsplit('/').next().unwrap_or_default().to_string()
+                })
+            })
+            .filter(|p| !p.is_empty())
+            .unwrap_or_else(|| "unknown".into())
+    })
+}
+
+/// This host's name.
+pub(crate) fn host() -> &'static str {
+    let id = crate::raw::holder_id();
+    id.rsplit_once(':').map_or(id, |(h, _)| h)
+}
+
+/// The longest `application_name` PostgreSQL keeps (NAMEDATALEN − 1 bytes).
+const MAX_APPLICATION_NAME: usize = 63;
+
+/// The `application_name` dblock's own PostgreSQL connections give when neither the
+/// builder, the URL nor `PGAPPNAME` names one: `program[pid]@host` (cut to 63 bytes,
+/// the program first), so that `pg_stat_activity` says which process a connection
+/// belongs to.
+pub fn default_application_name() -> String {
+    let pid = std::process::id();
+    let tail = format!("[{pid}]@{}", host());
+    let room = MAX_APPLICATION_NAME.saturating_sub(tail.len()).max(1);
+    let mut s = cut(program(), room).to_string();
+    s.push_str(&tail);
+    cut(&s, MAX_APPLICATION_NAME).to_string()
+}
+
+/// `s` cut to at most `n` bytes, at a character boundary.
+fn cut(s: &str, n: usize) -> &str {
+    let mut end = s.len().min(n);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
+/// `program[pid]@host` read back: (program, pid, host).
+pub(crate) fn parse_application_name(s: &str) -> Option<(String, u32, String)> {
+    let (left, host) = s.rsplit_once("]@")?;
+    let (program, pid) = left.rsplit_once('[')?;
+    Some((program.to_string(), pid.parse().ok()?, host.to_string()))
+}
+
+// ---------------------------------------------------------------------------------
+// The comment.
+
+/// What the comment marker begins with.
+pub(crate) const MARK: &str = "/* dblock ";
+
+/// Appends ` /* dblock ns=… name=… holder=… scope=… [since=…] */` to `out`.
+pub(crate) fn write_comment(
+    out: &mut String,
+    namespace: &str,
+    name: &str,
+    scope: Option<Scope>,
+    since: Option<SystemTime>,
+) {
+    out.push(' ');
+    out.push_str(MARK);
+    out.push_str("ns=");
+    encode(out, namespace);
+    out.push_str(" name=");
+    encode(out, name);
+    out.push_str(" holder=");
+    out.push_str(holder_encoded());
+    if let Some(s) = scope {
+        out.push_str(" scope=");
+        out.push_str(scope_str(s));
+    }
+    if let Some(t) = since {
+        let _ = write!(out, " since={}", unix_ms(t));
+    }
+    out.push_str(" */");
+}
+
+/// What a held lock's connection sends as its health check: the request's comment
+/// (`comment`, as [`write_comment`] wrote it, without `since=`) with the time of the
+/// grant added; an empty query to the server.
+pub(crate) fn label(comment: &str) -> std::sync::Arc<str> {
+    let body = comment.trim_start();
+    let body = body.strip_suffix(" */").unwrap_or(body);
+    let mut s = String::with_capacity(body.len() + 24);
+    s.push_str(body);
+    let _ = write!(s, " since={} */", unix_ms(SystemTime::now()));
+    std::sync::Arc::from(s)
+}
+
+/// Percent-encodes what could end a comment, start a nested one (`*`), split the
+/// comment's fields (space) or statements (`;`), or is a control character. Runs of
+/// other bytes are copied whole (every byte encoded is ASCII, so runs end at character
+/// boundaries).
+fn encode(out: &mut String, s: &str) {
+    const HEX: &[u8; 16] = b"0123456789ABCDEF";
+    let mut start = 0;
+    for (i, b) in s.bytes().enumerate() {
+        if matches!(b, b'%' | b'*' | b' ' | b';' | 0x7f) || b < 0x20 {
+            out.push_str(&s[start..i]);
+            out.push('%');
+            out.push(char::from(HEX[usize::from(b >> 4)]));
+            out.push(char::from(HEX[usize::from(b & 15)]));
+            start = i + 1;
+        }
+    }
+    out.push_str(&s[start..]);
+}
+
+/// This process's `holder=` value, encoded once.
+fn holder_encoded() -> &'static str {
+    static H: OnceLock<String> = OnceLock::new();
+    H.get_or_init(|| {
+        let mut s = String::new();
+        encode(&mut s, crate::raw::holder_id());
+        s
+    })
+}
+
+fn decode(s: &str) -> Option<String> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' {
+            let hex = s.get(i + 1..i + 3)?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+/// One comment read back.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Comment {
+    pub(crate) namespace: String,
+    pub(crate) name: String,
+    pub(crate) host: Option<String>,
+    pub(crate) pid: Option<u32>,
+    pub(crate) scope: Option<Scope>,
+    pub(crate) since: Option<SystemTime>,
+}
+
+impl Comment {
+    /// The key the comment's name has.
+    pub(crate) fn key(&self) -> Key {
+        Key::derive(&self.namespace, &self.name)
+    }
+}
+
+/// Every whole dblock comment in `text` (a comment cut off by the server's
+/// `track_activity_query_size` is skipped).
+pub(crate) fn parse_comments(text: &str) -> Vec<Comment> {
+    let mut out = Vec::new();
+    let mut rest = text;
+    while let Some(at) = rest.find(MARK) {
+        rest = &rest[at + MARK.len()..];
+        let Some(end) = rest.find(" */") else { break };
+        let body = &rest[..end];
+        rest = &rest[end..];
+        let mut c = Comment::default();
+        let mut ok = (false, false);
+        for field in body.split(' ') {
+            let Some((k, v)) = field.split_once('=') else {
+                continue;
+            };
+            let Some(v) = decode(v) else { continue };
+            match k {
+                "ns" => {
+                    c.namespace = v;
+                    ok.0 = true;
+                }
+                "name" => {
+                    c.name = v;
+                    ok.1 = true;
+                }
+                "holder" => {
+                    if let Some((h, p)) = v.rsplit_once(':') {
+                        c.host = Some(h.to_string());
+                        c.pid = p.parse().ok();
+                    }
+                }
+                "scope" => {
+                    c.scope = match v.as_str() {
+                        "transaction" => Some(Scope::Transaction),
+                        "session" => Some(Scope::Session),
+                        _ => None,
+                    }
+                }
+                "since" => c.since = v.parse::<f64>().ok().and_then(from_unix_ms),
+                _ => {}
+            }
+        }
+        if ok == (true, true) && !c.name.is_empty() && !c.namespace.is_empty() {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// The comment in `text` whose name hashes to `key`, if any.
+pub(crate) fn comment_for(text: &str, key: Key) -> Option<Comment> {
+    parse_comments(text).into_iter().find(|c| c.key() == key)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_name_cannot_end_the_comment_early() {
+        for name in [
+            "a*/b",
+            "/*x",
+            "a b;c",
+            "100%",
+            "tab\there",
+            "ünï ✓",
+            "x*/; DROP",
+        ] {
+            let mut s = String::from("SELECT 1");
+            write_comment(&mut s, "pub lic", name, Some(Scope::Session), None);
+            // One comment, closed only at its end.
+            assert_eq!(s.matches("*/").count(), 1, "{s}");
+            assert!(s.ends_with(" */"), "{s}");
+            assert_eq!(s.matches("/*").count(), 1, "{s}");
+            assert!(!s[8..].contains(';'), "{s}");
+            let c = parse_comments(&s);
+            assert_eq!(c.len(), 1, "{s}");
+            assert_eq!(c[0].name, name);
+            assert_eq!(c[0].namespace, "pub lic");
+            assert_eq!(c[0].scope, Some(Scope::Session));
+            assert_eq!(c[0].pid, Some(std::process::id()));
+            assert_eq!(
+                comment_for(&s, Key::derive("pub lic", name)),
+                Some(c[0].clone())
+            );
+            assert_eq!(comment_for(&s, Key::from_i64(1)), None);
+        }
+    }
+
+    #[test]
+    fn a_label_is_the_comment_with_the_grant_time() {
+        let mut s = String::from("SELECT 1");
+        write_comment(&mut s, "public", "a b", Some(Scope::Transaction), None);
+        let l = label(&s[s.find(MARK).unwrap_or_default()..]);
+        assert!(l.starts_with(MARK) && l.ends_with(" */"), "{l}");
+        let c = parse_comments(&l);
+        assert_eq!(c.len(), 1, "{l}");
+        assert_eq!(c[0].name, "a b");
+        assert!(c[0].since.is_some(), "{l}");
+    }
+
+    #[test]
+    fn a_cut_off_comment_is_skipped() {
+        let mut s = String::new();
+        write_comment(&mut s, "public", "n", None, Some(SystemTime::now()));
+        assert_eq!(parse_comments(&s).len(), 1);
+        assert!(parse_comments(&s[..s.len() - 3]).is_empty());
+    }
+
+    #[test]
+    fn the_application_name_fits_and_reads_back() {
+        let a = default_application_name();
+        assert!(a.len() <= MAX_APPLICATION_NAME, "{a}");
+        let (_, pid, host) = parse_application_name(&a).unwrap_or_default();
+        assert_eq!(pid, std::process::id());
+        assert_eq!(host, self::host());
+        assert_eq!(
+            parse_application_name("my app[12]@h:1"),
+            Some(("my app".into(), 12, "h:1".into()))
+        );
+        assert_eq!(parse_application_name("psql"), None);
+    }
+
+    #[test]
+    fn json_escapes_strings() {
+        let l = LockStatus {
+            key: Key::from_i64(-3),
+            namespace: None,
+            name: Some("a\"b\n".into()),
+            holders: vec![Party {
+                pid: Some(7),
+                ..Party::default()
+            }],
+            waiters: vec![],
+        };
+        let j = to_json("postgres", &[l], UNIX_EPOCH);
+        assert!(j.contains(r#""name":"a\"b\n""#), "{j}");
+        assert!(j.contains(r#""key":-3"#), "{j}");
+        assert!(j.contains(r#""pid":7"#), "{j}");
+        assert!(j.contains(r#""since_ms":null"#), "{j}");
+    }
+}
