@@ -542,6 +542,13 @@ async fn bench_json_reports_every_workload_with_its_floor() {
             for field in ["ops_per_sec", "p50_us", "p99_us", "floor_ops_per_sec"] {
                 assert!(r[field].as_f64().unwrap() > 0.0, "{field} in {r}");
             }
+            // PostgreSQL's floor checked that it connects as dblock does, and says how.
+            if backend == "postgres" {
+                assert!(
+                    matches!(r["transport"].as_str(), Some("TLS" | "no TLS")),
+                    "{r}"
+                );
+            }
         }
     }
     let out = run(db.dir.path(), &["bench", "--db", &db.url, "--seconds", "0"]).await;

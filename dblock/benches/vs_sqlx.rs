@@ -5,7 +5,11 @@
 //! DATABASE_URL=postgres://postgres@127.0.0.1:5432/test cargo bench -p dblock --bench vs_sqlx
 //! ```
 //!
-//! - floor: `SELECT pg_advisory_xact_lock(k)` in autocommit, one round trip (tokio-postgres);
+//! - floor (`dblock bench`'s): `BEGIN; SELECT pg_advisory_xact_lock(k)`, the lock held
+//!   when the reply comes, released by `ROLLBACK AND CHAIN` at the head of the next
+//!   message: one message and one round trip per cycle (tokio-postgres);
+//! - for reference, `SELECT pg_advisory_xact_lock(k)` in autocommit: less work (the lock
+//!   is released inside the statement, never held across a round trip);
 //! - dblock: `locks.lock(name)` and drop the guard (transaction scope, the default);
 //! - dblock session: the same with `Scope::Session`;
 //! - sqlx: `PgAdvisoryLock::acquire` on a pooled connection, then `release_now` (sqlx's
@@ -72,8 +76,16 @@ async fn main() {
     if !std::env::args().any(|a| a == "--bench") {
         return;
     }
+    // Every contender alike, without TLS: the raw floor and sqlx here have none, and
+    // dblock would otherwise use it where the server offers it (sslmode=prefer).
     let url = std::env::var("DATABASE_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
+    let url = if url.contains("sslmode=") {
+        url
+    } else {
+        let sep = if url.contains('?') { '&' } else { '?' };
+        format!("{url}{sep}sslmode=disable")
+    };
     let names: Vec<String> = (0..64).map(|i| format!("bench:vs:{i}")).collect();
 
     let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
@@ -84,6 +96,30 @@ async fn main() {
         .iter()
         .map(|n| dblock::Key::new("public", n).unwrap().as_i64())
         .collect();
+    let (held_client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let holding = std::cell::Cell::new(false);
+    let mut held_cycle = |i: u64| {
+        let head = match holding.replace(true) {
+            true => "ROLLBACK AND CHAIN; ",
+            false => "BEGIN; ",
+        };
+        let sql = format!(
+            "{head}SELECT pg_advisory_xact_lock({})",
+            keys[(i % 64) as usize]
+        );
+        let client = &held_client;
+        async move {
+            // Read as it streams in, nothing kept (as dblock reads its replies).
+            let stream = client.simple_query_raw(&sql).await.unwrap();
+            let mut stream = std::pin::pin!(stream);
+            while let Some(m) = futures_util::StreamExt::next(&mut stream).await {
+                m.unwrap();
+            }
+        }
+    };
     let mut floor_cycle = |i: u64| {
         let sql = format!("SELECT pg_advisory_xact_lock({})", keys[(i % 64) as usize]);
         let client = &client;
@@ -121,12 +157,19 @@ async fn main() {
     };
 
     // Warm-up slice each, then alternate.
-    let mut n = [0u64; 4];
-    let mut total = [(0u64, 0f64, 0f64); 4];
+    let mut n = [0u64; 5];
+    let mut total = [(0u64, 0f64, 0f64); 5];
     let slices = (SECS / SLICE).round() as usize;
     for round in 0..=slices {
         let r = [
             slice(&mut floor_cycle, &mut n[0]).await,
+            {
+                let r = slice(&mut held_cycle, &mut n[4]).await;
+                if holding.replace(false) {
+                    held_client.simple_query("ROLLBACK").await.unwrap();
+                }
+                r
+            },
             slice(&mut xact_cycle, &mut n[1]).await,
             slice(&mut session_cycle, &mut n[2]).await,
             slice(&mut sqlx_cycle, &mut n[3]).await,
@@ -141,17 +184,20 @@ async fn main() {
     }
     let rate = |i: usize| total[i].0 as f64 / total[i].1;
     let cpu_us = |i: usize| total[i].2 * 1e6 / total[i].0.max(1) as f64;
-    let (floor, dblock_xact, dblock_session, sqlx_rate) = (rate(0), rate(1), rate(2), rate(3));
+    // In the order the slices ran.
+    let (autocommit, floor, dblock_xact, dblock_session, sqlx_rate) =
+        (rate(0), rate(1), rate(2), rate(3), rate(4));
 
     println!(
         "PostgreSQL, 1 worker, uncontended ({SECS} s each in {SLICE} s slices, same server, same run)"
     );
     println!(
-        "{:<44} {:>10} {:>9} {:>9} {:>14}",
+        "{:<52} {:>10} {:>9} {:>9} {:>14}",
         "", "cycles/s", "÷ floor", "÷ sqlx", "client CPU µs"
     );
     for (i, (label, r)) in [
-        ("floor: pg_advisory_xact_lock, autocommit", floor),
+        ("reference: pg_advisory_xact_lock, autocommit", autocommit),
+        ("floor: BEGIN; lock … ROLLBACK AND CHAIN (carried)", floor),
         ("dblock: lock + drop (transaction scope)", dblock_xact),
         ("dblock: lock + drop (session scope)", dblock_session),
         ("sqlx PgAdvisoryLock: acquire + release_now", sqlx_rate),
@@ -160,7 +206,7 @@ async fn main() {
     .enumerate()
     {
         println!(
-            "{label:<44} {r:>10.0} {:>9.2} {:>9.2} {:>14.1}",
+            "{label:<52} {r:>10.0} {:>9.2} {:>9.2} {:>14.1}",
             r / floor,
             r / sqlx_rate,
             cpu_us(i)

@@ -20,6 +20,16 @@
 //! acquisition, with a session lock bridging the commit so no other holder can come
 //! between the increment and the grant.
 //!
+//! A token is an `i64` that only rises per name; it is not consecutive, and only its
+//! order means anything. On SQLite, MySQL and MariaDB it is a counter (1, 2, 3, …). On
+//! PostgreSQL it is `timeline × 2⁴⁰ + n`: the server's live WAL timeline, which every
+//! promotion of a replica raises, times 2⁴⁰, plus a count within the timeline — so tokens
+//! keep rising across a failover to an asynchronous replica that lacked the last grants,
+//! where a counter would go back and hand a number out twice. Tokens of earlier dblock
+//! releases (counters) stay below. Where that guarantee ends (platforms that keep the
+//! timeline, split brain): `docs/locks-and-loss.md`, "Fencing tokens across a PostgreSQL
+//! failover".
+//!
 //! Only fenced grants raise the token: a holder that takes the same name without asking
 //! for a token (a plain `lock`, `dblock run --no-fencing` or `--shared`) does not make
 //! earlier tokens stale. Every writer of a fenced resource must take fenced locks.
@@ -91,7 +101,8 @@ impl Fence {
         }
     }
 
-    /// The token.
+    /// The token: greater than every earlier fenced grant's token for the name (see the
+    /// [module](self) docs for its shape on each backend).
     pub fn token(&self) -> i64 {
         self.token
     }
@@ -126,9 +137,15 @@ impl Fence {
     /// the name's fencing row until `tx` ends so that no newer grant can be made before
     /// `tx` commits. Call it just before committing the writes it protects.
     ///
+    /// It compares this token with the name's row in `public.dblock_fencing` of the
+    /// database `tx` runs on, and passes only if they are equal: after a failover, a
+    /// grant the promoted server never received (its row is older) fails as surely as one
+    /// a newer grant replaced.
+    ///
     /// # Errors
     ///
-    /// [`Error::StaleToken`] when a newer grant exists (roll `tx` back); database errors.
+    /// [`Error::StaleToken`] when the row holds another token (roll `tx` back); database
+    /// errors.
     ///
     /// # Cancel safety
     ///

@@ -6,6 +6,7 @@ use std::future::Future;
 use crate::error::{Error, LossReason};
 use crate::fencing::Fence;
 use crate::key::Key;
+use crate::observe::Tally;
 use crate::raw::{Grant, Mode, RawHeld};
 
 /// A held lock. Dropping it releases the lock at once; [`release`](LockGuard::release)
@@ -21,63 +22,56 @@ use crate::raw::{Grant, Mode, RawHeld};
 #[must_use = "if unused the lock is released immediately"]
 #[clippy::has_significant_drop]
 pub struct LockGuard {
-    name: Box<str>,
-    key: Key,
-    mode: Mode,
     fence: Option<Fence>,
     /// The backend's half: releases on drop.
     held: Box<dyn RawHeld>,
+    /// The name, key and mode, and what tracing and metrics are told of the lock's end:
+    /// dropped after `held`, so "released" follows the release being sent.
+    tally: Tally,
 }
 
 impl fmt::Debug for LockGuard {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LockGuard")
-            .field("name", &self.name)
-            .field("key", &self.key)
-            .field("mode", &self.mode)
+            .field("name", &self.name())
+            .field("key", &self.key())
+            .field("mode", &self.mode())
             .field("fencing_token", &self.fencing_token())
             .finish()
     }
 }
 
 impl LockGuard {
-    pub(crate) fn new(name: &str, key: Key, mode: Mode, grant: Grant) -> LockGuard {
-        LockGuard::keyed(name, key, key, mode, grant)
+    pub(crate) fn new(tally: Tally, grant: Grant) -> LockGuard {
+        let key = tally.key();
+        LockGuard::keyed(tally, key, grant)
     }
 
-    /// A guard on `key` whose fencing token is kept under `fence_key` (a semaphore's
-    /// slot, whose token is its name's).
-    pub(crate) fn keyed(
-        name: &str,
-        key: Key,
-        fence_key: Key,
-        mode: Mode,
-        grant: Grant,
-    ) -> LockGuard {
+    /// A guard whose fencing token is kept under `fence_key` (a semaphore's slot, whose
+    /// token is its name's).
+    pub(crate) fn keyed(tally: Tally, fence_key: Key, grant: Grant) -> LockGuard {
         LockGuard {
-            name: name.into(),
-            key,
-            mode,
             fence: grant
                 .fence
-                .map(|(token, table)| Fence::new(name, fence_key, token, table)),
+                .map(|(token, table)| Fence::new(tally.name(), fence_key, token, table)),
             held: grant.held,
+            tally,
         }
     }
 
     /// The lock's name.
     pub fn name(&self) -> &str {
-        &self.name
+        self.tally.name()
     }
 
     /// The lock's key.
     pub fn key(&self) -> Key {
-        self.key
+        self.tally.key()
     }
 
     /// Exclusive or shared.
     pub fn mode(&self) -> Mode {
-        self.mode
+        self.tally.mode()
     }
 
     /// The fencing token of this grant, if one was asked for
@@ -98,7 +92,13 @@ impl LockGuard {
     /// connection has been seen to close or stop answering. A lock can be lost a moment
     /// before this notices; fencing tokens guard writes against that window.
     pub fn is_held(&self) -> bool {
-        self.held.loss().is_none()
+        match self.held.loss() {
+            None => true,
+            Some(reason) => {
+                self.tally.saw_loss(&reason);
+                false
+            }
+        }
     }
 
     /// A future that resolves, with the reason, when the lock is lost; it never
@@ -129,7 +129,13 @@ impl LockGuard {
     ///
     /// Dropping the future has no effect on the lock.
     pub fn lost(&self) -> impl Future<Output = LossReason> + Send + 'static {
-        self.held.lost()
+        let lost = self.held.lost();
+        let reporter = self.tally.loss_reporter();
+        async move {
+            let reason = lost.await;
+            reporter.report(&reason);
+            reason
+        }
     }
 
     /// Checks with the server, now, that the lock is still held. On a connection that
@@ -148,7 +154,11 @@ impl LockGuard {
     /// whose reply the connection reads and drops when no one waits for it any more, on
     /// a connection of the lock's own and on a multiplexing handle's shared one alike.
     pub async fn check(&mut self) -> Result<(), Error> {
-        self.held.check().await
+        let r = self.held.check().await;
+        if let Err(Error::LockLost { reason }) = &r {
+            self.tally.saw_loss(reason);
+        }
+        r
     }
 
     /// Releases the lock now and waits for the database to confirm it.
@@ -163,7 +173,14 @@ impl LockGuard {
     /// Cancelling the release still releases: the connection is closed if the reply
     /// had not arrived.
     pub async fn release(self) -> Result<(), Error> {
-        self.held.release().await
+        let LockGuard { held, tally, .. } = self;
+        tally.closing();
+        let r = held.release().await;
+        if let Err(Error::LockLost { reason }) = &r {
+            tally.saw_loss(reason);
+        }
+        drop(tally);
+        r
     }
 }
 

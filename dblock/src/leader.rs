@@ -124,6 +124,7 @@ impl Election {
         }
         let guard = req.lock().await?;
         let token = guard.fencing_token().unwrap_or(0);
+        tracing::info!(target: "dblock::leader", name = %self.name, token, "elected leader");
         self.role.send_replace(Role::Leader { token });
         // The role goes back to Follower when the term is lost or given up.
         let role = self.role.clone();
@@ -251,6 +252,12 @@ impl Term {
     ///
     /// As [`LockGuard::release`]: leadership ends either way.
     pub async fn resign(self) -> Result<(), Error> {
+        tracing::info!(
+            target: "dblock::leader",
+            name = self.guard.name(),
+            token = self.token(),
+            "resigned leadership"
+        );
         self.guard.release().await
     }
 }

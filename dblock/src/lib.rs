@@ -56,6 +56,7 @@
 //! | `sqlite`   | yes     | the embedded default: an SQLite file and byte-range locks beside it (Linux) |
 //! | `mysql`    | yes     | MySQL 8 / MariaDB 10.6+ named locks (`GET_LOCK`): see [`mysql`] |
 //! | `macros`   | yes     | [`migrations!`]: a directory of migrations embedded at compile time |
+//! | `metrics`  | no      | counters, histograms and a gauge of locks through the `metrics` facade (`docs/observability.md`); `tracing` events are always on |
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 // Shared helpers (connection strings, migration reverts, pooler settings) serve some backends
@@ -75,11 +76,13 @@ pub mod fencing;
 mod guard;
 mod key;
 pub mod leader;
+mod lock_set;
 mod locks;
 pub mod migrate;
 #[cfg(feature = "mysql")]
 #[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
 pub mod mysql;
+mod observe;
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub mod postgres;
@@ -94,6 +97,7 @@ pub use error::{Error, LossReason, WaitingFor};
 pub use fencing::Fence;
 pub use guard::LockGuard;
 pub use key::{DEFAULT_NAMESPACE, Key, MAX_NAME_LEN, MAX_NAMESPACE_LEN, NAMESPACE_SETTING};
+pub use lock_set::{LockSet, LockSetRequest};
 pub use locks::{Builder, Locks, Request};
 pub use raw::{Mode, Scope};
 pub use semaphore::{MAX_SEMAPHORE_LIMIT, SemaphoreGuard, SemaphoreRequest};
@@ -126,9 +130,14 @@ mod docs_doctests {
     struct Choosing;
     #[doc = include_str!("../../docs/errors.md")]
     struct Errors;
+    #[doc = include_str!("../../docs/lock-sets.md")]
+    struct LockSets;
     #[doc = include_str!("../../docs/semaphores.md")]
     struct Semaphores;
     #[cfg(feature = "mysql")]
     #[doc = include_str!("../../docs/mysql.md")]
     struct MySql;
+    #[cfg(all(feature = "metrics", feature = "postgres"))]
+    #[doc = include_str!("../../docs/observability.md")]
+    struct Observability;
 }

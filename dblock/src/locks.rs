@@ -8,12 +8,14 @@ use tokio::time::Instant;
 use crate::error::{Error, WaitingFor};
 use crate::guard::LockGuard;
 use crate::key::{Key, check_name, check_namespace};
+use crate::observe::{Attempt, MetricsConfig, Tally};
 use crate::raw::{Mode, Options, RawLocks, Req, Scope, Wait};
 
 pub(crate) struct Inner {
     pub(crate) backend: Box<dyn RawLocks>,
     pub(crate) namespace: String,
     pub(crate) scope: Scope,
+    pub(crate) metrics: MetricsConfig,
 }
 
 /// A handle on one database's locks: cheap to clone, shared by every task of a process.
@@ -375,8 +377,36 @@ impl<'a> Request<'a> {
             lease: self.lease,
             fence_key: None,
         };
-        let grant = inner.backend.acquire(&req).await?;
-        Ok(grant.map(|g| LockGuard::new(self.name, req.key, self.mode, g)))
+        let backend = inner.backend.name();
+        if !Attempt::wanted() {
+            // Nobody listens (no subscriber, no logger, no metrics feature): nothing to
+            // time or report but a loss, and nothing spent on it.
+            let grant = inner.backend.acquire(&req).await?;
+            return Ok(grant.map(|g| LockGuard::new(Tally::unobserved(&req, backend), g)));
+        }
+        let attempt = Attempt::start(&req, backend, inner.metrics);
+        let acquire = inner.backend.acquire(&req);
+        let result = match attempt.span() {
+            Some(span) => tracing::Instrument::instrument(acquire, span.clone()).await,
+            None => acquire.await,
+        };
+        match result {
+            Ok(Some(g)) => {
+                let token = g.fence.as_ref().map(|f| f.0);
+                Ok(Some(LockGuard::new(
+                    attempt.granted(&req, backend, token),
+                    g,
+                )))
+            }
+            Ok(None) => {
+                attempt.not_granted(req.wait);
+                Ok(None)
+            }
+            Err(e) => {
+                attempt.failed(&e);
+                Err(e)
+            }
+        }
     }
 }
 
@@ -391,6 +421,7 @@ pub struct Builder {
     namespace: Option<String>,
     scope: Scope,
     opts: Options,
+    metrics: MetricsConfig,
 }
 
 // By hand: the URL may hold a password, which Debug output must not show.
@@ -429,6 +460,7 @@ impl Default for Builder {
             namespace: None,
             scope: Scope::Transaction,
             opts: Options::default(),
+            metrics: MetricsConfig::default(),
         }
     }
 }
@@ -560,6 +592,29 @@ impl Builder {
         self
     }
 
+    /// Labels this handle's metrics with a `group` derived from each lock's name — say its
+    /// kind, `autoland` for `autoland:7` — where the default labels (`backend`, `mode`)
+    /// are too coarse. The function must map the names of a process to a *bounded* set
+    /// of groups (or `None`, no label): every distinct label value is a time series the
+    /// recorder keeps for the life of the process, which is why the name itself is never
+    /// a label. Each grant then builds its labels at run time (an allocation or two).
+    /// See `docs/observability.md`.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), dblock::Error> {
+    /// let locks = dblock::Locks::builder()
+    ///     .metrics_group(|name| name.split_once(':').map(|(kind, _)| kind))
+    ///     .build()
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    #[cfg(feature = "metrics")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+    pub fn metrics_group(mut self, group: fn(&str) -> Option<&str>) -> Self {
+        self.metrics.group = Some(group);
+        self
+    }
+
     /// Opens the handle.
     ///
     /// # Errors
@@ -601,11 +656,14 @@ impl Builder {
     fn finish(self, backend: Box<dyn RawLocks>, default_namespace: String) -> Result<Locks, Error> {
         let namespace = self.namespace.unwrap_or(default_namespace);
         check_namespace(&namespace)?;
+        #[cfg(feature = "metrics")]
+        crate::observe::meter::describe();
         Ok(Locks {
             inner: Arc::new(Inner {
                 backend,
                 namespace,
                 scope: self.scope,
+                metrics: self.metrics,
             }),
         })
     }

@@ -204,6 +204,19 @@ pub(crate) trait RawLocks: Send + Sync + 'static {
         Box::pin(acquire_any_in_turn(self, req, keys))
     }
 
+    /// Takes every one of `keys` (sorted ascending, distinct: the canonical order every
+    /// caller uses) as `req` says — all or none; `req.key` is unused. `Ok(None)` if the
+    /// wait ended without all of them, holding none. One [`RawHeld`] releases them all.
+    /// Dropping the future leaves nothing held. By default [`acquire_all_in_order`]; a
+    /// backend that can take several keys in one request overrides it.
+    fn acquire_all<'a>(
+        &'a self,
+        req: &'a Req<'a>,
+        keys: &'a [Key],
+    ) -> BoxFuture<'a, Result<Option<Grant>, Error>> {
+        Box::pin(acquire_all_in_order(self, req, keys))
+    }
+
     /// Whether the server itself frees the lock of a holder silent for longer than
     /// [`Req::lease`] (elections ask for one where it does).
     fn has_leases(&self) -> bool {
@@ -317,6 +330,72 @@ pub(crate) async fn acquire_any_in_turn<B: RawLocks + ?Sized>(
             return Ok(Some((start, g)));
         }
         start = (start + 1) % n;
+    }
+}
+
+/// Takes every one of `keys` with one plain request per key, in their order (ascending:
+/// two requests for overlapping sets meet at their lowest common key, and the one that
+/// gets it first gets the rest as they are freed, so neither waits for the other in a
+/// cycle), each with `req`'s wait (one deadline for all). Stops at the first key not
+/// granted, or error, releasing those taken (dropping them).
+pub(crate) async fn acquire_all_in_order<B: RawLocks + ?Sized>(
+    backend: &B,
+    req: &Req<'_>,
+    keys: &[Key],
+) -> Result<Option<Grant>, Error> {
+    let mut held = Vec::with_capacity(keys.len());
+    for &key in keys {
+        let one = Req {
+            key,
+            fenced: false,
+            fence_key: None,
+            ..req.clone()
+        };
+        match backend.acquire(&one).await? {
+            Some(g) => held.push(g.held),
+            None => return Ok(None),
+        }
+    }
+    Ok(Some(Grant {
+        held: Box::new(HeldAll(held)),
+        fence: None,
+    }))
+}
+
+/// Several held locks as one: released together, lost when any of them is.
+pub(crate) struct HeldAll(pub(crate) Vec<Box<dyn RawHeld>>);
+
+impl RawHeld for HeldAll {
+    fn loss(&self) -> Option<LossReason> {
+        self.0.iter().find_map(|h| h.loss())
+    }
+
+    fn lost(&self) -> BoxFuture<'static, LossReason> {
+        let mut all: Vec<_> = self.0.iter().map(|h| h.lost()).collect();
+        Box::pin(std::future::poll_fn(move |cx| {
+            for f in &mut all {
+                if let std::task::Poll::Ready(r) = f.as_mut().poll(cx) {
+                    return std::task::Poll::Ready(r);
+                }
+            }
+            std::task::Poll::Pending
+        }))
+    }
+
+    fn check(&mut self) -> BoxFuture<'_, Result<(), Error>> {
+        Box::pin(async move {
+            for h in &mut self.0 {
+                h.check().await?;
+            }
+            Ok(())
+        })
+    }
+
+    fn release(self: Box<Self>) -> BoxFuture<'static, Result<(), Error>> {
+        // All at once; every one is released whatever the others answer, and the first
+        // error is reported.
+        let all = futures_util::future::join_all(self.0.into_iter().map(|h| h.release()));
+        Box::pin(async move { all.await.into_iter().collect() })
     }
 }
 

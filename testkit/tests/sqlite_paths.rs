@@ -230,3 +230,45 @@ async fn a_lock_whose_file_was_replaced_reports_itself_lost() {
         assert!(again.is_held());
     }
 }
+
+/// A lock handed over between tasks of one process after its file was replaced is not
+/// passed on in the old file: the next task gets it in the file the path names now,
+/// where other processes see it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_handed_over_after_its_file_was_replaced_moves_to_the_new_file() {
+    for how in [Replace::Delete, Replace::RenameOver] {
+        let db = dblock_testkit::SqliteDb::new();
+        let locks = db.locks().await;
+        let g = locks.lock("h").await.unwrap();
+        let mut next = {
+            let locks = locks.clone();
+            tokio::spawn(async move { locks.lock("h").await.unwrap() })
+        };
+        // Observed waiting behind `g`, not slept for.
+        assert!(
+            tokio::time::timeout(Duration::from_millis(50), &mut next)
+                .await
+                .is_err(),
+            "{how:?}: the task waits while the lock is held"
+        );
+        replace(&db.dir.path().join("locks.db-locks"), how);
+        drop(g);
+        let mut got = tokio::time::timeout(Duration::from_secs(10), next)
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(got.is_held(), "{how:?}: handed over in the old file");
+        got.check().await.unwrap();
+        // And a process started now, on the new file, sees it.
+        let (mut waiter, mut lines) = spawn(db.dir.path(), &["wait", &db.url, "h"]);
+        let early = tokio::time::timeout(Duration::from_millis(300), lines.next_line()).await;
+        assert!(early.is_err(), "{how:?}: a later process got a held lock");
+        drop(got);
+        let r = tokio::time::timeout(Duration::from_secs(10), lines.next_line()).await;
+        assert!(
+            matches!(&r, Ok(Ok(Some(l))) if l == "acquired"),
+            "{how:?}: {r:?}"
+        );
+        assert!(waiter.wait().await.unwrap().success());
+    }
+}

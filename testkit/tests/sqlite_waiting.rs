@@ -256,3 +256,82 @@ async fn a_writer_that_gave_up_no_longer_holds_back_readers() {
     reader.start_kill().unwrap();
     let _ = reader.wait().await;
 }
+
+/// Inside a process a released lock goes straight to the next task waiting for it —
+/// unless another process is at the head of the line: then that process gets it first,
+/// as it would from a holder with nobody behind it. (A hand-over that did not look at
+/// the line would let one busy process keep a name from everyone else.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_handed_over_inside_a_process_gives_way_to_a_process_in_line() {
+    let db = SqliteDb::new();
+    let locks = db.locks().await;
+    for round in 0..3 {
+        let g = locks.lock("h").await.unwrap();
+        let mut local = {
+            let locks = locks.clone();
+            tokio::spawn(async move { locks.lock("h").await.unwrap() })
+        };
+        // Observed waiting behind `g`, not slept for.
+        assert!(
+            tokio::time::timeout(Duration::from_millis(50), &mut local)
+                .await
+                .is_err(),
+            "round {round}: the task waits while the lock is held"
+        );
+        let (mut waiter, mut wl) = spawn(&["wait", &db.url, "h"]);
+        let queued = until_in_line(&db, &locks, "h").await;
+        drop(g);
+        let here = tokio::time::timeout(Duration::from_secs(10), local)
+            .await
+            .unwrap()
+            .unwrap();
+        // The waiting process prints before it releases: if it had the lock before the
+        // task here, the line is already there.
+        let w = line(&mut wl, 1).await;
+        assert_eq!(
+            w.as_deref(),
+            Some("acquired"),
+            "round {round}: the lock went to the task here before the process in line \
+             (waiter seen in line: {queued})"
+        );
+        drop(here);
+        assert!(waiter.wait().await.unwrap().success());
+    }
+}
+
+/// Tasks of one process waiting behind each other on one name, cut off at every moment
+/// (deadlines from nothing to a few hand-overs long), never leave the name held: when
+/// they are done, the byte in the file is free and another process takes the name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cut_off_waits_behind_a_holder_leave_nothing_held() {
+    let db = SqliteDb::new();
+    let locks = db.locks().await;
+    let mut tasks = Vec::new();
+    for t in 0..6u64 {
+        let locks = locks.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut got = 0u32;
+            for i in 0..200u64 {
+                let us = (i * 7 + t * 13) % 60;
+                if let Ok(Some(g)) = locks.try_lock_for("cut", Duration::from_micros(us)).await {
+                    got += 1;
+                    if i % 3 == 0 {
+                        tokio::task::yield_now().await;
+                    }
+                    drop(g);
+                }
+            }
+            got
+        }));
+    }
+    let mut got = 0;
+    for t in tasks {
+        got += t.await.unwrap();
+    }
+    assert!(got > 0, "no task ever got the lock");
+    let offset = locks.key("cut").unwrap().file_offset();
+    assert_eq!(kernel_locks_at(&db, offset), 0, "the byte is still locked");
+    let (mut waiter, mut wl) = spawn(&["wait", &db.url, "cut"]);
+    assert_eq!(line(&mut wl, 10).await.as_deref(), Some("acquired"));
+    assert!(waiter.wait().await.unwrap().success());
+}

@@ -314,6 +314,16 @@ impl MyBackend {
 
     /// Takes the lock `req` asks for: see [`lock`] for the protocol.
     async fn take(&self, req: &Req<'_>) -> Result<Option<Grant>, Error> {
+        self.refuse(req)?;
+        if req.fenced {
+            self.ensure_fence_table().await?;
+        }
+        lock::acquire(self, req).await
+    }
+
+    /// Refuses what named locks cannot do: a shared mode, a lease shorter than the
+    /// checks can keep.
+    fn refuse(&self, req: &Req<'_>) -> Result<(), Error> {
         if req.mode == Mode::Shared {
             return Err(Error::Unsupported(
                 "MySQL and MariaDB named locks (GET_LOCK) have no shared mode; dblock \
@@ -330,10 +340,7 @@ impl MyBackend {
                 self.check_interval
             )));
         }
-        if req.fenced {
-            self.ensure_fence_table().await?;
-        }
-        lock::acquire(self, req).await
+        Ok(())
     }
 
     /// The pool `KILL QUERY` is sent on: the lock pool's connect options, at most two

@@ -55,22 +55,27 @@ pub(crate) struct PgBackend {
     mux: Option<mux::Mux>,
     /// Whether lock requests set `client_connection_check_interval` (sqlx connections
     /// on PostgreSQL 14+: the only way to end a cut-off wait without a cancel request).
-    check_disconnect: bool,
+    pub(super) check_disconnect: bool,
     /// `server_version_num`.
-    version: u32,
+    pub(super) version: u32,
     /// How often held connections are checked (a lease must be longer).
     check_interval: Duration,
     /// How long a check may go unanswered (and a release, before it is given up).
-    check_timeout: Duration,
+    pub(super) check_timeout: Duration,
     /// The schema `current_schema()` named when the handle was built (where dblock's
     /// own tables go).
     pub(crate) schema: Option<String>,
     /// Set once the fencing table is known to exist: its qualified name.
     pub(super) fence_ready: tokio::sync::OnceCell<Arc<str>>,
+    /// Whether fencing tokens carry the server's timeline ([`EPOCH_SQL`]): cleared
+    /// when the fencing table is first used on a server without it.
+    ///
+    /// [`EPOCH_SQL`]: super::token::EPOCH_SQL
+    pub(super) fence_epoch: std::sync::atomic::AtomicBool,
     /// The sessions' own `lock_timeout` (an administrator's, for the role or database),
     /// read when the handle was built: it still ends a wait without a deadline, which
     /// dblock runs in slices of its own `lock_timeout` (see [`WAIT_SLICE_MS`](super::plan::WAIT_SLICE_MS)).
-    server_lock_timeout: Option<Duration>,
+    pub(super) server_lock_timeout: Option<Duration>,
     /// What lies between dblock and the server ([`Pooler::Detect`] resolved), and how
     /// that is known.
     pub(crate) pooler: (Pooler, Known),
@@ -215,6 +220,7 @@ impl PgBackend {
                 check_timeout: opts.check_timeout,
                 schema,
                 fence_ready: tokio::sync::OnceCell::new(),
+                fence_epoch: std::sync::atomic::AtomicBool::new(true),
                 pooler: (Pooler::None, Known::Declared),
                 server_port,
                 role,
@@ -247,13 +253,10 @@ impl PgBackend {
         self.acquire_keys(req, keys).await
     }
 
-    /// Takes `req.key`, or with `any` keys any one of them: one round trip on a pinned
-    /// connection per slice of waiting.
-    async fn acquire_keys(
-        &self,
-        req: &Req<'_>,
-        any: &[Key],
-    ) -> Result<Option<(usize, Grant)>, Error> {
+    /// Refuses what the server or the path to it cannot do: a lease too short to be
+    /// noticed in time or without `idle_session_timeout`; a session lock behind a
+    /// transaction pooler.
+    pub(super) fn refuse_unsupported(&self, req: &Req<'_>) -> Result<(), Error> {
         if let Some(lease) = req.lease {
             // The holder must learn of a loss before the server can end its session and
             // grant the lock to another: a silent connection is declared lost at most
@@ -285,6 +288,17 @@ impl PgBackend {
                  directly or through a session-pooling port (say so with pooler=session)",
             )?;
         }
+        Ok(())
+    }
+
+    /// Takes `req.key`, or with `any` keys any one of them: one round trip on a pinned
+    /// connection per slice of waiting.
+    async fn acquire_keys(
+        &self,
+        req: &Req<'_>,
+        any: &[Key],
+    ) -> Result<Option<(usize, Grant)>, Error> {
+        self.refuse_unsupported(req)?;
         let fence_table = match req.fenced {
             true => Some(
                 self.fence_table_until(req.wait.deadline())
@@ -294,12 +308,13 @@ impl PgBackend {
             ),
             false => None,
         };
+        let epoch = self.fence_epoch.load(std::sync::atomic::Ordering::Relaxed);
         if let Some(mux) = self
             .mux
             .as_ref()
             .filter(|_| any.is_empty() && mux::Mux::applies(req))
         {
-            match mux.try_acquire(req, fence_table.as_ref()).await? {
+            match mux.try_acquire(req, fence_table.as_ref(), epoch).await? {
                 mux::Attempt::Granted(g) => return Ok(Some((0, g))),
                 mux::Attempt::NotFree if req.wait == Wait::Try => return Ok(None),
                 // Waiting never blocks a shared connection: wait on a connection of its own.
@@ -347,7 +362,7 @@ impl PgBackend {
             };
             let plan = Plan::build(
                 req,
-                fence_table.as_deref(),
+                fence_table.as_deref().map(|t| (t, epoch)),
                 self.check_disconnect,
                 self.version >= 120_000,
                 (!any.is_empty()).then_some(Any { keys: any, start }),
@@ -468,15 +483,15 @@ pub(super) const BACKSTOP: Duration = Duration::from_secs(2);
 /// Behind a pooler, how long past a deadline the client waits for the server's answer
 /// before it gives the request up (the server's own lock_timeout normally answers at
 /// the deadline; a request still queued in the pooler never would).
-const POOLER_GRACE: Duration = Duration::from_millis(100);
+pub(super) const POOLER_GRACE: Duration = Duration::from_millis(100);
 
-const LOCK_NOT_AVAILABLE: &str = "55P03";
+pub(super) const LOCK_NOT_AVAILABLE: &str = "55P03";
 
 /// The least room, beyond the longest time to notice a silent connection, that a lease
 /// must leave for scheduling delays on the client (a tenth of that time if more).
 const LEASE_SLACK: Duration = Duration::from_millis(50);
 
-const QUERY_CANCELED: &str = "57014";
+pub(super) const QUERY_CANCELED: &str = "57014";
 
 impl RawLocks for PgBackend {
     fn name(&self) -> &'static str {
@@ -493,6 +508,14 @@ impl RawLocks for PgBackend {
         keys: &'a [Key],
     ) -> BoxFuture<'a, Result<Option<(usize, Grant)>, Error>> {
         Box::pin(PgBackend::acquire_any(self, req, keys))
+    }
+
+    fn acquire_all<'a>(
+        &'a self,
+        req: &'a Req<'a>,
+        keys: &'a [Key],
+    ) -> BoxFuture<'a, Result<Option<Grant>, Error>> {
+        Box::pin(PgBackend::acquire_all(self, req, keys))
     }
 
     fn has_leases(&self) -> bool {

@@ -12,6 +12,7 @@ use super::backend::{BACKSTOP, PgBackend};
 use super::bookkeeping::own_ddl;
 use super::conn::Armed;
 use super::sql::{first_value, quote_ident, quote_literal};
+use super::token::{EPOCH_SQL, NO_EPOCH_CODES};
 use super::wire::QueryError;
 use super::xact::map_sqlx;
 use crate::error::{Error, WaitingFor};
@@ -64,6 +65,17 @@ impl PgBackend {
                     // concurrent CREATE INDEX CONCURRENTLY cannot deadlock with it).
                     let ddl = table_ddl(&table);
                     own_ddl(&armed, &ddl, deadline).await?;
+                }
+                // Whether the server has the live timeline (see EPOCH_SQL): once, here,
+                // so that a platform without it keeps plain counters instead of failing
+                // every fenced grant.
+                match armed.conn().query(&format!("SELECT {EPOCH_SQL}")).await {
+                    Err(QueryError::Db { code, .. }) if NO_EPOCH_CODES.contains(&code.as_str()) => {
+                        self.fence_epoch
+                            .store(false, std::sync::atomic::Ordering::Relaxed);
+                    }
+                    Ok(_) | Err(QueryError::Db { .. }) => {}
+                    Err(e) => return Err(e.into_error()),
                 }
                 armed.disarm().recycle();
                 Ok(Arc::<str>::from(table))

@@ -39,6 +39,25 @@ impl Pinned {
         }
     }
 
+    /// A grant of several keys on one connection, released by `release`
+    /// (`statements` statements; a session unlock answering `t` first).
+    pub(crate) fn with_release(
+        conn: Conn,
+        scope: Scope,
+        release: Cow<'static, str>,
+        statements: usize,
+        release_timeout: Duration,
+    ) -> Pinned {
+        Pinned {
+            link: conn.link().clone(),
+            conn: Some(conn),
+            release,
+            release_statements: statements,
+            scope,
+            release_timeout,
+        }
+    }
+
     fn loss(&self) -> Option<LossReason> {
         self.link.loss()
     }

@@ -29,15 +29,18 @@
 //!
 //! # Files
 //!
-//! `backend` opens the backend and runs one acquisition, planned by `plan`, on a
+//! `backend` opens the backend and runs one acquisition, planned by `plan` (`all`: many
+//! keys at once), on a
 //! connection (`conn`: dblock's own, `native`/`pool`/`outbox`/`driver`, or one borrowed
 //! from an sqlx pool, `sqlx_conn`), kept by the guard's half (`held`, or `mux` when
 //! multiplexed). `wire` holds what they exchange, `sql` the quoting. The backend's
-//! other SQL lives beside it: `fence` (fencing tokens), `migrate` (the migration
+//! other SQL lives beside it: `fence` (the fencing table and check; `token`, a leaf,
+//! the statement that takes a token), `migrate` (the migration
 //! runner), `floor` (the benchmark's floor), `url` (what a URL names), `xact` (locks in
 //! the caller's own transaction).
 
 mod adopt;
+mod all;
 mod backend;
 mod bookkeeping;
 mod conn;
@@ -59,6 +62,7 @@ mod setup;
 mod sql;
 mod sqlx_conn;
 pub(crate) mod tls;
+mod token;
 mod url;
 mod wire;
 pub mod xact;

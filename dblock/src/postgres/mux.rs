@@ -29,11 +29,12 @@ use std::sync::{Arc, Mutex};
 
 use super::native::NativeConn;
 use super::pool::Pool;
-use super::sql::{first_value, quote_literal};
+use super::sql::first_value;
+use super::token::next_token_sql;
 use super::wire::{Link, QueryError};
 use crate::error::{Error, LossReason};
 use crate::key::Key;
-use crate::raw::{BoxFuture, Grant, Mode, RawHeld, Req, Scope, holder_id};
+use crate::raw::{BoxFuture, Grant, Mode, RawHeld, Req, Scope};
 
 pub(crate) struct Mux {
     inner: Arc<MuxInner>,
@@ -97,6 +98,7 @@ impl Mux {
         &self,
         req: &Req<'_>,
         fence_table: Option<&Arc<str>>,
+        epoch: bool,
     ) -> Result<Attempt, Error> {
         let k = req.key.as_i64();
         // Claim the key first: never two requests for one key on a shared connection.
@@ -115,15 +117,11 @@ impl Mux {
             ""
         };
         let sql = match fence_table {
-            Some(table) => format!(
-                "INSERT INTO {table} AS f (key, namespace, name, token, holder, granted_at) \
-                 SELECT {fk}, {ns}, {name}, 1, {holder}, now() WHERE pg_try_advisory_lock({k}) \
-                 ON CONFLICT (key) DO UPDATE SET token = f.token + 1, \
-                 holder = EXCLUDED.holder, granted_at = EXCLUDED.granted_at RETURNING token",
-                fk = req.fence_key().as_i64(),
-                ns = quote_literal(req.namespace),
-                name = quote_literal(req.name),
-                holder = quote_literal(holder_id()),
+            Some(table) => next_token_sql(
+                table,
+                req,
+                &format!("WHERE pg_try_advisory_lock({k}) "),
+                epoch,
             ),
             None => format!("SELECT pg_try_advisory_lock{shared}({k})"),
         };

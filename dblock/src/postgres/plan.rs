@@ -7,14 +7,15 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::conn::Conn;
-use super::sql::{i64_text, quote_literal};
+use super::sql::i64_text;
+use super::token::next_token_sql;
 use super::wire::{LockSql, Release};
 use crate::key::Key;
-use crate::raw::{ANY_SLICE, Mode, Req, Scope, Wait, holder_id};
+use crate::raw::{ANY_SLICE, Mode, Req, Scope, Wait};
 
 /// The longest `lock_timeout`, `idle_in_transaction_session_timeout` or
 /// `idle_session_timeout` the server accepts, in milliseconds (2³¹ − 1: about 24.8 days).
-const MAX_SERVER_MS: u128 = i32::MAX as u128;
+pub(crate) const MAX_SERVER_MS: u128 = i32::MAX as u128;
 
 /// The longest one lock-waiting statement runs, in milliseconds; a longer wait is
 /// several statements (each in a transaction of its own), one after the other.
@@ -66,29 +67,32 @@ pub(crate) struct Any<'a> {
 }
 
 impl Plan {
-    /// `chain`: whether the server has `ROLLBACK AND CHAIN` (PostgreSQL 12).
+    /// `fence`: the fencing table, and whether tokens carry the timeline (see
+    /// [`next_token_sql`]). `chain`: whether the server has `ROLLBACK AND CHAIN`
+    /// (PostgreSQL 12).
     #[cfg(test)]
     pub(crate) fn new(
         req: &Req<'_>,
-        fence_table: Option<&str>,
+        fence: Option<(&str, bool)>,
         check_disconnect: bool,
         chain: bool,
     ) -> Plan {
-        Plan::build(req, fence_table, check_disconnect, chain, None)
+        Plan::build(req, fence, check_disconnect, chain, None)
     }
 
-    /// The plan of `req` (`chain`: whether the server has `ROLLBACK AND CHAIN`,
-    /// PostgreSQL 12), for any one of several keys when `any` is given (never with a
-    /// fenced request, which takes its slots one by one).
+    /// The plan of `req` (`fence` and `chain` as for [`Plan::new`]), for any one of
+    /// several keys when `any` is given (never with a fenced request, which takes its
+    /// slots one by one).
     pub(crate) fn build(
         req: &Req<'_>,
-        fence_table: Option<&str>,
+        fence: Option<(&str, bool)>,
         check_disconnect: bool,
         chain: bool,
         any: Option<Any<'_>>,
     ) -> Plan {
-        debug_assert!(!req.fenced || fence_table.is_some());
+        debug_assert!(!req.fenced || fence.is_some());
         debug_assert!(!(req.fenced && any.is_some()));
+        let (fence_table, epoch) = (fence.map(|f| f.0), fence.is_some_and(|f| f.1));
         let mut kbuf = [0u8; 20];
         let k = i64_text(req.key.as_i64(), &mut kbuf);
         let shared = if req.mode == Mode::Shared {
@@ -212,21 +216,12 @@ impl Plan {
                 if let Some(ms) = timeout_ms {
                     sql.push(&[&format!("SET LOCAL lock_timeout = {ms}")]);
                 }
-                let upsert = format!(
-                    "INSERT INTO {table} AS f (key, namespace, name, token, holder, granted_at) \
-                     SELECT {fk}, {ns}, {name}, 1, {holder}, now() {cond}\
-                     ON CONFLICT (key) DO UPDATE SET token = f.token + 1, \
-                     holder = EXCLUDED.holder, granted_at = EXCLUDED.granted_at RETURNING token",
-                    fk = req.fence_key().as_i64(),
-                    ns = quote_literal(req.namespace),
-                    name = quote_literal(req.name),
-                    holder = quote_literal(holder_id()),
-                    cond = if try_ {
-                        format!("WHERE pg_try_advisory_lock({k}) ")
-                    } else {
-                        String::new()
-                    },
-                );
+                let cond = if try_ {
+                    format!("WHERE pg_try_advisory_lock({k}) ")
+                } else {
+                    String::new()
+                };
+                let upsert = next_token_sql(table, req, &cond, epoch);
                 if !try_ {
                     sql.push(&["SELECT pg_advisory_lock(", k, ")"]);
                 }
@@ -385,7 +380,7 @@ mod tests {
 
     impl Plan {
         fn new_t(req: &Req<'_>, fence_table: Option<&str>) -> Plan {
-            Plan::new(req, fence_table, false, true)
+            Plan::new(req, fence_table.map(|t| (t, true)), false, true)
         }
     }
 

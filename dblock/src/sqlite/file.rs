@@ -5,7 +5,7 @@ use std::fs::{File, OpenOptions};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicUsize;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex, RwLock, Weak};
 
 use tokio::sync::Notify;
 
@@ -108,6 +108,12 @@ impl Desc {
         })
     }
 
+    /// Whether this descriptor's file still has a name (deleting it, or renaming
+    /// another file over it, takes its last one). One `fstat`, no path lookup.
+    pub(crate) fn is_linked(&self) -> bool {
+        sys::link_count(&self.file).is_ok_and(|n| n > 0)
+    }
+
     /// Whether `path` still names this descriptor's file.
     pub(crate) fn is_named_by(&self, path: &Path) -> bool {
         match std::fs::metadata(path) {
@@ -123,13 +129,30 @@ pub(crate) struct LockFile {
     pub(crate) flavor: Flavor,
     network_fs: Option<&'static str>,
     /// The descriptor new requests lock through, and those the path named before it
-    /// (kept open while locks on them are held: see [`LockFile::reopen`]).
-    pub(crate) current: Mutex<Arc<Desc>>,
+    /// (kept open while locks on them are held: see [`LockFile::reopen`]). Read by
+    /// every acquisition, written only when the file is replaced.
+    current: RwLock<Arc<Desc>>,
     /// Descriptors never to be closed while this file is in use (POSIX locks).
     spares: Mutex<Vec<File>>,
-    /// Keys (file offsets) this process holds in this file.
+    /// What this process does with the keys of this file, in [`SHARDS`] parts by key.
+    shards: Box<[Shard]>,
+}
+
+/// How many parts the table of a lock file has. Requests for different keys meet on one
+/// mutex only when their keys fall in one part, so tasks working on keys of their own
+/// rarely wait for each other (with one mutex for the whole table, 8 workers on 2 cores
+/// did 0.42× the raw `fcntl` rate).
+const SHARDS: usize = 64;
+
+/// One part of a lock file's table: the keys whose offset falls in it, and the tasks
+/// waiting for a change to them. Aligned to keep two parts off one cache line.
+#[repr(align(128))]
+#[derive(Default)]
+pub(crate) struct Shard {
+    /// Keys (file offsets) of this part that this process holds or waits for.
     pub(crate) table: Mutex<super::Table>,
-    /// Tasks waiting for a lock; releases notify only when there are some.
+    /// Tasks waiting for a change to a key of this part; notified only when there are
+    /// some.
     pub(crate) waiters: AtomicUsize,
     pub(crate) released: Notify,
 }
@@ -171,11 +194,9 @@ impl LockFile {
                     path: path.clone(),
                     flavor,
                     network_fs,
-                    current: Mutex::new(Arc::new(desc)),
+                    current: RwLock::new(Arc::new(desc)),
                     spares: Mutex::new(Vec::new()),
-                    table: Mutex::new(super::Table::default()),
-                    waiters: AtomicUsize::new(0),
-                    released: Notify::new(),
+                    shards: (0..SHARDS).map(|_| Shard::default()).collect(),
                 });
                 open.push((path, Arc::downgrade(&lf)));
                 lf
@@ -194,16 +215,23 @@ impl LockFile {
     /// The descriptor new requests lock through.
     pub(crate) fn current(&self) -> Arc<Desc> {
         self.current
-            .lock()
+            .read()
             .unwrap_or_else(|p| p.into_inner())
             .clone()
+    }
+
+    /// The part of the table that holds `offset`. A lock byte and its gate (the other
+    /// byte of its pair) fall in one part, so that everything touching a pair's bytes
+    /// is done under one mutex.
+    pub(crate) fn shard(&self, offset: u64) -> &Shard {
+        &self.shards[(offset >> 1) as usize % SHARDS]
     }
 
     /// The path no longer names `stale`'s file: opens the file it names now (creating it
     /// if it was deleted) and makes that the descriptor new requests use. Descriptors of
     /// the old file stay open while locks on it are held (their holders keep an `Arc`).
     pub(crate) fn reopen(&self, stale: &Arc<Desc>) -> Result<(), Error> {
-        let mut current = self.current.lock().unwrap_or_else(|p| p.into_inner());
+        let mut current = self.current.write().unwrap_or_else(|p| p.into_inner());
         if !Arc::ptr_eq(&current, stale) {
             return Ok(()); // another request reopened it already
         }

@@ -12,7 +12,7 @@ use crate::raw::Mode;
 
 use super::file::{Desc, LockFile};
 use super::sys;
-use super::{Shared, SqliteHeld};
+use super::{Shared, Slot, SqliteHeld};
 
 /// The gate byte of the lock byte at `offset`: its neighbour in an aligned pair, so that
 /// one system call can try both.
@@ -99,11 +99,18 @@ pub(crate) fn join(
 
 /// Gives up request `id`'s claim on the place in line, if it still has it.
 pub(crate) fn give_up(lf: &LockFile, offset: u64, id: u64) {
-    let mut table = lf.table.lock().unwrap_or_else(|p| p.into_inner());
+    let shard = lf.shard(offset);
+    let mut table = shard.table.lock().unwrap_or_else(|p| p.into_inner());
     if let Some(q) = table.queued.get_mut(&offset)
         && q.taker.as_ref().is_some_and(|t| t.id == id)
     {
-        q.taker = None; // drops its Arc<Shared> and channel
+        let taker = q.taker.take();
+        drop(table);
+        drop(taker); // its Arc<Shared> and channel
+        // Another request of this process waiting for the place may take it over now.
+        if shard.waiters.load(Ordering::SeqCst) > 0 {
+            shard.released.notify_waiters();
+        }
     }
 }
 
@@ -114,7 +121,11 @@ const HEAD_POLL_MAX: Duration = Duration::from_millis(1);
 
 /// Whether any request still wants the place in line for `offset`.
 fn wanted(lf: &LockFile, offset: u64) -> bool {
-    let table = lf.table.lock().unwrap_or_else(|p| p.into_inner());
+    let table = lf
+        .shard(offset)
+        .table
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
     table.queued.get(&offset).is_some_and(|q| q.taker.is_some())
 }
 
@@ -174,13 +185,14 @@ fn wait_in_kernel(lf: Arc<LockFile>, offset: u64, mode: Mode) {
             break Err(std::io::Error::other(e.to_string()));
         }
     };
-    let mut table = lf.table.lock().unwrap_or_else(|p| p.into_inner());
+    let shard = lf.shard(offset);
+    let mut table = shard.table.lock().unwrap_or_else(|p| p.into_inner());
     let taker = table.queued.remove(&offset).and_then(|q| q.taker);
     // Sent values are dropped (and a lock so released) only after the table is unlocked.
     let mut undelivered = None;
     match (outcome, taker) {
         (Ok(Some(desc)), Some(taker)) => {
-            table.held.insert(offset, super::Slot::new(mode, desc));
+            table.held.insert(offset, Slot::new(mode, desc));
             let held = SqliteHeld::new(&taker.shared, offset, mode);
             undelivered = taker.tx.send(Ok(held)).err();
         }
@@ -196,5 +208,5 @@ fn wait_in_kernel(lf: Arc<LockFile>, offset: u64, mode: Mode) {
     }
     drop(table);
     drop(undelivered);
-    lf.released.notify_waiters();
+    shard.released.notify_waiters();
 }

@@ -106,6 +106,38 @@ pub(crate) fn lock_wait(
     setlk(file, flavor, offset, len, kind(mode), true)
 }
 
+/// Whether `len` bytes from `offset` could be locked in `mode` now, without locking
+/// them: [`Attempt::Busy`] if another owner holds a conflicting lock on them
+/// (`F_OFD_GETLK` / `F_GETLK`; this owner's own locks never conflict).
+pub(crate) fn probe(
+    file: &File,
+    flavor: Flavor,
+    offset: u64,
+    len: u64,
+    mode: Mode,
+) -> io::Result<Attempt> {
+    let cmd = match flavor {
+        #[cfg(any(target_os = "linux", target_os = "android"))]
+        Flavor::Ofd => libc::F_OFD_GETLK,
+        #[cfg(not(any(target_os = "linux", target_os = "android")))]
+        Flavor::Ofd => return Err(io::Error::from(io::ErrorKind::Unsupported)),
+        Flavor::Posix => libc::F_GETLK,
+    };
+    let mut fl = flock(offset, len, kind(mode))?;
+    // SAFETY: the descriptor belongs to `file`, alive for the call; `fl` is a valid
+    // flock the kernel reads and overwrites during the call only.
+    let rc = unsafe { libc::fcntl(file.as_raw_fd(), cmd, &mut fl) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // The constants are `c_int` on Linux and `c_short` on macOS.
+    #[allow(clippy::unnecessary_cast)]
+    Ok(match fl.l_type == libc::F_UNLCK as libc::c_short {
+        true => Attempt::Granted,
+        false => Attempt::Busy,
+    })
+}
+
 /// Unlocks `len` bytes from `offset` (those this owner holds; others' are untouched).
 pub(crate) fn unlock(file: &File, flavor: Flavor, offset: u64, len: u64) -> io::Result<()> {
     #[allow(clippy::unnecessary_cast)]
@@ -127,9 +159,6 @@ fn setlk(
     kind: libc::c_short,
     wait: bool,
 ) -> io::Result<()> {
-    let out_of_range = || io::Error::new(io::ErrorKind::InvalidInput, "lock offset out of range");
-    let start = libc::off_t::try_from(offset).map_err(|_| out_of_range())?;
-    let len = libc::off_t::try_from(len).map_err(|_| out_of_range())?;
     let cmd = match (flavor, wait) {
         #[cfg(any(target_os = "linux", target_os = "android"))]
         (Flavor::Ofd, false) => libc::F_OFD_SETLK,
@@ -140,13 +169,7 @@ fn setlk(
         (Flavor::Posix, false) => libc::F_SETLK,
         (Flavor::Posix, true) => libc::F_SETLKW,
     };
-    // SAFETY: flock is plain old data; zeroed is a valid value (l_pid must be 0 for OFD
-    // locks), and every field the call reads is set below.
-    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
-    fl.l_type = kind;
-    fl.l_whence = libc::SEEK_SET as libc::c_short;
-    fl.l_start = start;
-    fl.l_len = len;
+    let mut fl = flock(offset, len, kind)?;
     loop {
         // SAFETY: the descriptor belongs to `file`, alive for the call; `fl` is a valid
         // flock the kernel reads (and may write back) during the call only.
@@ -159,6 +182,35 @@ fn setlk(
             return Err(e);
         }
     }
+}
+
+/// How many names (hard links) `file` has: 0 once deleted or renamed over.
+pub(crate) fn link_count(file: &File) -> io::Result<u64> {
+    // SAFETY: stat is plain old data; zeroed is valid and the kernel overwrites it.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: valid descriptor owned by `file`, valid pointer to `st` for the call.
+    let rc = unsafe { libc::fstat(file.as_raw_fd(), &mut st) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // nlink_t's width differs between platforms.
+    #[allow(clippy::unnecessary_cast)]
+    Ok(st.st_nlink as u64)
+}
+
+/// The argument of a lock call on `len` bytes from `offset`.
+fn flock(offset: u64, len: u64, kind: libc::c_short) -> io::Result<libc::flock> {
+    let out_of_range = || io::Error::new(io::ErrorKind::InvalidInput, "lock offset out of range");
+    let start = libc::off_t::try_from(offset).map_err(|_| out_of_range())?;
+    let len = libc::off_t::try_from(len).map_err(|_| out_of_range())?;
+    // SAFETY: flock is plain old data; zeroed is a valid value (l_pid must be 0 for OFD
+    // locks), and every field the call reads is set below.
+    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+    fl.l_type = kind;
+    fl.l_whence = libc::SEEK_SET as libc::c_short;
+    fl.l_start = start;
+    fl.l_len = len;
+    Ok(fl)
 }
 
 /// The name of the network or FUSE file system `file` lies on, if it does: byte-range

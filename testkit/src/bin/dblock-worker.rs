@@ -26,6 +26,13 @@
 //!     stands for election NAME; while leader, inserts its token into `leader_log`
 //!     every 20 ms, fenced (unless --no-fence); prints `leader TOKEN`, `rejected TOKEN`,
 //!     `lost`. A --stubborn leader ignores the loss of its term and keeps writing.
+//! dblock-worker lock-all URL NAMES ITERATIONS DIR [--one-by-one] [--no-lock]
+//!     NAMES is comma-separated. Prints `ready`, waits for a line on stdin, then
+//!     ITERATIONS times: takes every name with `lock_all` (or, --one-by-one, with one
+//!     `try_lock_for(2 s)` per name in the order given, holding each, stopping at the
+//!     first that times out: a deadlock), creates a marker file per
+//!     name in DIR with O_EXCL (one that exists already is an overlap), yields, removes
+//!     them, releases. Prints `overlaps=N errors=E` and the first error, if any.
 //! ```
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -153,6 +160,71 @@ async fn main() {
                 }
             }
             println!("max={max}");
+        }
+        "lock-all" => {
+            let names: Vec<String> = name.split(',').map(String::from).collect();
+            let iterations: u32 = arg(3).parse().unwrap();
+            let dir = std::path::PathBuf::from(arg(4));
+            let flag = |f: &str| args.iter().any(|a| a == f);
+            let (one_by_one, locked) = (flag("--one-by-one"), !flag("--no-lock"));
+            println!("ready");
+            std::io::stdout().flush().unwrap();
+            let mut line = String::new();
+            std::io::stdin().read_line(&mut line).unwrap();
+            let (mut overlaps, mut errors, mut first_error) = (0u32, 0u32, None);
+            for _ in 0..iterations {
+                let mut singles = Vec::new();
+                let mut set = None;
+                let taken: Result<(), String> = async {
+                    if !locked {
+                    } else if one_by_one {
+                        for n in &names {
+                            // Holds under contention last microseconds: a second
+                            // without the next name is a deadlock, which the server
+                            // cannot see (each lock is on a connection of its own).
+                            match locks.try_lock_for(n, Duration::from_secs(2)).await {
+                                Ok(Some(g)) => singles.push(g),
+                                Ok(None) => return Err(format!("deadlock: no {n} in 2 s")),
+                                Err(e) => return Err(e.to_string()),
+                            }
+                        }
+                    } else {
+                        set = Some(locks.lock_all(&names).await.map_err(|e| e.to_string())?);
+                    }
+                    Ok(())
+                }
+                .await;
+                if let Err(e) = taken {
+                    errors += 1;
+                    first_error.get_or_insert(e);
+                    if one_by_one {
+                        break;
+                    }
+                    continue;
+                }
+                let mut mine = Vec::new();
+                for n in &names {
+                    let marker = dir.join(n);
+                    match std::fs::OpenOptions::new()
+                        .write(true)
+                        .create_new(true)
+                        .open(&marker)
+                    {
+                        Ok(_) => mine.push(marker),
+                        Err(_) => overlaps += 1,
+                    }
+                }
+                tokio::time::sleep(Duration::from_micros(200)).await;
+                for m in mine {
+                    std::fs::remove_file(m).unwrap();
+                }
+                drop(singles);
+                drop(set);
+            }
+            println!("overlaps={overlaps} errors={errors}");
+            if let Some(e) = first_error {
+                println!("first error: {e}");
+            }
         }
         "hold-slot" => {
             let limit: u32 = arg(3).parse().unwrap();

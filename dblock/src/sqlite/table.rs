@@ -1,0 +1,266 @@
+//! The process's table of a lock file's keys: which keys it holds (in which mode,
+//! through which descriptor), which it waits for in line, and which of its tasks wait
+//! behind its own holders. Split by key into parts ([`Shard`](super::file::Shard)),
+//! each under its own mutex. The rules are in the [module docs](super#one-process-many-tasks).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use tokio::sync::oneshot;
+
+use crate::error::Error;
+use crate::raw::Mode;
+
+use super::sys::{self, Attempt};
+use super::{Behind, Shared, Slot, SqliteHeld, Table, queue};
+
+/// How old the last path check of a lock may be for a hand-over inside the process to
+/// go without a new one (see [`Shared::may_hand_over`]).
+const RECHECK: Duration = Duration::from_micros(100);
+
+/// What a waiting request does next.
+pub(super) enum Step {
+    Granted(SqliteHeld),
+    /// Wait for the place in line to deliver.
+    InLine(u64, queue::Receiver),
+    /// Wait behind this process's holder: the lock comes on the channel, or the channel
+    /// closes when there is something new to look at.
+    Behind(u64, oneshot::Receiver<SqliteHeld>),
+    /// Wait for something in this process to change (a place in line freed).
+    Local,
+}
+
+static IDS: AtomicU64 = AtomicU64::new(1);
+
+impl Shared {
+    /// Takes the lock at `offset` now if this process's table and the file allow it.
+    pub(super) fn take_now(&self, offset: u64, mode: Mode) -> Result<bool, Error> {
+        let shard = self.lock.shard(offset);
+        let mut table = shard.table.lock().unwrap_or_else(|p| p.into_inner());
+        self.take_locked(&mut table, offset, mode)
+    }
+
+    fn take_locked(&self, table: &mut Table, offset: u64, mode: Mode) -> Result<bool, Error> {
+        match (table.held.get_mut(&offset), mode) {
+            // Another shared holder of this process already has the read lock: join it,
+            // unless a writer of another process is at the head of the line (it holds
+            // the gate), which readers must not pass.
+            (Some(slot), Mode::Shared) if !slot.writer => {
+                let lf = &self.lock;
+                let fail = |e| Error::io(format!("cannot lock {}", lf.path.display()), e);
+                let gate = queue::gate(offset);
+                match sys::try_lock(&slot.desc.file, lf.flavor, gate, 1, Mode::Shared)
+                    .map_err(fail)?
+                {
+                    Attempt::Busy => return Ok(false),
+                    Attempt::Granted => {
+                        sys::unlock(&slot.desc.file, lf.flavor, gate, 1).map_err(fail)?;
+                    }
+                }
+                slot.readers += 1;
+                return Ok(true);
+            }
+            (Some(_), _) => return Ok(false),
+            (None, _) => {}
+        }
+        // The process is in line for it: the lock is held elsewhere, and the bytes must
+        // not be touched while the line's thread works on them (locks of one owner
+        // merge).
+        if table.queued.contains_key(&offset) {
+            return Ok(false);
+        }
+        let lf = &self.lock;
+        let fail = |e| Error::io(format!("cannot lock {}", lf.path.display()), e);
+        // A replaced file is reopened and the request retried; a path replaced again and
+        // again is an error, not a loop.
+        for _ in 0..8 {
+            let desc = lf.current();
+            // Gate and lock byte at once: free only if nobody holds the lock and nobody
+            // is at the head of the line (whoever is holds the gate).
+            match sys::try_lock(&desc.file, lf.flavor, queue::pair(offset), 2, mode)
+                .map_err(fail)?
+            {
+                Attempt::Busy => return Ok(false),
+                Attempt::Granted => {}
+            }
+            if let Err(e) = sys::unlock(&desc.file, lf.flavor, queue::gate(offset), 1) {
+                let _ = sys::unlock(&desc.file, lf.flavor, queue::pair(offset), 2);
+                return Err(fail(e));
+            }
+            if desc.is_named_by(&lf.path) {
+                table.held.insert(offset, Slot::new(mode, desc));
+                return Ok(true);
+            }
+            // The byte was granted in a file the path no longer names: nobody opening
+            // the path now would see it. Give it back; use the new file.
+            sys::unlock(&desc.file, lf.flavor, offset, 1).map_err(fail)?;
+            lf.reopen(&desc)?;
+        }
+        Err(Error::io(
+            format!("cannot lock {}", lf.path.display()),
+            std::io::Error::other("the lock file keeps being replaced"),
+        ))
+    }
+
+    /// One look at the table for a waiting request: the lock, a place in line to wait
+    /// in, a place behind this process's holder, or nothing to do but wait for a change
+    /// in this process.
+    pub(super) fn step(self: &Arc<Self>, offset: u64, mode: Mode) -> Result<Step, Error> {
+        let lf = &self.lock;
+        let mut table = lf
+            .shard(offset)
+            .table
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if self.take_locked(&mut table, offset, mode)? {
+            return Ok(Step::Granted(SqliteHeld::new(self, offset, mode)));
+        }
+        if let Some(slot) = table.held.get_mut(&offset) {
+            // Held in this process: its release hands the lock over or wakes us.
+            let (tx, rx) = oneshot::channel();
+            let id = IDS.fetch_add(1, Ordering::Relaxed);
+            slot.behind.push_back(Behind {
+                id,
+                mode,
+                shared: self.clone(),
+                tx,
+            });
+            return Ok(Step::Behind(id, rx));
+        }
+        if let Some(q) = table.queued.get_mut(&offset) {
+            return Ok(match queue::adopt(q, self, mode) {
+                Some((id, rx)) => Step::InLine(id, rx),
+                None => Step::Local,
+            });
+        }
+        let (id, rx) = queue::join(lf, &mut table.queued, self, offset, mode)?;
+        Ok(Step::InLine(id, rx))
+    }
+
+    /// Takes request `id` out of the tasks waiting behind this process's holder of
+    /// `offset`, if it is still there.
+    pub(super) fn leave(&self, offset: u64, id: u64) {
+        let shard = self.lock.shard(offset);
+        let mut table = shard.table.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(slot) = table.held.get_mut(&offset)
+            && let Some(i) = slot.behind.iter().position(|b| b.id == id)
+        {
+            let gone = slot.behind.remove(i);
+            drop(table);
+            drop(gone);
+        }
+    }
+
+    pub(super) fn release(&self, offset: u64, mode: Mode) {
+        let lf = &self.lock;
+        let shard = lf.shard(offset);
+        let mut table = shard.table.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(slot) = table.held.get_mut(&offset) else {
+            return;
+        };
+        match mode {
+            Mode::Shared => slot.readers = slot.readers.saturating_sub(1),
+            Mode::Exclusive => slot.writer = false,
+        }
+        // Channels closed (and values dropped: a lock nobody took is released) only
+        // after the table is unlocked.
+        let mut woken = Vec::new();
+        if slot.readers > 0 || slot.writer {
+            // Still held here. Shared waiters look again: one may have been kept out
+            // by another process's writer that has left the line since.
+            let behind = std::mem::take(&mut slot.behind);
+            let (stay, go) = behind.into_iter().partition(|b| b.mode == Mode::Exclusive);
+            slot.behind = stay;
+            woken.extend(go);
+            drop(table);
+            drop(woken);
+            return;
+        }
+        let mut undelivered = Vec::new();
+        if mode == Mode::Exclusive && self.may_hand_over(slot, offset) {
+            // Straight to the next exclusive waiter of this process: the byte stays
+            // locked, so nobody else can come between.
+            while slot
+                .behind
+                .front()
+                .is_some_and(|b| b.mode == Mode::Exclusive)
+            {
+                let Some(next) = slot.behind.pop_front() else {
+                    break;
+                };
+                slot.writer = true;
+                match next.tx.send(SqliteHeld::new(&next.shared, offset, mode)) {
+                    Ok(()) => {
+                        drop(table);
+                        return;
+                    }
+                    // Gone (cancelled) meanwhile: the next one.
+                    Err(mut held) => {
+                        held.released = true;
+                        undelivered.push(held);
+                        slot.writer = false;
+                    }
+                }
+            }
+        }
+        if let Some(slot) = table.held.remove(&offset) {
+            // Unlocking a byte this owner holds cannot fail short of a closed
+            // descriptor, which the Arc rules out. Should it fail anyway, the lock
+            // stays until the process exits: never two holders.
+            let _ = sys::unlock(&slot.desc.file, lf.flavor, offset, 1);
+            woken.extend(slot.behind);
+        }
+        drop(table);
+        drop(undelivered);
+        drop(woken);
+    }
+
+    /// Whether the lock at `offset` may go straight to another task of this process
+    /// (see the [module docs](super#one-process-many-tasks)): only if there is one
+    /// waiting for it, no other process is at the head of the line (holds the gate), and
+    /// the file the byte is locked in is still the one its path names.
+    fn may_hand_over(&self, slot: &mut Slot, offset: u64) -> bool {
+        if !slot
+            .behind
+            .front()
+            .is_some_and(|b| b.mode == Mode::Exclusive)
+        {
+            return false;
+        }
+        let lf = &self.lock;
+        let gate = queue::gate(offset);
+        match sys::probe(&slot.desc.file, lf.flavor, gate, 1, Mode::Exclusive) {
+            Ok(Attempt::Granted) => {}
+            Ok(Attempt::Busy) | Err(_) => return false,
+        }
+        // The path check of a new grant costs as much as the rest of a hand-over: a
+        // hand-over does it only if the last one for this lock is [`RECHECK`] old. The
+        // file's link count, one cheap call, still sees deletion and renaming over it at
+        // every hand-over.
+        if !slot.desc.is_linked() {
+            return false;
+        }
+        let now = Instant::now();
+        if now.saturating_duration_since(slot.checked) < RECHECK {
+            return true;
+        }
+        slot.checked = now;
+        slot.desc.is_named_by(&lf.path)
+    }
+
+    /// Whether the lock at `offset` is held through the file the lock path names now:
+    /// false once the lock file has been replaced under it.
+    pub(super) fn in_current_file(&self, offset: u64) -> bool {
+        let lf = &self.lock;
+        let table = lf
+            .shard(offset)
+            .table
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        match table.held.get(&offset) {
+            Some(slot) => slot.desc.is_named_by(&lf.path),
+            None => false,
+        }
+    }
+}
