@@ -7,16 +7,27 @@
 //! beforehand (see `pool.rs`), so a deadline, or the request's future being dropped,
 //! ends the wait with `KILL CONNECTION` from a control connection and the connection is
 //! closed (`Job`'s `Drop`): nothing stays held, no wait keeps running. Once granted, a
-//! task takes the connection to check it every interval and to release it; the guard's
-//! half ([`MyHeld`]) is a channel to that task: dropping it makes the task send
-//! `RELEASE_LOCK` at once and put the connection back in its pool.
+//! task checks the connection every interval and releases the lock when asked; the
+//! guard's half ([`MyHeld`]) is a channel to that task and a share of the connection's
+//! slot.
+//!
+//! Dropping the guard of a lock on dblock's own connection (without a lease) does not
+//! wait for a round trip: the connection goes straight back to its pool owing the
+//! release (`pool.rs`), so that the next request to take it, often the same caller's
+//! next `lock`, sends `DO RELEASE_LOCK('old'); SELECT GET_LOCK('new', S)` as one message
+//! — the release carried by the next request, as on PostgreSQL. The guard's task, woken
+//! by the drop, sends the release alone if no request took the connection first, so a
+//! dropped guard's lock is freed promptly either way. A request cancelled while carrying
+//! a release closes its connection (and kills the session), which frees the lock too.
 
 use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
 
-use super::pool::LockConn;
+use sqlx::{AssertSqlSafe, MySqlConnection, Row};
+
+use super::pool::{LockConn, Parked};
 use super::{FOREVER_SECS, MyBackend, map_sqlx};
 use crate::error::{Error, LossReason};
 use crate::raw::{BoxFuture, Grant, RawHeld, Req, Wait};
@@ -27,10 +38,70 @@ enum Cmd {
     Release(oneshot::Sender<Result<(), Error>>),
 }
 
+/// Where a held lock's connection is.
+enum Slot {
+    /// Idle between checks, holding the lock.
+    Held(LockConn),
+    /// Back in its pool, owing the lock's release (the guard was dropped).
+    Carried(Parked),
+    /// With the task (a check or the release in progress), or gone.
+    Empty,
+}
+
+/// The slot a guard and its task share. Dropped holding a connection (the runtime shut
+/// down), it closes it rather than let it back into a caller's pool with a lock held.
+struct SlotCell(std::sync::Mutex<Slot>);
+
+impl SlotCell {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Slot> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn take(&self) -> Slot {
+        std::mem::replace(&mut *self.lock(), Slot::Empty)
+    }
+}
+
+impl Drop for SlotCell {
+    fn drop(&mut self) {
+        if let Slot::Held(conn) = self.take() {
+            let mut conn = conn;
+            conn.close_on_drop();
+        }
+    }
+}
+
 /// The MySQL half of a guard: the way to its connection's task.
 pub(crate) struct MyHeld {
     cmds: mpsc::UnboundedSender<Cmd>,
     loss: watch::Receiver<Option<LossReason>>,
+    /// `None` once released explicitly.
+    slot: Option<std::sync::Arc<SlotCell>>,
+    /// The lock's name, for a release carried by the next request.
+    name: String,
+    /// Whether dropping the guard may leave the release to be carried (not with a lease:
+    /// its release also resets the session's `wait_timeout`).
+    carry: bool,
+}
+
+impl Drop for MyHeld {
+    fn drop(&mut self) {
+        let Some(slot) = self.slot.take() else {
+            return;
+        };
+        if !self.carry {
+            return; // the task releases when the channel closes
+        }
+        let mut s = slot.lock();
+        if let Slot::Held(conn) = std::mem::replace(&mut *s, Slot::Empty) {
+            *s = match conn.park_releasing(std::mem::take(&mut self.name)) {
+                Ok(parked) => Slot::Carried(parked),
+                Err(conn) => Slot::Held(conn),
+            };
+        }
+        // The channel closes after this (its sender is a field): the task then sends
+        // the release itself unless a request took the connection first.
+    }
 }
 
 impl MyHeld {
@@ -62,7 +133,9 @@ impl MyHeld {
     }
 
     /// Releases the lock and waits for the server's answer.
-    pub(crate) async fn release(self) -> Result<(), Error> {
+    pub(crate) async fn release(mut self) -> Result<(), Error> {
+        // Not carried: the caller waits for the server's answer.
+        self.slot = None;
         let (tx, rx) = oneshot::channel();
         if self.cmds.send(Cmd::Release(tx)).is_err() {
             return Err(lost(task_gone()));
@@ -129,9 +202,20 @@ pub(crate) async fn acquire(b: &MyBackend, req: &Req<'_>) -> Result<Option<Grant
     let (cmds, cmd_rx) = mpsc::unbounded_channel();
     let (loss_tx, loss) = watch::channel(None);
     // No await from here to the return: the grant cannot be dropped half-made.
-    tokio::spawn(job.hold(cmd_rx, loss_tx));
+    let Some(conn) = job.conn.take() else {
+        return Err(closed());
+    };
+    let slot = std::sync::Arc::new(SlotCell(std::sync::Mutex::new(Slot::Held(conn))));
+    let held = MyHeld {
+        cmds,
+        loss,
+        slot: Some(slot.clone()),
+        name: job.name.clone(),
+        carry: job.lease.is_none(),
+    };
+    tokio::spawn(job.hold(slot, cmd_rx, loss_tx));
     Ok(Some(Grant {
-        held: Box::new(MyHeld { cmds, loss }),
+        held: Box::new(held),
         fence: token.map(|t| (t, std::sync::Arc::from(crate::raw::FENCING_TABLE))),
     }))
 }
@@ -257,13 +341,14 @@ impl Job {
     /// `GET_LOCK(name, 0)`: whether it was granted. Not granted, the connection goes
     /// back to its pool.
     async fn attempt(&mut self) -> Result<bool, Error> {
-        let Some(conn) = self.conn.as_mut().and_then(LockConn::raw) else {
+        let Some(lc) = self.conn.as_mut() else {
             return Err(closed());
         };
-        let r = sqlx::query_scalar::<_, Option<i64>>("SELECT CAST(GET_LOCK(?, 0) AS SIGNED)")
-            .bind(&self.name)
-            .fetch_one(conn)
-            .await;
+        let carried = lc.carried();
+        let Some(conn) = lc.raw() else {
+            return Err(closed());
+        };
+        let r = get_lock(conn, &self.name, 0, carried, None).await;
         match r {
             Ok(Some(1)) => Ok(true),
             Ok(Some(_)) => {
@@ -297,28 +382,17 @@ impl Job {
                 left.as_secs() + 2
             }
         };
-        let Some(conn) = self.conn.as_mut().and_then(LockConn::raw) else {
+        let Some(lc) = self.conn.as_mut() else {
+            return Err(closed());
+        };
+        let carried = lc.carried();
+        let Some(conn) = lc.raw() else {
             return Err(closed());
         };
         let ended = {
-            // In text, not prepared, with a comment naming the lock: the processlist then
-            // shows what the wait is for (`dblock status`). Only waits pay for it, and
-            // the GET_LOCK name is hex and colons, safe to quote.
-            let mut sql = format!("SELECT CAST(GET_LOCK('{}', {secs}) AS SIGNED)", self.name);
-            crate::status::write_comment(
-                &mut sql,
-                &self.who.0,
-                &self.who.1,
-                None,
-                Some(std::time::SystemTime::now()),
-            );
-            let wait = async move {
-                use sqlx::Row;
-                sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
-                    .fetch_one(conn)
-                    .await
-                    .and_then(|row| row.try_get::<Option<i64>, _>(0))
-            };
+            // A wait names its lock in a comment, so the processlist shows what it is for
+            // (`dblock status`); only waits pay for it.
+            let wait = get_lock(conn, &self.name, secs, carried, Some(&self.who));
             match deadline {
                 None => Ended::Answered(wait.await),
                 Some(until) => tokio::select! {
@@ -364,6 +438,7 @@ impl Job {
     /// interval, release when the guard goes.
     async fn hold(
         mut self,
+        slot: std::sync::Arc<SlotCell>,
         mut cmds: mpsc::UnboundedReceiver<Cmd>,
         loss: watch::Sender<Option<LossReason>>,
     ) {
@@ -372,22 +447,44 @@ impl Job {
             let cmd = tokio::select! {
                 cmd = cmds.recv() => cmd,
                 () = tokio::time::sleep_until(next_check), if loss.borrow().is_none() => {
-                    if let Err(reason) = self.check().await {
-                        loss.send_replace(Some(reason));
-                    }
                     next_check = Instant::now() + self.check_interval;
+                    // Not there: the guard was dropped, and the channel closes next.
+                    if self.take_from(&slot) {
+                        let r = self.check().await;
+                        self.put_back(&slot);
+                        if let Err(reason) = r {
+                            loss.send_replace(Some(reason));
+                        }
+                    }
                     continue;
                 }
             };
             let known_loss = loss.borrow().clone();
             match (cmd, known_loss) {
-                (None, None) => {
-                    self.release_or_close().await;
+                (None, known_loss) => {
+                    match slot.take() {
+                        Slot::Held(conn) => {
+                            self.conn = Some(conn);
+                            match known_loss {
+                                None => self.release_or_close().await,
+                                Some(_) => self.close().await,
+                            }
+                        }
+                        Slot::Carried(parked) => {
+                            // Let a request that is about to take the connection carry
+                            // the release; otherwise send it now.
+                            tokio::task::yield_now().await;
+                            parked.pool.flush(parked.id, self.check_timeout).await;
+                        }
+                        Slot::Empty => {}
+                    }
                     return;
                 }
-                (None, Some(_)) => return,
                 (Some(Cmd::Release(tx)), None) => {
-                    let r = self.release().await;
+                    let r = match self.take_from(&slot) {
+                        true => self.release().await,
+                        false => Err(lost(task_gone())),
+                    };
                     let _ = tx.send(r);
                     return;
                 }
@@ -395,19 +492,48 @@ impl Job {
                     let _ = tx.send(Err(lost(reason)));
                     return;
                 }
-                (Some(Cmd::Check(tx)), None) => match self.check().await {
-                    Ok(()) => {
-                        let _ = tx.send(Ok(()));
+                (Some(Cmd::Check(tx)), None) => {
+                    let r = match self.take_from(&slot) {
+                        true => self.check().await,
+                        false => Err(task_gone()),
+                    };
+                    self.put_back(&slot);
+                    match r {
+                        Ok(()) => {
+                            let _ = tx.send(Ok(()));
+                        }
+                        Err(reason) => {
+                            loss.send_replace(Some(reason.clone()));
+                            let _ = tx.send(Err(lost(reason)));
+                        }
                     }
-                    Err(reason) => {
-                        loss.send_replace(Some(reason.clone()));
-                        let _ = tx.send(Err(lost(reason)));
-                    }
-                },
+                }
                 (Some(Cmd::Check(tx)), Some(reason)) => {
                     let _ = tx.send(Err(lost(reason)));
                 }
             }
+        }
+    }
+
+    /// Moves the connection from the shared slot into the job, if it is there.
+    fn take_from(&mut self, slot: &SlotCell) -> bool {
+        let mut s = slot.lock();
+        match std::mem::replace(&mut *s, Slot::Empty) {
+            Slot::Held(conn) => {
+                self.conn = Some(conn);
+                true
+            }
+            other => {
+                *s = other;
+                false
+            }
+        }
+    }
+
+    /// Moves the connection back into the shared slot (when it is still open).
+    fn put_back(&mut self, slot: &SlotCell) {
+        if let Some(conn) = self.conn.take() {
+            *slot.lock() = Slot::Held(conn);
         }
     }
 
@@ -522,6 +648,53 @@ impl Drop for Job {
             });
         }
     }
+}
+
+/// `GET_LOCK(name, secs)`, with a carried release of `carried` at the head of the same
+/// message when there is one (sent on its own first if a name were not plain text).
+async fn get_lock(
+    conn: &mut MySqlConnection,
+    name: &str,
+    secs: u64,
+    carried: Option<String>,
+    who: Option<&(String, String)>,
+) -> Result<Option<i64>, sqlx::Error> {
+    let plain = |n: &str| n.bytes().all(|b| b.is_ascii_alphanumeric() || b == b':');
+    // Lock names are `dblock:` and hex digits (checked): safe in the text.
+    if plain(name) && carried.as_deref().is_none_or(plain) && (carried.is_some() || who.is_some()) {
+        let mut sql = String::new();
+        if let Some(old) = &carried {
+            sql.push_str(&format!("DO RELEASE_LOCK('{old}'); "));
+        }
+        sql.push_str(&format!(
+            "SELECT CAST(GET_LOCK('{name}', {secs}) AS SIGNED)"
+        ));
+        if let Some((namespace, lock)) = who {
+            crate::status::write_comment(
+                &mut sql,
+                namespace,
+                lock,
+                None,
+                Some(std::time::SystemTime::now()),
+            );
+        }
+        let rows = sqlx::raw_sql(AssertSqlSafe(sql)).fetch_all(conn).await?;
+        return match rows.last() {
+            Some(row) => row.try_get(0),
+            None => Err(sqlx::Error::RowNotFound),
+        };
+    }
+    if let Some(old) = carried {
+        sqlx::query("DO RELEASE_LOCK(?)")
+            .bind(&old)
+            .execute(&mut *conn)
+            .await?;
+    }
+    sqlx::query_scalar::<_, Option<i64>>("SELECT CAST(GET_LOCK(?, ?) AS SIGNED)")
+        .bind(name)
+        .bind(secs)
+        .fetch_one(conn)
+        .await
 }
 
 fn null_get_lock() -> Error {

@@ -5,6 +5,13 @@
 //! Knowing the id up front is what lets a contended acquisition be one statement
 //! (`GET_LOCK(name, S)` straight away): a wait can be ended with `KILL` from another
 //! connection without having asked the waiting connection anything first.
+//!
+//! An idle connection of dblock's own may carry a release: a dropped guard's
+//! `RELEASE_LOCK` not yet sent (see `lock.rs`). The next request to take the connection
+//! sends it at the head of its own message ([`LockConn::carried`]); if none does by the
+//! time the guard's task runs, the task takes the connection back and sends it alone
+//! ([`OwnPool::flush`]). A connection carrying a release never leaves this pool by any
+//! other way than those two, or being closed (which frees its locks on the server).
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -34,6 +41,8 @@ struct Idle {
     conn: MySqlConnection,
     id: u64,
     since: Instant,
+    /// The lock name whose `RELEASE_LOCK` this connection still owes.
+    release: Option<String>,
 }
 
 impl OwnPool {
@@ -78,21 +87,58 @@ impl OwnPool {
             }
             found
         };
-        let (conn, id) = match reused {
-            Some(c) => (c.conn, c.id),
+        let (conn, id, release) = match reused {
+            Some(c) => (c.conn, c.id, c.release),
             None => tokio::time::timeout_at(deadline, self.connect())
                 .await
                 .map_err(|_| Error::Timeout {
                     waiting_for: WaitingFor::ServerReply,
                     after: Some(self.acquire_timeout),
-                })??,
+                })?
+                .map(|(conn, id)| (conn, id, None))?,
         };
         Ok(LockConn::Own(Own {
             conn: Some(conn),
             id,
             pool: self.clone(),
             _permit: permit,
+            release,
         }))
+    }
+
+    fn park(&self, conn: MySqlConnection, id: u64, release: Option<String>) {
+        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        idle.push(Idle {
+            conn,
+            id,
+            since: Instant::now(),
+            release,
+        });
+    }
+
+    /// If the idle connection `id` still carries a release, takes it out of the pool,
+    /// sends the release alone and puts it back; if the server does not confirm within
+    /// `timeout`, the connection is closed instead (which frees its locks too).
+    pub(crate) async fn flush(&self, id: u64, timeout: Duration) {
+        let found = {
+            let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+            idle.iter()
+                .position(|c| c.id == id && c.release.is_some())
+                .map(|i| idle.remove(i))
+        };
+        let Some(Idle {
+            mut conn,
+            release: Some(name),
+            ..
+        }) = found
+        else {
+            return;
+        };
+        let sent = tokio::time::timeout(timeout, release_lock(&mut conn, &name)).await;
+        if let Ok(Ok(1)) = sent {
+            self.park(conn, id, None);
+        }
+        // Otherwise dropped: its socket closes and the server frees what it held.
     }
 
     async fn connect(&self) -> Result<(MySqlConnection, u64), Error> {
@@ -114,6 +160,23 @@ pub(crate) struct Own {
     id: u64,
     pool: Arc<OwnPool>,
     _permit: OwnedSemaphorePermit,
+    /// A release this connection still owes (it came out of the pool carrying it).
+    release: Option<String>,
+}
+
+/// `RELEASE_LOCK(name)`'s answer (1 when this session held it).
+async fn release_lock(conn: &mut MySqlConnection, name: &str) -> Result<i64, sqlx::Error> {
+    sqlx::query_scalar::<_, Option<i64>>("SELECT CAST(RELEASE_LOCK(?) AS SIGNED)")
+        .bind(name)
+        .fetch_one(conn)
+        .await
+        .map(|r| r.unwrap_or(0))
+}
+
+/// Where a connection carrying a release was parked: what [`OwnPool::flush`] needs.
+pub(crate) struct Parked {
+    pub(crate) pool: Arc<OwnPool>,
+    pub(crate) id: u64,
 }
 
 /// The connection a lock is taken and held on.
@@ -147,19 +210,48 @@ impl LockConn {
         }
     }
 
+    /// The release this connection owes, to be sent at the head of the next statement
+    /// on it. Whoever takes it must send it, or close the connection.
+    pub(crate) fn carried(&mut self) -> Option<String> {
+        match self {
+            LockConn::Own(o) => o.release.take(),
+            LockConn::Borrowed(_) => None,
+        }
+    }
+
     /// Back to its pool: only when it holds nothing and no statement is in flight.
     pub(crate) fn recycle(mut self) {
         if let LockConn::Own(o) = &mut self
             && let Some(conn) = o.conn.take()
         {
-            let mut idle = o.pool.idle.lock().unwrap_or_else(|e| e.into_inner());
-            idle.push(Idle {
-                conn,
-                id: o.id,
-                since: Instant::now(),
-            });
+            let release = o.release.take();
+            let flush = release.is_some().then(|| (o.pool.clone(), o.id));
+            o.pool.park(conn, o.id, release);
+            // A release not sent yet (none is, today): send it now.
+            if let (Some((pool, id)), Ok(rt)) = (flush, tokio::runtime::Handle::try_current()) {
+                rt.spawn(async move { pool.flush(id, Duration::from_secs(10)).await });
+            }
         }
         // A borrowed connection goes back to the caller's pool when dropped.
+    }
+
+    /// Back to its pool still holding the lock `name`, owing its release: the next
+    /// request on it carries the release, or [`OwnPool::flush`] sends it. Only dblock's
+    /// own connections can; a borrowed one is handed back unchanged.
+    pub(crate) fn park_releasing(mut self, name: String) -> Result<Parked, LockConn> {
+        match &mut self {
+            LockConn::Own(o) if o.release.is_none() => match o.conn.take() {
+                Some(conn) => {
+                    o.pool.park(conn, o.id, Some(name));
+                    Ok(Parked {
+                        pool: o.pool.clone(),
+                        id: o.id,
+                    })
+                }
+                None => Err(self),
+            },
+            _ => Err(self),
+        }
     }
 
     /// Closes it (the server then frees whatever the session held); it never goes back
