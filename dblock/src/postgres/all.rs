@@ -24,7 +24,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::backend::{BACKSTOP, LOCK_NOT_AVAILABLE, POOLER_GRACE, PgBackend, QUERY_CANCELED};
+use super::backend::{BACKSTOP, POOLER_GRACE, PgBackend, server_ended};
 use super::conn::{Armed, Conn};
 use super::held::Pinned;
 use super::plan::{MAX_SERVER_MS, WAIT_SLICE_MS};
@@ -324,31 +324,12 @@ impl PgBackend {
                 Err(QueryError::Db { code, message }) => {
                     plan.clean_up(&conn, true);
                     conn.recycle();
-                    if code == LOCK_NOT_AVAILABLE {
-                        // One slice of the wait for the busy key ended: wait on.
-                        let ahead = match req.wait {
-                            Wait::Forever => true,
-                            Wait::Until(d) => Instant::now() < d,
-                            Wait::Try => false,
-                        };
-                        if plan.sliced && ahead {
-                            continue;
-                        }
-                        return match req.wait {
-                            Wait::Forever => Err(Error::Timeout {
-                                waiting_for: WaitingFor::LockServerLockTimeout,
-                                after: None,
-                            }),
-                            _ => Ok(None),
-                        };
+                    // One slice of the wait for the busy key ended: wait on.
+                    match server_ended(req, plan.sliced, &code, message) {
+                        None => continue,
+                        Some(Ok(())) => return Ok(None),
+                        Some(Err(e)) => return Err(e),
                     }
-                    if code == QUERY_CANCELED {
-                        return Err(Error::Timeout {
-                            waiting_for: WaitingFor::LockServerStatementTimeout,
-                            after: None,
-                        });
-                    }
-                    return Err(Error::from_sqlstate(&code, message));
                 }
                 Err(e @ QueryError::Lost { .. }) => return Err(e.into_error()),
             }

@@ -437,37 +437,12 @@ impl PgBackend {
                 Err(QueryError::Db { code, message }) => {
                     plan.clean_up(&conn, true);
                     conn.recycle();
-                    if code == LOCK_NOT_AVAILABLE {
-                        // One slice of the wait ended (see WAIT_SLICE_MS) and the
-                        // caller's deadline, if any, is still ahead: wait on, in a new
-                        // statement and transaction.
-                        let ahead = match req.wait {
-                            Wait::Forever => true,
-                            Wait::Until(d) => Instant::now() < d,
-                            Wait::Try => false,
-                        };
-                        if plan.sliced && ahead {
-                            continue;
-                        }
-                        return match req.wait {
-                            Wait::Forever => Err(Error::Timeout {
-                                waiting_for: WaitingFor::LockServerLockTimeout,
-                                after: None,
-                            }),
-                            _ => Ok(None),
-                        };
+                    match server_ended(req, plan.sliced, &code, message) {
+                        None => continue,
+                        Some(Ok(())) => Ok(None),
+                        Some(Err(e)) if req.fenced => Err(self.fencing_permission(e)),
+                        Some(Err(e)) => Err(e),
                     }
-                    if code == QUERY_CANCELED {
-                        return Err(Error::Timeout {
-                            waiting_for: WaitingFor::LockServerStatementTimeout,
-                            after: None,
-                        });
-                    }
-                    let e = Error::from_sqlstate(&code, message);
-                    Err(match req.fenced {
-                        true => self.fencing_permission(e),
-                        false => e,
-                    })
                 }
                 Err(e @ QueryError::Lost { .. }) => Err(e.into_error()),
             };
@@ -499,6 +474,42 @@ pub(super) const LOCK_NOT_AVAILABLE: &str = "55P03";
 const LEASE_SLACK: Duration = Duration::from_millis(50);
 
 pub(super) const QUERY_CANCELED: &str = "57014";
+
+/// How a lock statement the server ended with error `code` ends its request: `None` to
+/// wait on in a new statement (one slice of the wait ended, see `WAIT_SLICE_MS`, and the
+/// caller's deadline, if any, is still ahead); `Some(Ok(()))` not obtained; else the
+/// error.
+pub(super) fn server_ended(
+    req: &Req<'_>,
+    sliced: bool,
+    code: &str,
+    message: String,
+) -> Option<Result<(), Error>> {
+    if code == LOCK_NOT_AVAILABLE {
+        let ahead = match req.wait {
+            Wait::Forever => true,
+            Wait::Until(d) => Instant::now() < d,
+            Wait::Try => false,
+        };
+        if sliced && ahead {
+            return None;
+        }
+        return Some(match req.wait {
+            Wait::Forever => Err(Error::Timeout {
+                waiting_for: WaitingFor::LockServerLockTimeout,
+                after: None,
+            }),
+            _ => Ok(()),
+        });
+    }
+    if code == QUERY_CANCELED {
+        return Some(Err(Error::Timeout {
+            waiting_for: WaitingFor::LockServerStatementTimeout,
+            after: None,
+        }));
+    }
+    Some(Err(Error::from_sqlstate(code, message)))
+}
 
 impl RawLocks for PgBackend {
     fn name(&self) -> &'static str {
