@@ -231,35 +231,15 @@ impl LockSetRequest<'_> {
         let backend = inner.backend.name();
         let attempt = Attempt::wanted().then(|| Attempt::start(&req, backend, inner.metrics));
         let acquire = inner.backend.acquire_all(&req, &keys);
-        let result = match attempt.as_ref().and_then(Attempt::span) {
-            Some(span) => tracing::Instrument::instrument(acquire, span.clone()).await,
-            None => acquire.await,
+        let Some((g, attempt)) = Attempt::run(attempt, req.wait, acquire).await? else {
+            return Ok(None);
         };
-        match result {
-            Ok(Some(g)) => {
-                let tally = match attempt {
-                    Some(a) => a.granted(&req, backend, None),
-                    None => Tally::unobserved(&req, backend),
-                };
-                Ok(Some(LockSet {
-                    names: named,
-                    mode: self.mode,
-                    held: Some((g.held, tally)),
-                }))
-            }
-            Ok(None) => {
-                if let Some(a) = attempt {
-                    a.not_granted(req.wait);
-                }
-                Ok(None)
-            }
-            Err(e) => {
-                if let Some(a) = attempt {
-                    a.failed(&e);
-                }
-                Err(e)
-            }
-        }
+        let tally = Attempt::tally(attempt, &req, backend, None);
+        Ok(Some(LockSet {
+            names: named,
+            mode: self.mode,
+            held: Some((g.held, tally)),
+        }))
     }
 }
 

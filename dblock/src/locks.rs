@@ -386,27 +386,13 @@ impl<'a> Request<'a> {
         }
         let attempt = Attempt::start(&req, backend, inner.metrics);
         let acquire = inner.backend.acquire(&req);
-        let result = match attempt.span() {
-            Some(span) => tracing::Instrument::instrument(acquire, span.clone()).await,
-            None => acquire.await,
-        };
-        match result {
-            Ok(Some(g)) => {
+        Ok(Attempt::run(Some(attempt), req.wait, acquire)
+            .await?
+            .map(|(g, attempt)| {
                 let token = g.fence.as_ref().map(|f| f.0);
-                Ok(Some(LockGuard::new(
-                    attempt.granted(&req, backend, token),
-                    g,
-                )))
-            }
-            Ok(None) => {
-                attempt.not_granted(req.wait);
-                Ok(None)
-            }
-            Err(e) => {
-                attempt.failed(&e);
-                Err(e)
-            }
-        }
+                let tally = Attempt::tally(attempt, &req, backend, token);
+                LockGuard::new(tally, g)
+            }))
     }
 }
 

@@ -14,7 +14,7 @@ use crate::error::{Error, WaitingFor};
 use crate::guard::LockGuard;
 use crate::key::{Key, check_name};
 use crate::locks::Locks;
-use crate::observe::{Attempt, Tally};
+use crate::observe::Attempt;
 use crate::raw::{Mode, Req, Scope, Wait};
 
 /// The largest limit a semaphore may have.
@@ -184,34 +184,15 @@ impl SemaphoreRequest<'_> {
         let backend = inner.backend.name();
         let attempt = Attempt::wanted().then(|| Attempt::start(&req, backend, inner.metrics));
         let acquire = inner.backend.acquire_any(&req, &keys);
-        let result = match attempt.as_ref().and_then(Attempt::span) {
-            Some(span) => tracing::Instrument::instrument(acquire, span.clone()).await,
-            None => acquire.await,
-        };
-        let (slot, grant) = match result {
-            Ok(Some(granted)) => granted,
-            Ok(None) => {
-                if let Some(a) = attempt {
-                    a.not_granted(req.wait);
-                }
-                return Ok(None);
-            }
-            Err(e) => {
-                if let Some(a) = attempt {
-                    a.failed(&e);
-                }
-                return Err(e);
-            }
+        let Some(((slot, grant), attempt)) = Attempt::run(attempt, req.wait, acquire).await? else {
+            return Ok(None);
         };
         let Some(&key) = keys.get(slot) else {
             return Ok(None);
         };
         let slot_req = Req { key, ..req.clone() };
         let token = grant.fence.as_ref().map(|f| f.0);
-        let tally = match attempt {
-            Some(a) => a.granted(&slot_req, backend, token),
-            None => Tally::unobserved(&slot_req, backend),
-        };
+        let tally = Attempt::tally(attempt, &slot_req, backend, token);
         Ok(Some(SemaphoreGuard {
             guard: LockGuard::keyed(tally, req.key, grant),
             slot: slot as u32,

@@ -137,6 +137,50 @@ impl Attempt {
         (!self.span.is_disabled()).then_some(&self.span)
     }
 
+    /// Runs a backend's acquisition observed as `attempt` (if any): inside its span, with
+    /// "not obtained" or "failed" reported here. A grant comes back with the attempt,
+    /// for the caller to turn into its guard's tally ([`Attempt::granted`]) once it
+    /// knows what was granted.
+    pub(crate) async fn run<T>(
+        attempt: Option<Attempt>,
+        wait: Wait,
+        acquire: impl std::future::Future<Output = Result<Option<T>, Error>>,
+    ) -> Result<Option<(T, Option<Attempt>)>, Error> {
+        let result = match attempt.as_ref().and_then(Attempt::span) {
+            Some(span) => tracing::Instrument::instrument(acquire, span.clone()).await,
+            None => acquire.await,
+        };
+        match result {
+            Ok(Some(granted)) => Ok(Some((granted, attempt))),
+            Ok(None) => {
+                if let Some(a) = attempt {
+                    a.not_granted(wait);
+                }
+                Ok(None)
+            }
+            Err(e) => {
+                if let Some(a) = attempt {
+                    a.failed(&e);
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// The tally of a grant of `req`: from its attempt ([`Attempt::granted`]), or
+    /// [unobserved](Tally::unobserved) when there was none.
+    pub(crate) fn tally(
+        attempt: Option<Attempt>,
+        req: &Req<'_>,
+        backend: &'static str,
+        token: Option<i64>,
+    ) -> Tally {
+        match attempt {
+            Some(a) => a.granted(req, backend, token),
+            None => Tally::unobserved(req, backend),
+        }
+    }
+
     fn waited(&self) -> (Option<Instant>, Duration) {
         match self.start {
             Some(start) => {
