@@ -260,6 +260,26 @@ pub enum Error {
         #[source]
         source: Box<Error>,
     },
+
+    /// A migration that runs outside a transaction was recorded as started and never as
+    /// finished: its run was killed, lost its connection, or (on MySQL, where every file
+    /// runs so) failed part way. Part of it may be applied, so nothing more is applied
+    /// until someone has looked; `explanation` says what is known to have run and the
+    /// statement that records the decision. Nothing was changed.
+    #[error("{file}: {explanation}")]
+    MigrationInterrupted {
+        /// The file (or, if the set lacks it, `VERSION_NAME` as recorded).
+        file: String,
+        /// Its version.
+        version: i64,
+        /// When it was started, as recorded (RFC 3339, UTC).
+        started_at: String,
+        /// How many of its statements are known to have completed, and how many it has,
+        /// when it was run statement by statement; `None` when it was sent whole.
+        progress: Option<(usize, usize)>,
+        /// What ran, what may have, and what to do.
+        explanation: String,
+    },
 }
 
 /// The first 12 hex digits of a checksum, as messages show it.
@@ -424,8 +444,8 @@ impl Error {
 
     /// Whether this error is a migration set that cannot be applied as it is, found
     /// before anything was applied: a malformed file, a repeated version, an applied
-    /// migration edited since, applied versions the set lacks, or another tool's history
-    /// that cannot be adopted as it stands.
+    /// migration edited since, applied versions the set lacks, another tool's history
+    /// that cannot be adopted as it stands, or a migration interrupted part way.
     pub fn is_bad_migration_set(&self) -> bool {
         matches!(
             self,
@@ -434,6 +454,7 @@ impl Error {
                 | Error::MigrationEdited { .. }
                 | Error::UnknownMigrations { .. }
                 | Error::ForeignHistory { .. }
+                | Error::MigrationInterrupted { .. }
         )
     }
 

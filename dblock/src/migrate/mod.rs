@@ -156,24 +156,28 @@ mod layout;
 mod lint;
 pub(crate) mod plan;
 pub(crate) mod revert;
+mod run;
 pub(crate) mod set;
 pub(crate) mod split;
+mod sqlx_config;
+mod status;
+pub(crate) mod store;
 
 use std::fmt;
-use std::time::Duration;
 
 use crate::error::Error;
 use crate::locks::Locks;
-use crate::raw::MigrationTarget;
-use adopt::adopt_or_refuse;
-use plan::{Record, plan};
-use std::collections::HashSet;
+use run::Ctx;
+use store::MigrationStore;
 
 pub use files::MAX_FILE_BYTES;
 pub use layout::Layout;
 pub use lint::Hazard;
 pub use plan::{Applied, MIGRATION_LOCK_KEY, Report, TABLE, lock_prefixed};
 pub use set::{Migration, Migrations, NO_TRANSACTION_HEADER, SQLX_NO_TRANSACTION};
+pub use sqlx_config::SqlxConfig;
+pub use status::{State, Status, StatusEntry};
+pub use store::ScriptPool;
 
 /// Runs the idempotent start-up script `ddl` under the migration lock, on a connection
 /// of `pool`: the seed's primitive (see [above](self#start-up-scripts-run_script)).
@@ -200,15 +204,9 @@ pub use set::{Migration, Migrations, NO_TRANSACTION_HEADER, SQLX_NO_TRANSACTION}
 /// If cancelled, the script may still run to its end (or fail) on the server; the lock
 /// is released when its transaction ends either way, and the script is applied whole or
 /// not at all.
-#[cfg(feature = "postgres")]
-#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
-pub async fn run_script(pool: &sqlx::PgPool, ddl: &str) -> Result<(), Error> {
+pub async fn run_script<P: ScriptPool + ?Sized>(pool: &P, ddl: &str) -> Result<(), Error> {
     check_script(ddl)?;
-    sqlx::raw_sql(sqlx::AssertSqlSafe(lock_prefixed(ddl)))
-        .execute(pool)
-        .await
-        .map_err(crate::postgres::xact::map_sqlx)?;
-    Ok(())
+    pool.run_locked(lock_prefixed(ddl)).await
 }
 
 /// Refuses a start-up script with transaction control, which would end the lock early.
@@ -248,7 +246,7 @@ impl Locks {
     /// On SQLite, the transaction is rolled back and the lock released.
     pub async fn run_script(&self, ddl: &str) -> Result<(), Error> {
         check_script(ddl)?;
-        target(self)?.run_script(ddl).await
+        store(self)?.run_script(ddl).await
     }
 }
 
@@ -285,6 +283,7 @@ impl Migrations {
             locks,
             ignore_missing: false,
             on_applied: None,
+            sqlx: SqlxConfig::default(),
         }
     }
 }
@@ -307,6 +306,7 @@ pub struct Runner<'a> {
     locks: &'a Locks,
     ignore_missing: bool,
     on_applied: Option<OnApplied<'a>>,
+    sqlx: SqlxConfig,
 }
 
 /// The callback of [`Runner::on_applied`].
@@ -318,6 +318,7 @@ impl fmt::Debug for Runner<'_> {
             .field("migrations", &self.set.len())
             .field("locks", self.locks)
             .field("ignore_missing", &self.ignore_missing)
+            .field("sqlx", &self.sqlx)
             .finish_non_exhaustive()
     }
 }
@@ -335,6 +336,14 @@ impl<'a> Runner<'a> {
     /// that fails later has still applied these).
     pub fn on_applied(mut self, f: impl FnMut(&Applied) + Send + 'a) -> Self {
         self.on_applied = Some(Box::new(f));
+        self
+    }
+
+    /// How sqlx keeps its history on this database (`sqlx.toml`'s `table-name` and
+    /// `ignored-chars`), for adopting it: see [`SqlxConfig`]. By default
+    /// `_sqlx_migrations`, with either checksum accepted.
+    pub fn sqlx_config(mut self, config: SqlxConfig) -> Self {
+        self.sqlx = config;
         self
     }
 
@@ -364,9 +373,8 @@ impl<'a> Runner<'a> {
             Some(f) => f.as_mut(),
             None => &mut ignore,
         };
-        target(self.locks)?
-            .run(set, self.ignore_missing, on_applied)
-            .await
+        let c = ctx(self.locks, set, self.sqlx.clone())?;
+        run::run(&c, self.ignore_missing, on_applied).await
     }
 
     /// The migrations a run would apply now, in order, after the same checks a run
@@ -381,12 +389,10 @@ impl<'a> Runner<'a> {
     /// A read; cancelling it has no effect on the database.
     pub async fn dry_run(self) -> Result<Vec<&'a Migration>, Error> {
         // Not `self` across the await: the callback is Send but not Sync.
-        let (set, locks, ignore_missing) = (self.set, self.locks, self.ignore_missing);
+        let (set, locks, ignore_missing, sqlx) =
+            (self.set, self.locks, self.ignore_missing, self.sqlx);
         let set = set.checked()?;
-        let mut records = records(locks).await?.unwrap_or_default();
-        let history = history(locks).await?;
-        adopt_or_refuse(set, &mut records, &history)?;
-        plan(set, &records, ignore_missing)
+        run::dry_run(&ctx(locks, set, sqlx)?, ignore_missing).await
     }
 
     /// Every migration of the set and of the database, with its state: applied,
@@ -402,24 +408,10 @@ impl<'a> Runner<'a> {
     ///
     /// A read; cancelling it has no effect on the database.
     pub async fn status(self) -> Result<Status, Error> {
-        let (set, locks, ignore_missing) = (self.set, self.locks, self.ignore_missing);
+        let (set, locks, ignore_missing, sqlx) =
+            (self.set, self.locks, self.ignore_missing, self.sqlx);
         let set = set.checked()?;
-        let mut records = records(locks).await?.unwrap_or_default();
-        let history = history(locks).await?;
-        let r = adopt::reconcile(set, &records, &history);
-        let foreign = adopt::refusal(&records, &history, &r).map(|e| e.to_string());
-        let by_sqlx: HashSet<i64> = (r.adopt.iter().chain(&r.differing).chain(&r.unknown))
-            .map(|r| r.version)
-            .collect();
-        records.extend(r.adopt.into_iter().chain(r.differing).chain(r.unknown));
-        let mut status = status_of(set, records, ignore_missing);
-        for e in &mut status.entries {
-            if by_sqlx.contains(&e.version) {
-                e.recorded_by = Some("sqlx");
-            }
-        }
-        status.foreign = foreign;
-        Ok(status)
+        status::status(&ctx(locks, set, sqlx)?, ignore_missing).await
     }
 
     /// Reverts applied migrations with their `.down.sql`, newest first, under the
@@ -452,7 +444,7 @@ impl<'a> Runner<'a> {
             Some(f) => f.as_mut(),
             None => &mut ignore,
         };
-        target(self.locks)?.revert(set, to, on_reverted).await
+        run::revert(&ctx(self.locks, set, self.sqlx.clone())?, to, on_reverted).await
     }
 
     /// The server's `server_version_num` (`160004` for 16.4), for
@@ -470,7 +462,7 @@ impl<'a> Runner<'a> {
     ) -> impl std::future::Future<Output = Result<Option<u32>, Error>> + Send + 'a {
         // Not `self` across the await: the callback is Send but not Sync.
         let locks = self.locks;
-        async move { target(locks)?.server_version_num().await }
+        async move { store(locks)?.server_version_num().await }
     }
 
     /// Records migrations as applied **without running them**, under the migration lock:
@@ -492,25 +484,15 @@ impl<'a> Runner<'a> {
     /// The rows are written in one statement: all or none. Cancelled, the connection is
     /// closed, which releases the lock.
     pub async fn baseline(self, to: Option<i64>) -> Result<Vec<&'a Migration>, Error> {
-        let (set, locks) = (self.set, self.locks);
+        let (set, locks, sqlx) = (self.set, self.locks, self.sqlx);
         let list = set.checked()?;
-        let versions = target(locks)?.baseline(list, to).await?;
+        let versions = run::baseline(&ctx(locks, list, sqlx)?, to).await?;
         Ok(versions.into_iter().filter_map(|v| set.get(v)).collect())
     }
 }
 
-/// Other tools' histories, read without the lock.
-async fn history(locks: &Locks) -> Result<adopt::History, Error> {
-    target(locks)?.history().await
-}
-
-/// The bookkeeping rows, read without the lock, if the table exists.
-async fn records(locks: &Locks) -> Result<Option<Vec<Record>>, Error> {
-    target(locks)?.records().await
-}
-
 /// The handle's backend as the runner sees it.
-fn target(locks: &Locks) -> Result<&dyn MigrationTarget, Error> {
+fn store(locks: &Locks) -> Result<&dyn MigrationStore, Error> {
     locks.inner.backend.migrations().ok_or_else(|| {
         Error::Unsupported(format!(
             "the {} backend has no migration runner",
@@ -519,129 +501,13 @@ fn target(locks: &Locks) -> Result<&dyn MigrationTarget, Error> {
     })
 }
 
-/// The state of each migration of a set and a database ([`Runner::status`]).
-#[derive(Debug, Clone, Default)]
-#[non_exhaustive]
-pub struct Status {
-    /// One entry per version, in version order: the set's migrations and the
-    /// database's unknown ones.
-    pub entries: Vec<StatusEntry>,
-    /// Why a run would refuse because of another tool's history (a file differs from
-    /// what sqlx applied, or a history dblock cannot verify), as the error would say it.
-    pub foreign: Option<String>,
-    ignore_missing: bool,
-}
-
-impl Status {
-    /// How many entries are in `state`.
-    pub fn count(&self, state: State) -> usize {
-        self.entries.iter().filter(|e| e.state == state).count()
-    }
-
-    /// Whether a run would refuse: an applied migration was edited, or the database has
-    /// versions the set lacks (unless the status was taken with
-    /// [`Runner::ignore_missing`]).
-    pub fn would_refuse(&self) -> bool {
-        self.foreign.is_some()
-            || self.count(State::Edited) > 0
-            || (!self.ignore_missing && self.count(State::Unknown) > 0)
-    }
-}
-
-/// One migration in a [`Status`].
-#[derive(Debug, Clone)]
-#[non_exhaustive]
-pub struct StatusEntry {
-    /// Its version.
-    pub version: i64,
-    /// Its name: the file's, or for an unknown migration the one recorded.
-    pub name: String,
-    /// Where it stands.
-    pub state: State,
-    /// The file name, for migrations of the set.
-    pub file_name: Option<String>,
-    /// When it was applied, for applied, edited and unknown migrations: RFC 3339 in UTC
-    /// (`2026-05-01T12:00:00.123Z`), as recorded.
-    pub applied_at: Option<String>,
-    /// How long it took, as recorded.
-    pub duration: Option<Duration>,
-    /// For a version dblock has not recorded but another tool has: that tool
-    /// (`"sqlx"`). A run adopts it when its checksum matches.
-    pub recorded_by: Option<&'static str>,
-}
-
-/// Where one migration stands.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum State {
-    /// Applied, and the file is unchanged.
-    Applied,
-    /// In the set, not yet applied.
-    Pending,
-    /// Applied, but the file changed since: a run refuses ([`Error::MigrationEdited`]).
-    Edited,
-    /// Applied, but not in the set: a run refuses ([`Error::UnknownMigrations`]) unless
-    /// told to ignore these ([`Runner::ignore_missing`]).
-    Unknown,
-}
-
-impl fmt::Display for State {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            State::Applied => "applied",
-            State::Pending => "pending",
-            State::Edited => "edited",
-            State::Unknown => "unknown",
-        })
-    }
-}
-
-fn status_of(set: &[Migration], records: Vec<Record>, ignore_missing: bool) -> Status {
-    let mut entries: Vec<StatusEntry> = set
-        .iter()
-        .map(|m| StatusEntry {
-            version: m.version(),
-            name: m.name().to_string(),
-            state: State::Pending,
-            file_name: Some(m.file_name().to_string()),
-            applied_at: None,
-            duration: None,
-            recorded_by: None,
-        })
-        .collect();
-    for r in records {
-        let duration = Some(Duration::from_millis(
-            u64::try_from(r.duration_ms).unwrap_or(0),
-        ));
-        match set.binary_search_by_key(&r.version, Migration::version) {
-            Ok(i) => {
-                if let Some(e) = entries.get_mut(i) {
-                    e.state = if set[i].checksum() == r.checksum {
-                        State::Applied
-                    } else {
-                        State::Edited
-                    };
-                    e.applied_at = Some(r.applied_at);
-                    e.duration = duration;
-                }
-            }
-            Err(_) => entries.push(StatusEntry {
-                version: r.version,
-                name: r.name,
-                state: State::Unknown,
-                file_name: None,
-                applied_at: Some(r.applied_at),
-                duration,
-                recorded_by: None,
-            }),
-        }
-    }
-    entries.sort_by_key(|e| e.version);
-    Status {
-        entries,
-        foreign: None,
-        ignore_missing,
-    }
+/// What the runner is given for `set` on `locks`.
+fn ctx<'a>(locks: &'a Locks, set: &'a [Migration], sqlx: SqlxConfig) -> Result<Ctx<'a>, Error> {
+    Ok(Ctx {
+        store: store(locks)?,
+        set,
+        sqlx,
+    })
 }
 
 #[cfg(test)]

@@ -19,8 +19,8 @@ use super::sql::first_value;
 use crate::error::{Error, WaitingFor};
 use crate::key::{DEFAULT_NAMESPACE, Key, NAMESPACE_SETTING};
 use crate::raw::{
-    BenchFloor, BoxFuture, FencingStore, Grant, MigrationTarget, Options, RawLocks, Req, Scope,
-    Wait, acquire_any_in_turn, any_start,
+    BenchFloor, BoxFuture, FencingStore, Grant, Options, RawLocks, Req, Scope, Wait,
+    acquire_any_in_turn, any_start,
 };
 
 /// Where a backend's connections come from.
@@ -552,7 +552,7 @@ impl RawLocks for PgBackend {
         Some(self)
     }
 
-    fn migrations(&self) -> Option<&dyn MigrationTarget> {
+    fn migrations(&self) -> Option<&dyn crate::migrate::store::MigrationStore> {
         Some(self)
     }
 

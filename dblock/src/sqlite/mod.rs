@@ -135,8 +135,8 @@ use std::time::{Duration, Instant};
 
 use crate::error::{Error, LossReason};
 use crate::raw::{
-    BenchFloor, BoxFuture, FENCING_TABLE, FencingStore, Grant, MigrationTarget, Mode, Options,
-    RawHeld, RawLocks, Req, Wait,
+    BenchFloor, BoxFuture, FENCING_TABLE, FencingStore, Grant, Mode, Options, RawHeld, RawLocks,
+    Req, Wait,
 };
 
 pub(crate) use file::lock_file_path;
@@ -423,7 +423,7 @@ impl RawLocks for SqliteBackend {
         Some(self)
     }
 
-    fn migrations(&self) -> Option<&dyn MigrationTarget> {
+    fn migrations(&self) -> Option<&dyn crate::migrate::store::MigrationStore> {
         Some(self)
     }
 
