@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use clap::{Args, Subcommand};
-use dblock::migrate::{Migrations, State};
+use dblock::migrate::{Migrations, State, StatusEntry};
 
 use crate::{EXIT_BAD_MIGRATIONS, exit_code};
 
@@ -276,7 +276,7 @@ async fn status(target: &Target) -> Result<u8, dblock::Error> {
         .ignore_missing(target.ignore_missing)
         .status()
         .await?;
-    let label = |e: &dblock::migrate::StatusEntry| match &e.file_name {
+    let label = |e: &StatusEntry| match &e.file_name {
         Some(f) => f.clone(),
         None => format!("{} ({})", e.version, e.name),
     };
@@ -287,32 +287,9 @@ async fn status(target: &Target) -> Result<u8, dblock::Error> {
         .max()
         .unwrap_or(0);
     for e in &status.entries {
-        let when = e.applied_at.as_deref().unwrap_or_default();
-        let took = e.duration.map(show).unwrap_or_default();
-        let by = match e.recorded_by {
-            Some(tool) if e.state == State::Applied => {
-                format!("  (by {tool}; adopted by the next run)")
-            }
-            Some(tool) if e.state == State::Edited => format!("  (by {tool})"),
-            _ => String::new(),
-        };
-        let line = match e.state {
-            State::Applied => format!("applied  {:width$}  {when}  {took}{by}", label(e)),
-            State::Pending => format!("pending  {}", label(e)),
-            State::Edited => format!(
-                "edited   {:width$}  {when}  the file changed since it was applied{by}",
-                label(e)
-            ),
-            State::Unknown => format!(
-                "unknown  {:width$}  {when}  applied, but not in {}",
-                label(e),
-                dir.display()
-            ),
-            _ => format!("{:8} {}", e.state.to_string(), label(e)),
-        };
-        out(line.trim_end());
+        out(status_line(e, &label(e), width, dir).trim_end());
     }
-    let counts: Vec<String> = [
+    let mut counts: Vec<String> = [
         State::Applied,
         State::Pending,
         State::Edited,
@@ -321,15 +298,21 @@ async fn status(target: &Target) -> Result<u8, dblock::Error> {
     .into_iter()
     .map(|s| format!("{} {s}", status.count(s)))
     .collect();
+    // Shown only when there are any, so the usual line stays as it always was.
+    for s in [State::Interrupted, State::Applying] {
+        if status.count(s) > 0 {
+            counts.push(format!("{} {s}", status.count(s)));
+        }
+    }
     out(&counts.join(", "));
-    if let Some(why) = &status.foreign {
-        errln!(
-            "dblock: a run would refuse: {}",
-            why.split_whitespace()
-                .collect::<Vec<_>>()
-                .join(" ")
-                .replace(" DIR", &format!(" {}", dir.display()))
-        );
+    let shown = |why: &str| {
+        why.split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ")
+            .replace(" DIR", &format!(" {}", dir.display()))
+    };
+    if let Some(why) = status.foreign.as_deref().or(status.interrupted.as_deref()) {
+        errln!("dblock: a run would refuse: {}", shown(why));
         return Ok(EXIT_BAD_MIGRATIONS);
     }
     if status.would_refuse() {
@@ -343,6 +326,43 @@ async fn status(target: &Target) -> Result<u8, dblock::Error> {
         return Ok(EXIT_BAD_MIGRATIONS);
     }
     Ok(0)
+}
+
+/// One entry of `migrate status`: its state, file, when, and what to know of it.
+fn status_line(e: &StatusEntry, label: &str, width: usize, dir: &Path) -> String {
+    let when = e.applied_at.as_deref().unwrap_or_default();
+    let took = e.duration.map(show).unwrap_or_default();
+    let by = match e.recorded_by {
+        Some(tool) if e.state == State::Applied => {
+            format!("  (by {tool}; adopted by the next run)")
+        }
+        Some(tool) if e.state == State::Edited => format!("  (by {tool})"),
+        _ => String::new(),
+    };
+    let progress = match e.progress {
+        Some((k, n)) => format!(" ({k} of {n} statements completed)"),
+        None => String::new(),
+    };
+    match e.state {
+        State::Applied => format!("applied  {label:width$}  {when}  {took}{by}"),
+        State::Pending if e.no_transaction => format!("pending  {label}  (no transaction)"),
+        State::Pending => format!("pending  {label}"),
+        State::Edited => {
+            format!("edited   {label:width$}  {when}  the file changed since it was applied{by}")
+        }
+        State::Unknown => format!(
+            "unknown  {label:width$}  {when}  applied, but not in {}",
+            dir.display()
+        ),
+        State::Interrupted => format!(
+            "interrupted  {label:width$}  {when}  started outside a transaction and never \
+             finished{progress}: a run refuses until it is resolved"
+        ),
+        State::Applying => {
+            format!("applying  {label:width$}  {when}  being applied now{progress}")
+        }
+        _ => format!("{:8} {label}", e.state.to_string()),
+    }
 }
 
 /// A line on stdout; a closed pipe is not worth a panic.

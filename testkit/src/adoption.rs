@@ -139,6 +139,36 @@ pub async fn sqlx_migrate_sqlite(path: &Path, dir: &Path, to: Option<i64>) -> Re
     res.map_err(|e| e.to_string())
 }
 
+/// [`sqlx_migrate`] on any backend's test database: sqlx's own migrator (the code
+/// `sqlx migrate run` runs), up to version `to`, writing sqlx's history as sqlx does.
+pub async fn sqlx_migrate_on(
+    db: &crate::TestDb,
+    dir: &Path,
+    to: Option<i64>,
+) -> Result<(), String> {
+    let migrator = sqlx::migrate::Migrator::new(dir)
+        .await
+        .map_err(|e| e.to_string())?;
+    let run = |res: Result<(), sqlx::migrate::MigrateError>| res.map_err(|e| e.to_string());
+    match db {
+        crate::TestDb::Postgres(s) => sqlx_migrate(&s.url, dir, to).await,
+        crate::TestDb::Sqlite(d) => sqlx_migrate_sqlite(&d.path, dir, to).await,
+        crate::TestDb::MySql(d) => {
+            let pool = sqlx::mysql::MySqlPoolOptions::new()
+                .max_connections(1)
+                .connect(&d.url)
+                .await
+                .map_err(|e| e.to_string())?;
+            let res = match to {
+                Some(v) => migrator.run_to(v, &pool).await,
+                None => migrator.run(&pool).await,
+            };
+            pool.close().await;
+            run(res)
+        }
+    }
+}
+
 /// The first version of [`sqlx_shaped_set`].
 pub const FIRST: i64 = 20230105090000;
 

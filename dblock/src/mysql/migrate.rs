@@ -234,6 +234,16 @@ struct MySession {
     sqlx_table: String,
 }
 
+impl Drop for MySession {
+    /// Dropped before [`Session::end`] (a cancelled run): the connection is closed, not
+    /// returned to the pool, where its next user would wait for the file still running.
+    fn drop(&mut self) {
+        if let Some(conn) = self.conn.take() {
+            drop(conn.detach());
+        }
+    }
+}
+
 impl MySession {
     fn conn(&mut self) -> Result<&mut PoolConnection<MySql>, Error> {
         self.conn.as_mut().ok_or_else(|| Error::ConnectionLost {
