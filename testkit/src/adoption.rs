@@ -169,6 +169,58 @@ pub async fn sqlx_migrate_on(
     }
 }
 
+/// What `sqlx migrate run` (sqlx-cli 0.9) does when run in directory `cwd`: reads
+/// `cwd/sqlx.toml` with sqlx's own parser, resolves its `migrations-dir` (relative to
+/// `cwd`) with its `ignored-chars`, creates its `create-schemas`, and applies the
+/// migrations up to `to` recording them in its `table-name`, through sqlx's migrator.
+pub async fn sqlx_cli_migrate(
+    db: &crate::TestDb,
+    cwd: &Path,
+    to: Option<i64>,
+) -> Result<(), String> {
+    use sqlx::_unstable::config::Config;
+    use sqlx::migrate::{Migrator, ResolveWith};
+    let config = Config::try_from_path(cwd.join("sqlx.toml")).map_err(|e| format!("{e:?}"))?;
+    let dir = cwd.join(config.migrate.migrations_dir());
+    let mut migrator = Migrator::new(ResolveWith(dir, config.migrate.to_resolve_config()))
+        .await
+        .map_err(|e| e.to_string())?;
+    migrator.dangerous_set_table_name(config.migrate.table_name().to_string());
+    for schema in &config.migrate.create_schemas {
+        migrator.create_schema(schema.to_string());
+    }
+    let run = |res: Result<(), sqlx::migrate::MigrateError>| res.map_err(|e| e.to_string());
+    macro_rules! on {
+        ($pool:expr) => {{
+            let pool = $pool.map_err(|e| e.to_string())?;
+            let res = match to {
+                Some(v) => migrator.run_to(v, &pool).await,
+                None => migrator.run(&pool).await,
+            };
+            pool.close().await;
+            run(res)
+        }};
+    }
+    match db {
+        crate::TestDb::Postgres(s) => on!(sqlx::postgres::PgPoolOptions::new()
+            .max_connections(1)
+            .connect(&s.url)
+            .await),
+        crate::TestDb::MySql(d) => on!(sqlx::mysql::MySqlPoolOptions::new()
+            .max_connections(1)
+            .connect(&d.url)
+            .await),
+        crate::TestDb::Sqlite(d) => on!(sqlx::sqlite::SqlitePoolOptions::new()
+            .max_connections(1)
+            .connect_with(
+                sqlx::sqlite::SqliteConnectOptions::new()
+                    .filename(&d.path)
+                    .create_if_missing(true)
+            )
+            .await),
+    }
+}
+
 /// The first version of [`sqlx_shaped_set`].
 pub const FIRST: i64 = 20230105090000;
 
