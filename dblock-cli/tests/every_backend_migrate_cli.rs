@@ -89,7 +89,7 @@ async fn a_killed_no_transaction_migration_is_explained_and_status_exits_65(db: 
         "{text}"
     );
     let what_ran = match db.transactional_ddl() {
-        true => "statement 1 of 3 completed; statement 2",
+        true => "Statement 1 of 3 completed; statement 2",
         false => "part of it may be applied",
     };
     assert!(stderr(&out).contains(what_ran), "{}", stderr(&out));

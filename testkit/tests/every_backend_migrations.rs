@@ -235,7 +235,7 @@ async fn an_interrupted_migration_is_refused_with_what_ran_until_someone_decides
     assert!(st.would_refuse());
     let why = st.interrupted.clone().unwrap();
     let what_ran = match by_statement {
-        true => "statement 1 of 3 completed; statement 2",
+        true => "Statement 1 of 3 completed; statement 2",
         false => "part of it may be applied",
     };
     assert!(why.contains(what_ran), "{why}");

@@ -55,9 +55,9 @@
 //!    ([`Error::MigrationEdited`]) and when the database has applied versions the set
 //!    lacks ([`Error::UnknownMigrations`], unless
 //!    [`ignore_missing`](Runner::ignore_missing));
-//! 4. applies each pending migration in version order, each **in one transaction with
-//!    its bookkeeping row** (version, name, checksum, `applied_at`, `duration_ms`): all
-//!    or nothing. A failure ([`Error::MigrationFailed`], naming the file) rolls it back
+//! 4. applies each pending migration in version order, after checking that the lock is
+//!    still held, each **in one transaction with its bookkeeping row** (version, name,
+//!    checksum, `applied_at`, `duration_ms`): all or nothing. A failure ([`Error::MigrationFailed`], naming the file) rolls it back
 //!    and stops the run. A pending migration older than applied ones (a branch merged
 //!    late) is applied too; a file renamed with its contents unchanged is still the
 //!    applied migration (versions and checksums identify migrations, not names);
@@ -82,12 +82,22 @@
 //! ```
 //!
 //! is split into statements (quotes, dollar quotes, comments and routine bodies
-//! respected) which are sent one at a time, each in autocommit; its bookkeeping row is
-//! written after the last one succeeds. It is not all or nothing: if statement *k*
-//! fails, the ones before it stay applied, and the error says so. Write such migrations
-//! to be re-run safely. A concurrent index build that fails or is cancelled leaves an
-//! `INVALID` index behind, which `CREATE INDEX CONCURRENTLY IF NOT EXISTS` would then
-//! silently keep: drop it first, as above.
+//! respected) which are sent one at a time, each in autocommit. It is not all or
+//! nothing, so it is recorded as it goes: as `started` before its first statement, with
+//! the number of statements completed after each, and as done after the last. If
+//! statement *k* fails, the ones before it stay applied, the error says so
+//! ([`Error::MigrationFailed`]), and the row is removed: fix the file (written to be
+//! re-run) and run again. If the run ends any other way — killed, its connection lost,
+//! its future dropped — the row stays `started`, and every later run (and dry run, and
+//! baseline) refuses with [`Error::MigrationInterrupted`], which says which statements
+//! are known to have completed, which one was running, and how to record what you
+//! decide: `UPDATE dblock_migrations SET state = 'done' WHERE version = V` once it is
+//! finished by hand, or `DELETE FROM dblock_migrations WHERE version = V` to have the
+//! next run apply it from its first statement. [`Runner::status`] shows it as
+//! [`State::Interrupted`] (and [`State::Applying`] while a run holds the lock). A
+//! concurrent index build that fails or is cancelled leaves an `INVALID` index behind,
+//! which `CREATE INDEX CONCURRENTLY IF NOT EXISTS` would then silently keep: drop it
+//! first, as above.
 //!
 //! **Why the runner polls.** `CREATE INDEX CONCURRENTLY` waits for every transaction
 //! holding a snapshot older than its own to finish. A second migrator blocked inside
@@ -104,7 +114,16 @@
 //! polling, released by the kernel if the process dies, with no snapshot to hold), the
 //! bookkeeping table lives in the SQLite database, and each migration runs in a
 //! `BEGIN IMMEDIATE` transaction with its row (SQLite's DDL is transactional). The
-//! header works the same way (`VACUUM` needs it, for one).
+//! header works the same way (`VACUUM` needs it, for one), and so do reverts.
+//!
+//! # MySQL and MariaDB
+//!
+//! The same runner: the lock is the named lock of [`MIGRATION_LOCK_KEY`], checked
+//! before each migration. The server commits DDL as it goes, so no migration shares a
+//! transaction with its row: every file is sent whole, recorded as `started` before
+//! and done after, and one that fails or is interrupted is refused by the next run
+//! ([`Error::MigrationInterrupted`]) until someone has looked (see `docs/mysql.md`).
+//! Reverts are refused ([`Error::Unsupported`]).
 //!
 //! # Other tools' directories
 //!
@@ -124,11 +143,14 @@
 //!
 //! A database another tool migrated is never migrated again.
 //!
-//! - **sqlx** (`_sqlx_migrations`, found through the `search_path` as sqlx finds it on
-//!   PostgreSQL; in the database file on SQLite): every run, under the migration lock and
+//! - **sqlx** (`_sqlx_migrations`, or the table `sqlx.toml`'s `table-name` names, given
+//!   with [`Runner::sqlx_config`]; found through the `search_path` as sqlx finds it on
+//!   PostgreSQL, in the database on MySQL, in the database file on SQLite): every run,
+//!   under the migration lock and
 //!   before anything is applied, adopts each version sqlx applied that
 //!   `dblock_migrations` lacks, after verifying sqlx's checksum (the SHA-384 of the
-//!   file's SQL, [`Migration::sqlx_checksum`]): it is recorded as applied, with sqlx's
+//!   file's SQL, [`Migration::sqlx_checksum`], or of the file without the characters
+//!   `sqlx.toml`'s `ignored-chars` names): it is recorded as applied, with sqlx's
 //!   `installed_on` and `execution_time`, and not run. If any file differs from what
 //!   sqlx applied, or sqlx recorded a version as failed, the run refuses with
 //!   [`Error::ForeignHistory`], changing nothing and naming every such file;
@@ -148,7 +170,9 @@
 //! [`Runner::status`] and [`Runner::dry_run`] only read: they take no lock, never create
 //! the bookkeeping table (an absent table means nothing is applied), and so answer at
 //! once even while a run holds the lock. They show the committed state: a migration
-//! being applied at that moment shows as pending.
+//! being applied in a transaction at that moment shows as pending; one being applied
+//! outside a transaction shows as [`State::Applying`] while a run holds the lock, and
+//! as [`State::Interrupted`] (a run would refuse) once nobody does.
 
 pub(crate) mod adopt;
 mod files;
@@ -180,7 +204,8 @@ pub use status::{State, Status, StatusEntry};
 pub use store::ScriptPool;
 
 /// Runs the idempotent start-up script `ddl` under the migration lock, on a connection
-/// of `pool`: the seed's primitive (see [above](self#start-up-scripts-run_script)).
+/// of `pool` (sqlx's `PgPool`, cargo feature `postgres`: see [`ScriptPool`]): the seed's
+/// primitive (see [above](self#start-up-scripts-run_script)).
 ///
 /// ```no_run
 /// # async fn demo(pool: sqlx::PgPool) -> Result<(), dblock::Error> {
@@ -353,7 +378,8 @@ impl<'a> Runner<'a> {
     ///
     /// Before anything is applied: [`Error::InvalidMigration`] or
     /// [`Error::DuplicateMigration`] for an embedded set with a bad file,
-    /// [`Error::MigrationEdited`], [`Error::UnknownMigrations`]. While applying:
+    /// [`Error::MigrationEdited`], [`Error::UnknownMigrations`],
+    /// [`Error::ForeignHistory`], [`Error::MigrationInterrupted`]. While applying:
     /// [`Error::MigrationFailed`] naming the migration, whose
     /// [`source`](std::error::Error::source) is the database's error; the migrations
     /// before it stay applied. Connection errors. In every case the lock is no longer
@@ -364,8 +390,11 @@ impl<'a> Runner<'a> {
     /// Cancelling a run stops it where it is. On PostgreSQL its connection is abandoned:
     /// the statement running is cancelled, the migration's transaction rolls back, and
     /// closing the connection releases the lock. On SQLite the transaction rolls back and
-    /// the lock is released. Migrations committed before stay applied; of a
-    /// no-transaction migration, the statements that completed stay applied.
+    /// the lock is released. On MySQL the lock is released and the migration's
+    /// connection closed (the statement running may still finish on the server).
+    /// Migrations committed before stay applied; a no-transaction migration (any
+    /// migration, on MySQL) stays recorded as started, and the next run refuses with
+    /// [`Error::MigrationInterrupted`] until its row records a decision.
     pub async fn run(mut self) -> Result<Report, Error> {
         let set = self.set.checked()?;
         let mut ignore = |_: &Applied| {};
@@ -428,7 +457,8 @@ impl<'a> Runner<'a> {
     /// Before anything runs: [`Error::InvalidMigration`] naming a migration to revert
     /// that has no `.down.sql`, [`Error::MigrationEdited`], [`Error::UnknownMigrations`]
     /// for applied versions the set lacks (above `to`), [`Error::ForeignHistory`] as for
-    /// a run; [`Error::Unsupported`] on SQLite. While reverting:
+    /// a run; [`Error::Unsupported`] on MySQL/MariaDB (DDL commits as it goes, so a
+    /// `.down.sql` that fails half way could not be rolled back). While reverting:
     /// [`Error::MigrationFailed`] naming the `.down.sql` (rolled back whole, or for a
     /// no-transaction one, the statements before the failing one stay applied).
     ///
@@ -448,7 +478,7 @@ impl<'a> Runner<'a> {
     }
 
     /// The server's `server_version_num` (`160004` for 16.4), for
-    /// [`Migration::transaction_hazards`]; `None` on SQLite.
+    /// [`Migration::transaction_hazards`]; `None` on SQLite and MySQL.
     ///
     /// # Errors
     ///
@@ -470,14 +500,14 @@ impl<'a> Runner<'a> {
     ///
     /// With `to`, every migration of the set up to version `to` that dblock has not
     /// recorded (for a history dblock cannot verify: golang-migrate, Flyway, refinery,
-    /// goose, or none). Without, the versions sqlx's `_sqlx_migrations` records as
+    /// goose, or none). Without, the versions sqlx's history records as
     /// applied, with the files as they are now, including files that differ from what
     /// sqlx applied (which a run refuses to adopt). Returns the migrations recorded.
     ///
     /// # Errors
     ///
-    /// [`Error::Unsupported`] without `to` when there is no `_sqlx_migrations`; as
-    /// [`Runner::run`] for a bad set and connection errors.
+    /// [`Error::Unsupported`] without `to` when there is no sqlx history; as
+    /// [`Runner::run`] for a bad set, an interrupted migration and connection errors.
     ///
     /// # Cancel safety
     ///

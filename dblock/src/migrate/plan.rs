@@ -215,6 +215,7 @@ pub(crate) fn interrupted(set: &[Migration], r: &Record, by_statement: bool) -> 
               be applied"
             .into(),
     };
+    let what = capitalized(&what);
     let docs = if by_statement {
         "docs/migrations.md"
     } else {
@@ -259,6 +260,15 @@ fn ran_by_statement(k: usize, n: usize, stmts: &[&str]) -> String {
         k + 1,
         excerpt(next)
     )
+}
+
+/// `s` with its first letter in upper case (it starts a sentence).
+fn capitalized(s: &str) -> String {
+    let mut c = s.chars();
+    match c.next() {
+        Some(first) => first.to_uppercase().chain(c).collect(),
+        None => String::new(),
+    }
 }
 
 /// The start of a statement, on one line, for a message.

@@ -174,7 +174,7 @@ fn an_interrupted_migration_is_explained_with_what_ran_and_what_to_do() {
     let msg = e.to_string();
     for part in [
         "m/2_idx.sql: was started at 2026-01-01T00:00:00.000Z outside a transaction",
-        "statement 1 of 3 completed; statement 2 (CREATE INDEX CONCURRENTLY t_y ON t (y)) was \
+        "Statement 1 of 3 completed; statement 2 (CREATE INDEX CONCURRENTLY t_y ON t (y)) was \
          running, and may have been applied",
         "statement 3 did not run",
         "UPDATE dblock_migrations SET state = 'done' WHERE version = 2",
@@ -185,7 +185,7 @@ fn an_interrupted_migration_is_explained_with_what_ran_and_what_to_do() {
     }
     let msg = interrupted(set, &started(Some(0)), true).to_string();
     assert!(
-        msg.contains("none of its statements is known to have completed; statement 1"),
+        msg.contains("None of its statements is known to have completed; statement 1"),
         "{msg}"
     );
     assert!(msg.contains("statements 2 to 3 did not run"), "{msg}");
