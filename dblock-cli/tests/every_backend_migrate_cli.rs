@@ -8,7 +8,7 @@
 use std::process::Output;
 use std::time::Duration;
 
-use dblock_testkit::migrations::MigrationDir;
+use dblock_testkit::migrations::{MigrationDir, with_a_slow_no_transaction_migration};
 use dblock_testkit::{TestDb, eventually, exit_code as code};
 
 const DBLOCK: &str = env!("CARGO_BIN_EXE_dblock");
@@ -40,18 +40,7 @@ fn stderr(out: &Output) -> String {
 /// failed saying "none of it was applied" (it was), and `status` said "pending" with
 /// exit 0 on PostgreSQL and MySQL although a run would fail or refuse.
 async fn a_killed_no_transaction_migration_is_explained_and_status_exits_65(db: &TestDb) {
-    let d = MigrationDir::new(&[
-        ("0001_t.sql", "CREATE TABLE t (x INT);".to_string()),
-        (
-            "0002_slow.sql",
-            format!(
-                "-- dblock:no-transaction\nCREATE TABLE first_done (x INT);\n{};\n\
-                 CREATE TABLE never_ran (x INT);\n",
-                db.sleep_statement(30)
-            ),
-        ),
-        ("0003_after.sql", "CREATE TABLE after (x INT);".to_string()),
-    ]);
+    let d = MigrationDir::new(&with_a_slow_no_transaction_migration(db));
     let state = tempfile::tempdir().unwrap();
     let mut child = dblock_testkit::dblock_command(DBLOCK, state.path())
         .args(["migrate", "--db", db.url(), d.path().to_str().unwrap()])

@@ -149,24 +149,7 @@ pub async fn sqlx_migrate_on(
     let migrator = sqlx::migrate::Migrator::new(dir)
         .await
         .map_err(|e| e.to_string())?;
-    let run = |res: Result<(), sqlx::migrate::MigrateError>| res.map_err(|e| e.to_string());
-    match db {
-        crate::TestDb::Postgres(s) => sqlx_migrate(&s.url, dir, to).await,
-        crate::TestDb::Sqlite(d) => sqlx_migrate_sqlite(&d.path, dir, to).await,
-        crate::TestDb::MySql(d) => {
-            let pool = sqlx::mysql::MySqlPoolOptions::new()
-                .max_connections(1)
-                .connect(&d.url)
-                .await
-                .map_err(|e| e.to_string())?;
-            let res = match to {
-                Some(v) => migrator.run_to(v, &pool).await,
-                None => migrator.run(&pool).await,
-            };
-            pool.close().await;
-            run(res)
-        }
-    }
+    run_migrator(db, &migrator, to).await
 }
 
 /// What `sqlx migrate run` (sqlx-cli 0.9) does when run in directory `cwd`: reads
@@ -189,7 +172,15 @@ pub async fn sqlx_cli_migrate(
     for schema in &config.migrate.create_schemas {
         migrator.create_schema(schema.to_string());
     }
-    let run = |res: Result<(), sqlx::migrate::MigrateError>| res.map_err(|e| e.to_string());
+    run_migrator(db, &migrator, to).await
+}
+
+/// Runs sqlx's `migrator` on the test's database, up to `to`, on a pool of one.
+async fn run_migrator(
+    db: &crate::TestDb,
+    migrator: &sqlx::migrate::Migrator,
+    to: Option<i64>,
+) -> Result<(), String> {
     macro_rules! on {
         ($pool:expr) => {{
             let pool = $pool.map_err(|e| e.to_string())?;
@@ -198,20 +189,16 @@ pub async fn sqlx_cli_migrate(
                 None => migrator.run(&pool).await,
             };
             pool.close().await;
-            run(res)
+            res.map_err(|e| e.to_string())
         }};
     }
+    fn one<DB: sqlx::Database>() -> sqlx::pool::PoolOptions<DB> {
+        sqlx::pool::PoolOptions::new().max_connections(1)
+    }
     match db {
-        crate::TestDb::Postgres(s) => on!(sqlx::postgres::PgPoolOptions::new()
-            .max_connections(1)
-            .connect(&s.url)
-            .await),
-        crate::TestDb::MySql(d) => on!(sqlx::mysql::MySqlPoolOptions::new()
-            .max_connections(1)
-            .connect(&d.url)
-            .await),
-        crate::TestDb::Sqlite(d) => on!(sqlx::sqlite::SqlitePoolOptions::new()
-            .max_connections(1)
+        crate::TestDb::Postgres(s) => on!(one::<sqlx::Postgres>().connect(&s.url).await),
+        crate::TestDb::MySql(d) => on!(one::<sqlx::MySql>().connect(&d.url).await),
+        crate::TestDb::Sqlite(d) => on!(one::<sqlx::Sqlite>()
             .connect_with(
                 sqlx::sqlite::SqliteConnectOptions::new()
                     .filename(&d.path)

@@ -65,6 +65,27 @@ pub fn seed_set() -> Vec<(String, String)> {
         .collect()
 }
 
+/// Three migrations, the second outside a transaction with a statement that runs for 30
+/// seconds between two that create tables (`first_done`, `never_ran`): for runs ended
+/// part way through it.
+pub fn with_a_slow_no_transaction_migration(db: &crate::TestDb) -> Vec<(String, String)> {
+    vec![
+        ("0001_t.sql".into(), "CREATE TABLE t (x INT);".into()),
+        (
+            "0002_slow.sql".into(),
+            format!(
+                "-- dblock:no-transaction\nCREATE TABLE first_done (x INT);\n{};\n\
+                 CREATE TABLE never_ran (x INT);\n",
+                db.sleep_statement(30)
+            ),
+        ),
+        (
+            "0003_after.sql".into(),
+            "CREATE TABLE after (x INT);".into(),
+        ),
+    ]
+}
+
 /// A directory of migration files of a test's own.
 pub struct MigrationDir {
     pub dir: tempfile::TempDir,

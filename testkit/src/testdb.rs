@@ -218,11 +218,14 @@ pub async fn within<F: std::future::Future>(secs: u64, what: &str, f: F) -> F::O
 /// key (migrations).
 #[macro_export]
 macro_rules! every_backend {
-    (own_database: $($test:ident),* $(,)?) => {$(
+    (own_database: $($test:ident),* $(,)?) => {
+        $crate::every_backend!(@postgres postgres_own_database; $($test),*);
+    };
+    (@postgres $pg:ident; $($test:ident),* $(,)?) => {$(
         mod $test {
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn postgres() {
-                let db = $crate::TestDb::postgres_own_database(stringify!($test)).await;
+                let db = $crate::TestDb::$pg(stringify!($test)).await;
                 super::$test(&db).await;
             }
 
@@ -239,25 +242,7 @@ macro_rules! every_backend {
             }
         }
     )*};
-    ($($test:ident),* $(,)?) => {$(
-        mod $test {
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn postgres() {
-                let db = $crate::TestDb::postgres(stringify!($test)).await;
-                super::$test(&db).await;
-            }
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn sqlite() {
-                let db = $crate::TestDb::sqlite(stringify!($test)).await;
-                super::$test(&db).await;
-            }
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn mysql() {
-                let db = $crate::TestDb::mysql(stringify!($test)).await;
-                super::$test(&db).await;
-            }
-        }
-    )*};
+    ($($test:ident),* $(,)?) => {
+        $crate::every_backend!(@postgres postgres; $($test),*);
+    };
 }

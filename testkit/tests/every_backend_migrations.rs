@@ -14,7 +14,7 @@ use std::sync::Arc;
 use dblock::Error;
 use dblock::migrate::State;
 use dblock_testkit::adoption::sqlx_migrate_on;
-use dblock_testkit::migrations::MigrationDir;
+use dblock_testkit::migrations::{MigrationDir, with_a_slow_no_transaction_migration};
 use dblock_testkit::testdb::within;
 use dblock_testkit::{TestDb, eventually};
 use tokio::sync::Barrier;
@@ -189,18 +189,7 @@ async fn a_failing_migration_stops_the_run_names_it_and_frees_the_lock(db: &Test
 /// someone records the decision.
 async fn an_interrupted_migration_is_refused_with_what_ran_until_someone_decides(db: &TestDb) {
     let locks = db.locks().await;
-    let d = MigrationDir::new(&[
-        ("0001_t.sql", "CREATE TABLE t (x INT);".to_string()),
-        (
-            "0002_slow.sql",
-            format!(
-                "-- dblock:no-transaction\nCREATE TABLE first_done (x INT);\n{};\n\
-                 CREATE TABLE never_ran (x INT);\n",
-                db.sleep_statement(30)
-            ),
-        ),
-        ("0003_after.sql", "CREATE TABLE after (x INT);".to_string()),
-    ]);
+    let d = MigrationDir::new(&with_a_slow_no_transaction_migration(db));
     let set = Arc::new(d.set());
     let run = {
         let (set, locks) = (set.clone(), locks.clone());
