@@ -74,7 +74,7 @@ use crate::raw::{Options, RawLocks};
 pub use pooler::Pooler;
 pub(crate) use setup::owner_needed;
 pub use setup::setup;
-pub(crate) use url::open;
+pub(crate) use url::{open, read as read_connection_string};
 
 /// Opens the backend on the caller's sqlx pool; the default namespace with it.
 pub(crate) async fn from_sqlx(
