@@ -21,6 +21,13 @@
 /// Keys whose values are secret wherever they appear.
 const SECRET_KEYS: &[&str] = &["password", "sslpassword"];
 
+/// Whether `key`'s value is hidden: a secret key in any case. libpq's keys are
+/// lower case, but `PASSWORD=…` is refused as an unknown option in an error that shows
+/// the string, and its value is still the password its writer meant.
+fn is_secret(key: &str) -> bool {
+    SECRET_KEYS.iter().any(|k| k.eq_ignore_ascii_case(key))
+}
+
 /// Whether `s` is a `key=value` connection string (its first word is `key=`).
 pub(crate) fn is_key_value(s: &str) -> bool {
     let t = s.trim_start();
@@ -54,7 +61,7 @@ pub(crate) fn redact(s: &str) -> String {
         loop {
             match p.next_pair() {
                 Ok(Some(pair)) => {
-                    if SECRET_KEYS.contains(&pair.key.as_str()) {
+                    if is_secret(&pair.key) {
                         out.push_str(&s[shown_to..pair.value_start]);
                         out.push_str("***");
                         shown_to = pair.value_end;
@@ -88,7 +95,7 @@ fn redact_url_rest(rest: &str) -> String {
             let params: Vec<String> = query
                 .split('&')
                 .map(|kv| match kv.split_once('=') {
-                    Some((k, _)) if SECRET_KEYS.contains(&percent_decode(k).as_str()) => {
+                    Some((k, _)) if is_secret(&percent_decode(k)) => {
                         format!("{k}=***")
                     }
                     _ => kv.to_string(),
