@@ -34,6 +34,17 @@ pub fn parse(s: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
+/// What any text must give: a duration within bounds, or a one-line error. Called by
+/// the property tests, the fuzz target (`fuzz/fuzz_targets/duration.rs`, which includes
+/// this file) and the replay of its corpus.
+#[cfg(any(test, fuzzing))]
+pub fn check(s: &str) {
+    match parse(s) {
+        Ok(d) => assert!(d <= MAX, "{s:?} gave {d:?}"),
+        Err(e) => assert!(!e.is_empty() && !e.contains(['\n', '\r']), "{s:?}: {e:?}"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -154,20 +165,31 @@ mod tests {
         /// panic.
         #[test]
         fn any_text_is_a_duration_or_a_one_line_error(s in ".{0,24}") {
-            match parse(&s) {
-                Ok(d) => prop_assert!(d <= MAX),
-                Err(e) => prop_assert!(!e.contains('\n') && !e.is_empty(), "{}", e),
-            }
+            check(&s);
         }
 
         /// Text built from the characters durations are made of, the hard cases for a
         /// parser: accepted only within bounds, else a one-line error.
         #[test]
         fn duration_like_text_is_a_duration_or_a_one_line_error(s in "[0-9.+ -]{0,6}(ms|s|m|h|min|sec|x|)[0-9. ]{0,4}(ms|s|m|h|)") {
-            match parse(&s) {
-                Ok(d) => prop_assert!(d <= MAX),
-                Err(e) => prop_assert!(!e.contains('\n'), "{}", e),
-            }
+            check(&s);
         }
+    }
+
+    /// Every input kept in the fuzz target's corpus (`fuzz/corpus/duration/`), replayed
+    /// on stable Rust so an input a fuzzer once broke stays fixed.
+    #[test]
+    fn the_fuzz_corpus_replays() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/corpus/duration");
+        let mut n = 0;
+        for entry in std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
+            let path = entry.unwrap_or_else(|e| panic!("{e}")).path();
+            let data = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            if let Ok(s) = std::str::from_utf8(&data) {
+                check(s);
+            }
+            n += 1;
+        }
+        assert!(n >= 10, "only {n} inputs in {}", dir.display());
     }
 }

@@ -229,6 +229,59 @@ pub fn statements(sql: &str) {
     );
 }
 
+/// `s` from its first token: leading whitespace and comments (nested) skipped.
+/// PostgreSQL's parser starts a statement there; dblock's splitter keeps the comments
+/// before it (they are sent with it).
+pub fn from_first_token(s: &str) -> &str {
+    let mut r = s;
+    loop {
+        r = r.trim_start_matches(PG_SPACE);
+        if let Some(x) = r.strip_prefix("--") {
+            r = x.find('\n').map_or("", |n| &x[n..]);
+        } else if r.starts_with("/*") {
+            let b = r.as_bytes();
+            let (mut depth, mut i) = (0, 0);
+            while i + 1 < b.len() {
+                if &b[i..i + 2] == b"/*" {
+                    depth += 1;
+                    i += 2;
+                } else if &b[i..i + 2] == b"*/" {
+                    depth -= 1;
+                    i += 2;
+                    if depth == 0 {
+                        break;
+                    }
+                } else {
+                    i += 1;
+                }
+            }
+            r = &r[i..];
+        } else {
+            return r;
+        }
+    }
+}
+
+/// Statements as the two splitters are compared: from the first token, trimmed of
+/// PostgreSQL's whitespace (an empty one stays, to be seen).
+pub fn comparable<'a>(stmts: impl IntoIterator<Item = &'a str>) -> Vec<String> {
+    stmts
+        .into_iter()
+        .map(|s| from_first_token(s).trim_matches(PG_SPACE).to_string())
+        .collect()
+}
+
+/// [`statements`], and where `oracle` (PostgreSQL's parser splitting a script into its
+/// statements' text) accepts the script, dblock's split equals it.
+pub fn statements_against(sql: &str, oracle: &dyn Fn(&str) -> Result<Vec<String>, String>) {
+    statements(sql);
+    if let Ok(theirs) = oracle(sql) {
+        let theirs = comparable(theirs.iter().map(String::as_str));
+        let ours = comparable(parsers::split_statements(sql));
+        assert_eq!(ours, theirs, "{sql:?} is split unlike PostgreSQL splits it");
+    }
+}
+
 /// Whether `s` holds only whitespace, `;` and whole comments (what may lie between two
 /// statements).
 fn only_separators(s: &str) -> bool {
@@ -317,6 +370,13 @@ pub fn documented_key(namespace: &str, name: &str) -> i64 {
     let mut first = [0u8; 8];
     first.copy_from_slice(&d[..8]);
     i64::from_be_bytes(first)
+}
+
+/// A fuzz input as a namespace and a name: split at the first U+0001, else the whole
+/// input is a name in the default namespace.
+pub fn split_lock_input(s: &str) -> (&str, &str) {
+    s.split_once('\u{1}')
+        .unwrap_or((dblock::DEFAULT_NAMESPACE, s))
 }
 
 /// Any namespace and name: a key exactly when both are valid (non-empty, at most 1024

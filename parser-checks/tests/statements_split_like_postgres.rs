@@ -12,58 +12,17 @@
 //! between dblock's statements is only whitespace, comments and `;`.
 
 use dblock::parsers::split_statements;
-use dblock_parser_checks as checks;
+use dblock_parser_checks::{self as checks, PG_SPACE, comparable};
 use proptest::prelude::*;
-
-/// What PostgreSQL's lexer takes for whitespace (`scan.l`'s `space`).
-const PG_SPACE: &[char] = &[' ', '\t', '\n', '\r', '\x0b', '\x0c'];
-
-/// `s` from its first token: leading whitespace and comments (nested) skipped.
-fn from_first_token(s: &str) -> &str {
-    let mut r = s;
-    loop {
-        r = r.trim_start_matches(PG_SPACE);
-        if let Some(x) = r.strip_prefix("--") {
-            r = x.find('\n').map_or("", |n| &x[n..]);
-        } else if r.starts_with("/*") {
-            let b = r.as_bytes();
-            let (mut depth, mut i) = (0, 0);
-            while i + 1 < b.len() {
-                if &b[i..i + 2] == b"/*" {
-                    depth += 1;
-                    i += 2;
-                } else if &b[i..i + 2] == b"*/" {
-                    depth -= 1;
-                    i += 2;
-                    if depth == 0 {
-                        break;
-                    }
-                } else {
-                    i += 1;
-                }
-            }
-            r = &r[i..];
-        } else {
-            return r;
-        }
-    }
-}
 
 /// The statements PostgreSQL's parser finds, or its error.
 fn postgres_split(sql: &str) -> Result<Vec<String>, String> {
     let stmts = pg_query::split_with_parser(sql).map_err(|e| e.to_string())?;
-    Ok(stmts
-        .iter()
-        .map(|s| from_first_token(s).trim_matches(PG_SPACE).to_string())
-        .filter(|s| !s.is_empty())
-        .collect())
+    Ok(comparable(stmts))
 }
 
 fn dblock_split(sql: &str) -> Vec<String> {
-    split_statements(sql)
-        .iter()
-        .map(|s| from_first_token(s).trim_matches(PG_SPACE).to_string())
-        .collect()
+    comparable(split_statements(sql))
 }
 
 /// Both splits of `sql`, which PostgreSQL must parse, agree.
