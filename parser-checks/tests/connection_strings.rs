@@ -445,3 +445,18 @@ fn a_password_given_under_a_key_in_capitals_is_hidden_in_the_error() {
         assert!(!parsers::redact(s).contains("hunter2"), "{s:?}");
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(2000))]
+
+    /// A URL's values percent-decode as URLs do: `%` and two hex digits is a byte, and
+    /// anything else after `%` is kept as written (never `%+1`, which `u8::from_str_radix`
+    /// would read as 1).
+    #[test]
+    fn url_values_percent_decode_as_urls_do(v in "[a-zA-Z0-9%+ -]{0,16}") {
+        let s = format!("postgres://h/db?application_name={v}");
+        let pairs = parsers::conninfo_pairs(&s).map_err(TestCaseError::fail)?;
+        let got = pairs.iter().find(|(k, _)| k == "application_name").map(|(_, v)| v.clone());
+        prop_assert_eq!(got, Some(checks::percent_decode(&v)), "{}", s);
+    }
+}
