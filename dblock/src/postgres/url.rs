@@ -2,9 +2,9 @@
 //! the backend it opens.
 
 use super::backend::PgBackend;
-use super::conninfo::Parsed;
-use super::pooler::Pooler;
-use super::tls::Connector;
+use super::conn::conninfo::Parsed;
+use super::conn::pooler::Pooler;
+use super::conn::tls::Connector;
 use crate::error::{Error, redact_url};
 use crate::raw::{Options, RawLocks};
 
@@ -33,8 +33,8 @@ pub(crate) fn read(
     url: &str,
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Result<(Parsed, Option<Pooler>), Error> {
-    let (stripped, declared) = super::pooler::split_url(url).map_err(|r| invalid(url, r))?;
-    let parsed = super::conninfo::parse(&stripped, env).map_err(|r| invalid(url, r))?;
+    let (stripped, declared) = super::conn::pooler::split_url(url).map_err(|r| invalid(url, r))?;
+    let parsed = super::conn::conninfo::parse(&stripped, env).map_err(|r| invalid(url, r))?;
     Ok((parsed, declared))
 }
 

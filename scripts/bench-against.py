@@ -1,0 +1,121 @@
+#!/usr/bin/env python3
+"""Never slower than before: `dblock bench` of an earlier commit against this checkout's, interleaved.
+
+    scripts/bench-against.py [--rev 680537d] [--rounds 5] [--seconds 3] [--db URL ...]
+
+Builds the `dblock` program of REV (in a throwaway git worktree, with a target directory of
+its own under target/bench-against/ so later runs reuse it) and of the working tree, both
+in release mode, then runs `dblock bench --json --seconds S --db URL` of the two in turn,
+A B B A A B …, ROUNDS times for each URL, on the same server and settings. It prints, per
+workload, each side's median cycles per second and the median and range of the round-by-round
+ratio new ÷ old — a ratio within one round is the fair comparison on a shared machine, whose
+speed drifts between rounds — and the load average before and after.
+
+With no --db: the embedded backend on a fresh file in a temporary directory, and PostgreSQL
+at $DATABASE_URL (else postgres://postgres@127.0.0.1:5432/test) with sslmode=disable, as the
+figures in docs/performance.md are taken. Give --db more than once for several backends
+(e.g. a mysql:// URL, or a PostgreSQL URL with sslmode=require).
+
+Exit status 0 when every run succeeded; the ratios are printed, never judged here.
+"""
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def sh(cmd, **kw):
+    return subprocess.run(cmd, check=True, **kw)
+
+
+def build_rev(rev):
+    """The release `dblock` of `rev`, built once into target/bench-against/<sha>/."""
+    sha = subprocess.run(["git", "-C", ROOT, "rev-parse", "--verify", rev + "^{commit}"],
+                         check=True, capture_output=True, text=True).stdout.strip()
+    out = os.path.join(ROOT, "target", "bench-against", sha[:12])
+    binary = os.path.join(out, "target", "release", "dblock")
+    if os.path.exists(binary):
+        return binary, sha
+    src = os.path.join(out, "src")
+    if os.path.exists(src):
+        subprocess.run(["git", "-C", ROOT, "worktree", "remove", "--force", src])
+        shutil.rmtree(src, ignore_errors=True)
+    os.makedirs(out, exist_ok=True)
+    sh(["git", "-C", ROOT, "worktree", "add", "--detach", src, sha], stdout=subprocess.DEVNULL)
+    try:
+        env = dict(os.environ, CARGO_TARGET_DIR=os.path.join(out, "target"))
+        sh(["cargo", "build", "--release", "--locked", "-q", "-p", "dblock-cli"], cwd=src, env=env)
+    finally:
+        subprocess.run(["git", "-C", ROOT, "worktree", "remove", "--force", src])
+    return binary, sha
+
+
+def build_head():
+    sh(["cargo", "build", "--release", "--locked", "-q", "-p", "dblock-cli"], cwd=ROOT)
+    return os.path.join(ROOT, "target", "release", "dblock")
+
+
+def bench(binary, url, seconds):
+    r = subprocess.run([binary, "bench", "--json", "--seconds", str(seconds), "--db", url],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        sys.exit(f"{binary} bench --db {url} failed ({r.returncode}):\n{r.stderr}")
+    rows = json.loads(r.stdout)
+    return {(m["workload"], m["workers"]): m["ops_per_sec"] for m in rows}
+
+
+def load():
+    with open("/proc/loadavg") as f:
+        return f.read().split()[0]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rev", default="680537d", help="the earlier commit (default 680537d)")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--seconds", type=float, default=3.0)
+    ap.add_argument("--db", action="append", help="database URL (repeatable)")
+    args = ap.parse_args()
+
+    tmp = tempfile.mkdtemp(prefix="dblock-bench-against-")
+    urls = args.db or [
+        f"sqlite:{tmp}/{{side}}.db",
+        os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test")
+        + ("&" if "?" in os.environ.get("DATABASE_URL", "") else "?") + "sslmode=disable",
+    ]
+    old, sha = build_rev(args.rev)
+    new = build_head()
+    print(f"old: {args.rev} ({sha[:12]})  new: working tree  rounds: {args.rounds}  "
+          f"seconds: {args.seconds}")
+    for url in urls:
+        shown = url.split("@")[-1] if "://" in url else url.replace(tmp, "$TMP").replace("{side}", "old|new")
+        before = load()
+        rates = {"old": [], "new": []}
+        for i in range(args.rounds):
+            order = [("old", old), ("new", new)] if i % 2 == 0 else [("new", new), ("old", old)]
+            for side, binary in order:
+                # The embedded backend: a file per side, so neither reads the other's tables.
+                rates[side].append(bench(binary, url.replace("{side}", side), args.seconds))
+        print(f"\n{shown}  (load {before} → {load()})")
+        print(f"  {'workload':<20} {'old ops/s':>12} {'new ops/s':>12} {'new÷old':>8}  range")
+        for w in rates["new"][0]:
+            if w not in rates["old"][0]:
+                continue
+            o = [r[w] for r in rates["old"]]
+            n = [r[w] for r in rates["new"]]
+            ratios = [b / a for a, b in zip(o, n) if a > 0]
+            label = f"{w[0]} x{w[1]}"
+            print(f"  {label:<20} {statistics.median(o):>12.0f} {statistics.median(n):>12.0f} "
+                  f"{statistics.median(ratios):>8.2f}  {min(ratios):.2f}–{max(ratios):.2f}")
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
