@@ -55,34 +55,45 @@ pub(crate) fn redact(s: &str) -> String {
         return format!("{head}{}", redact_url_rest(rest));
     }
     if is_key_value(s) {
-        let mut out = String::new();
-        let mut shown_to = 0;
-        let mut p = KvParser::new(s);
-        loop {
-            match p.next_pair() {
-                Ok(Some(pair)) => {
-                    if is_secret(&pair.key) {
-                        out.push_str(&s[shown_to..pair.value_start]);
-                        out.push_str("***");
-                        shown_to = pair.value_end;
-                    }
-                }
-                Ok(None) => {
-                    out.push_str(&s[shown_to..]);
-                    return out;
-                }
-                Err(_) => {
-                    out.push_str(&s[shown_to..p.last_good]);
-                    out.push('…');
-                    return out;
+        return redact_key_value(s);
+    }
+    match s.find("://") {
+        // Another URL (sqlite:, mysql:, or a mistyped scheme): a `user:pw@` part and
+        // `password=` are hidden.
+        Some(i) => format!("{}{}", &s[..i + 3], redact_url_rest(&s[i + 3..])),
+        // Not a URL, yet read as `key=value` pairs if it holds an `=`, as `pairs` reads
+        // it (`host\0=h password=…` is refused for its odd first key, and that error must
+        // not show the password).
+        None if s.contains('=') => redact_key_value(s),
+        None => s.to_string(),
+    }
+}
+
+/// A `key=value` string with every secret value replaced by `***`, cut off (`…`) where
+/// it cannot be read.
+fn redact_key_value(s: &str) -> String {
+    let mut out = String::new();
+    let mut shown_to = 0;
+    let mut p = KvParser::new(s);
+    loop {
+        match p.next_pair() {
+            Ok(Some(pair)) => {
+                if is_secret(&pair.key) {
+                    out.push_str(&s[shown_to..pair.value_start]);
+                    out.push_str("***");
+                    shown_to = pair.value_end;
                 }
             }
+            Ok(None) => {
+                out.push_str(&s[shown_to..]);
+                return out;
+            }
+            Err(_) => {
+                out.push_str(&s[shown_to..p.last_good]);
+                out.push('…');
+                return out;
+            }
         }
-    }
-    // Neither form (a sqlite: URL, or nonsense): a `user:pw@` part is still hidden.
-    match s.find("://") {
-        Some(i) => format!("{}{}", &s[..i + 3], redact_url_rest(&s[i + 3..])),
-        None => s.to_string(),
     }
 }
 

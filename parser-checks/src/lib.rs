@@ -143,8 +143,14 @@ fn error_shows_no_secret(s: &str, e: &dblock::Error, no_secret: &dyn Fn(&str, &s
 
 /// The password of a `mysql://` URL as the WHATWG rules read it (what sqlx reads): the
 /// userinfo before the last `@` of the authority, after its first `:`, percent-decoded.
+/// Text before `://` holding `=` or whitespace makes a `key=value` string, not a URL:
+/// it has no URL password.
 fn mysql_password(s: &str) -> Option<String> {
-    let rest = &s[s.find("://")? + 3..];
+    let i = s.find("://")?;
+    if s[..i].contains(|c: char| c == '=' || c.is_whitespace()) {
+        return None;
+    }
+    let rest = &s[i + 3..];
     let authority = &rest[..rest.find(['/', '?', '#', '\\']).unwrap_or(rest.len())];
     let userinfo = &authority[..authority.rfind('@')?];
     let raw = &userinfo[userinfo.find(':')? + 1..];
