@@ -57,15 +57,19 @@ pub(crate) fn redact(s: &str) -> String {
     if is_key_value(s) {
         return redact_key_value(s);
     }
-    match s.find("://") {
-        // Another URL (sqlite:, mysql:, or a mistyped scheme): a `user:pw@` part and
-        // `password=` are hidden.
+    // Another URL (sqlite:, mysql:, or a mistyped scheme): a `user:pw@` part and
+    // `password=` are hidden.
+    let shown = match s.find("://") {
         Some(i) => format!("{}{}", &s[..i + 3], redact_url_rest(&s[i + 3..])),
-        // Not a URL, yet read as `key=value` pairs if it holds an `=`, as `pairs` reads
-        // it (`host\0=h password=…` is refused for its odd first key, and that error must
-        // not show the password).
-        None if s.contains('=') => redact_key_value(s),
         None => s.to_string(),
+    };
+    // Whatever holds an `=` may also be read as `key=value` pairs, as `pairs` reads it
+    // (`host\0=h password=…` or `x:// = h password=…` is refused for its odd first key,
+    // and that error must not show the password); a URL reads as one pair, unchanged.
+    if shown.contains('=') {
+        redact_key_value(&shown)
+    } else {
+        shown
     }
 }
 

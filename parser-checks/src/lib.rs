@@ -27,7 +27,10 @@ fn findable(pw: &str, pairs: &[(String, String)]) -> bool {
     pw.chars().count() >= MIN_SECRET_LEN
         && !vocabulary().contains(pw)
         && !pairs.iter().any(|(k, v)| {
-            k.contains(pw) || (!is_secret_key(k) && (v.contains(pw) || pw.contains(v.as_str())))
+            // A password holding a key (`password=`) is found in the shown syntax itself.
+            k.contains(pw)
+                || (!k.is_empty() && pw.contains(k.as_str()))
+                || (!is_secret_key(k) && (v.contains(pw) || pw.contains(v.as_str())))
         })
 }
 
@@ -184,7 +187,9 @@ pub fn percent_decode(s: &str) -> String {
 /// password is not in what dblock shows or in the error.
 pub fn mysql_url(s: &str) {
     let shown = parsers::redact(s);
-    let pw = mysql_password(s).filter(|p| p.chars().count() >= MIN_SECRET_LEN);
+    // (A "password" holding `***` is found in any redacted text.)
+    let pw =
+        mysql_password(s).filter(|p| p.chars().count() >= MIN_SECRET_LEN && !p.contains("***"));
     let no_secret = |what: &str, text: &str| {
         if let Some(pw) = &pw {
             // Another part equal to the password is shown rightly.

@@ -470,6 +470,8 @@ fn a_key_value_string_with_an_odd_first_key_hides_its_password() {
         "host\0=h password=hunter2 dbname=d",
         "h\u{11}ost=h password='hunter2'",
         "-x=1 password=hunter2",
+        // Found next: a first key that looks like a URL's scheme.
+        "hostpostgresql:// = h  password = 'hunter2' sslmode=verify-full",
     ] {
         let e = match parsers::postgres_connection_string(s, &no_env) {
             Ok(_) => panic!("{s:?} parsed"),
