@@ -21,6 +21,13 @@
 /// Keys whose values are secret wherever they appear.
 const SECRET_KEYS: &[&str] = &["password", "sslpassword"];
 
+/// Whether `key`'s value is hidden: a secret key in any case. libpq's keys are
+/// lower case, but `PASSWORD=…` is refused as an unknown option in an error that shows
+/// the string, and its value is still the password its writer meant.
+fn is_secret(key: &str) -> bool {
+    SECRET_KEYS.iter().any(|k| k.eq_ignore_ascii_case(key))
+}
+
 /// Whether `s` is a `key=value` connection string (its first word is `key=`).
 pub(crate) fn is_key_value(s: &str) -> bool {
     let t = s.trim_start();
@@ -48,34 +55,49 @@ pub(crate) fn redact(s: &str) -> String {
         return format!("{head}{}", redact_url_rest(rest));
     }
     if is_key_value(s) {
-        let mut out = String::new();
-        let mut shown_to = 0;
-        let mut p = KvParser::new(s);
-        loop {
-            match p.next_pair() {
-                Ok(Some(pair)) => {
-                    if SECRET_KEYS.contains(&pair.key.as_str()) {
-                        out.push_str(&s[shown_to..pair.value_start]);
-                        out.push_str("***");
-                        shown_to = pair.value_end;
-                    }
-                }
-                Ok(None) => {
-                    out.push_str(&s[shown_to..]);
-                    return out;
-                }
-                Err(_) => {
-                    out.push_str(&s[shown_to..p.last_good]);
-                    out.push('…');
-                    return out;
-                }
-            }
-        }
+        return redact_key_value(s);
     }
-    // Neither form (a sqlite: URL, or nonsense): a `user:pw@` part is still hidden.
-    match s.find("://") {
+    // Another URL (sqlite:, mysql:, or a mistyped scheme): a `user:pw@` part and
+    // `password=` are hidden.
+    let shown = match s.find("://") {
         Some(i) => format!("{}{}", &s[..i + 3], redact_url_rest(&s[i + 3..])),
         None => s.to_string(),
+    };
+    // Whatever holds an `=` may also be read as `key=value` pairs, as `pairs` reads it
+    // (`host\0=h password=…` or `x:// = h password=…` is refused for its odd first key,
+    // and that error must not show the password); a URL reads as one pair, unchanged.
+    if shown.contains('=') {
+        redact_key_value(&shown)
+    } else {
+        shown
+    }
+}
+
+/// A `key=value` string with every secret value replaced by `***`, cut off (`…`) where
+/// it cannot be read.
+fn redact_key_value(s: &str) -> String {
+    let mut out = String::new();
+    let mut shown_to = 0;
+    let mut p = KvParser::new(s);
+    loop {
+        match p.next_pair() {
+            Ok(Some(pair)) => {
+                if is_secret(&pair.key) {
+                    out.push_str(&s[shown_to..pair.value_start]);
+                    out.push_str("***");
+                    shown_to = pair.value_end;
+                }
+            }
+            Ok(None) => {
+                out.push_str(&s[shown_to..]);
+                return out;
+            }
+            Err(_) => {
+                out.push_str(&s[shown_to..p.last_good]);
+                out.push('…');
+                return out;
+            }
+        }
     }
 }
 
@@ -88,7 +110,7 @@ fn redact_url_rest(rest: &str) -> String {
             let params: Vec<String> = query
                 .split('&')
                 .map(|kv| match kv.split_once('=') {
-                    Some((k, _)) if SECRET_KEYS.contains(&percent_decode(k).as_str()) => {
+                    Some((k, _)) if is_secret(&percent_decode(k)) => {
                         format!("{k}=***")
                     }
                     _ => kv.to_string(),
@@ -122,15 +144,16 @@ fn percent_decode(s: &str) -> String {
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
     while i < b.len() {
-        if b[i] == b'%' && i + 2 < b.len() {
-            let hex = std::str::from_utf8(&b[i + 1..i + 3])
-                .ok()
-                .and_then(|h| u8::from_str_radix(h, 16).ok());
-            if let Some(v) = hex {
-                out.push(v);
-                i += 3;
-                continue;
-            }
+        // Two hex digits exactly: `u8::from_str_radix` would also take a sign (`%+a`).
+        if b[i] == b'%'
+            && let (Some(h), Some(l)) = (
+                b.get(i + 1).and_then(|&c| char::from(c).to_digit(16)),
+                b.get(i + 2).and_then(|&c| char::from(c).to_digit(16)),
+            )
+        {
+            out.push((h * 16 + l) as u8);
+            i += 3;
+            continue;
         }
         out.push(b[i]);
         i += 1;

@@ -84,6 +84,10 @@ pub mod migrate;
 #[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
 pub mod mysql;
 mod observe;
+/// The parsers, for the property tests and fuzz targets: not a public API (no stability
+/// promised).
+#[doc(hidden)]
+pub mod parsers;
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub mod postgres;

@@ -176,7 +176,7 @@
 
 pub(crate) mod adopt;
 mod files;
-mod layout;
+pub(crate) mod layout;
 mod lint;
 pub(crate) mod plan;
 pub(crate) mod revert;

@@ -215,7 +215,8 @@ fn checked_sql(file: &str, sql: &str) -> Result<bool, Error> {
 ///   (`U…__`) migrations are refused with an error saying so.
 ///
 /// In a directory, files not ending in `.sql` (in any case), names starting with `.`,
-/// and subdirectories are ignored; a `.sql` file whose name breaks the rule is an error,
+/// and subdirectories are ignored, except a subdirectory holding `up.sql` (diesel's
+/// layout, which is refused); a `.sql` file whose name breaks the rule is an error,
 /// never skipped. Only regular files (or symbolic links to them) of at most
 /// [`MAX_FILE_BYTES`](super::MAX_FILE_BYTES) are read: a FIFO, a device, a socket or a
 /// larger file named like a migration is refused with an error naming it, never opened
@@ -312,6 +313,17 @@ impl Migrations {
             let path = entry.path();
             let shown = path.display().to_string();
             let lossy = entry.file_name().to_string_lossy().into_owned();
+            // diesel's layout, a directory per migration holding `up.sql`, is not read:
+            // refused, where skipping it would read the set as empty, all applied.
+            if !lossy.starts_with('.') && path.join("up.sql").is_file() {
+                return Err(invalid(
+                    &shown,
+                    "a directory holding up.sql is diesel's layout, which dblock does not \
+                     read: rename its files to VERSION_NAME.up.sql and VERSION_NAME.down.sql \
+                     beside the others"
+                        .into(),
+                ));
+            }
             if lossy.starts_with('.') || !lossy.to_ascii_lowercase().ends_with(".sql") {
                 continue;
             }

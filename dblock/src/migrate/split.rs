@@ -10,8 +10,8 @@
 //! RULE`), or within the `BEGIN … END` body of a `CREATE FUNCTION` / `CREATE PROCEDURE`
 //! (`BEGIN ATOMIC`) or `CREATE TRIGGER` (SQLite's trigger bodies).
 
-/// The statements of `sql`, trimmed, without their terminating `;`; pieces holding only
-/// whitespace and comments are dropped.
+/// The statements of `sql`, trimmed of PostgreSQL's whitespace, without their
+/// terminating `;`; pieces holding only whitespace and comments are dropped.
 pub(crate) fn split(sql: &str) -> Vec<&str> {
     let b = sql.as_bytes();
     let mut out = Vec::new();
@@ -70,7 +70,7 @@ pub(crate) fn split(sql: &str) -> Vec<&str> {
             }
             b';' if st.parens == 0 && st.body_depth == 0 => {
                 if st.content {
-                    out.push(sql[start..i].trim());
+                    out.push(sql[start..i].trim_matches(is_space));
                 }
                 st = Statement::default();
                 i += 1;
@@ -88,7 +88,7 @@ pub(crate) fn split(sql: &str) -> Vec<&str> {
                     st.word(word);
                 }
             }
-            c if c.is_ascii_whitespace() => i += 1,
+            c if is_space(char::from(c)) => i += 1,
             _ => {
                 st.content = true;
                 i += 1;
@@ -96,9 +96,17 @@ pub(crate) fn split(sql: &str) -> Vec<&str> {
         }
     }
     if st.content {
-        out.push(sql[start..].trim());
+        out.push(sql[start..].trim_matches(is_space));
     }
     out
+}
+
+/// PostgreSQL's whitespace (`scan.l`'s `space`, with the vertical tab PostgreSQL 16
+/// added): no other character, not even Unicode's spaces, which are identifier
+/// characters to PostgreSQL (`x\u{a0}` is one name), so trimming one would change the
+/// statement.
+fn is_space(c: char) -> bool {
+    matches!(c, ' ' | '\t' | '\n' | '\r' | '\x0b' | '\x0c')
 }
 
 /// What the scanner tracks within one statement.
@@ -180,7 +188,7 @@ fn leading_words(stmt: &str, n: usize) -> Vec<String> {
             b'/' if b.get(i + 1) == Some(&b'*') => {
                 i = skip_block_comment(b, i).unwrap_or(b.len());
             }
-            c if c.is_ascii_whitespace() => i += 1,
+            c if is_space(char::from(c)) => i += 1,
             c if is_ident_start(c) => {
                 let end = word_end(b, i);
                 out.push(stmt[i..end].to_ascii_lowercase());

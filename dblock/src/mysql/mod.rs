@@ -110,12 +110,8 @@ use crate::raw::{
 /// Opens dblock's own connections on a `mysql://` or `mariadb://` URL; the default
 /// namespace is [`DEFAULT_NAMESPACE`](crate::DEFAULT_NAMESPACE).
 pub(crate) async fn open(url: &str, opts: &Options) -> Result<(Box<dyn RawLocks>, String), Error> {
-    let shown = crate::error::redact_url(url);
-    let options = parse_url(url).map_err(|reason| Error::InvalidUrl {
-        url: shown.clone(),
-        reason,
-    })?;
-    let b = MyBackend::open(options, shown, opts).await?;
+    let options = read_url(url)?;
+    let b = MyBackend::open(options, crate::error::redact_url(url), opts).await?;
     Ok((Box::new(b), crate::DEFAULT_NAMESPACE.to_string()))
 }
 
@@ -459,6 +455,14 @@ pub(crate) fn map_sqlx(e: sqlx::Error) -> Error {
             message: other.to_string(),
         },
     }
+}
+
+/// [`parse_url`] with its error as [`Error::InvalidUrl`], password redacted.
+pub(crate) fn read_url(url: &str) -> Result<MySqlConnectOptions, Error> {
+    parse_url(url).map_err(|reason| Error::InvalidUrl {
+        url: crate::error::redact_url(url),
+        reason,
+    })
 }
 
 /// Parses a `mysql://` or `mariadb://` URL.

@@ -55,7 +55,7 @@ pub use conn::pooler::{self, Pooler};
 pub(crate) use store::fence;
 pub use store::setup::setup;
 pub use store::xact;
-pub(crate) use url::open;
+pub(crate) use url::{open, read as read_connection_string};
 
 /// Opens the backend on the caller's sqlx pool; the default namespace with it.
 pub(crate) async fn from_sqlx(

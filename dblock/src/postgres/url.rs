@@ -2,6 +2,8 @@
 //! the backend it opens.
 
 use super::backend::PgBackend;
+use super::conn::conninfo::Parsed;
+use super::conn::pooler::Pooler;
 use super::conn::tls::Connector;
 use crate::error::{Error, redact_url};
 use crate::raw::{Options, RawLocks};
@@ -9,13 +11,9 @@ use crate::raw::{Options, RawLocks};
 /// Opens the backend a `postgres://` or `postgresql://` URL names; the default
 /// namespace with it.
 pub(crate) async fn open(url: &str, opts: &Options) -> Result<(Box<dyn RawLocks>, String), Error> {
-    let invalid = |reason| Error::InvalidUrl {
-        url: redact_url(url),
-        reason,
-    };
-    // dblock's own `pooler=` parameter, which the driver would refuse.
-    let (stripped, declared) = super::conn::pooler::split_url(url).map_err(invalid)?;
-    let (mut config, shown, tls) = parse(&stripped).map_err(invalid)?;
+    let (parsed, declared) = read(url, &process_env)?;
+    let tls = Connector::new(&parsed.tls).map_err(|reason| invalid(url, reason))?;
+    let mut config = parsed.config;
     if let Some(name) = &opts.application_name {
         config.application_name(name);
     }
@@ -23,19 +21,33 @@ pub(crate) async fn open(url: &str, opts: &Options) -> Result<(Box<dyn RawLocks>
     if let Some(p) = declared {
         opts.pooler = p;
     }
-    let (b, ns) = PgBackend::open(config, shown, tls, &opts).await?;
+    let (b, ns) = PgBackend::open(config, parsed.shown, tls, &opts).await?;
     Ok((Box::new(b), ns))
 }
 
-/// Parses a PostgreSQL connection string (a `postgres://` URL or a `key=value` string,
-/// libpq's conventions: its environment, its password file) into the configuration of
-/// dblock's own connections, the string as it may be shown (passwords redacted), and
-/// the TLS it asks for, its certificate files read.
-pub(crate) fn parse(url: &str) -> Result<(tokio_postgres::Config, String, Connector), String> {
-    let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
-    let parsed = super::conn::conninfo::parse(url, &env)?;
-    let tls = Connector::new(&parsed.tls)?;
-    Ok((parsed.config, parsed.shown, tls))
+/// Reads a PostgreSQL connection string (a `postgres://` URL or a `key=value` string)
+/// without opening anything: dblock's own `pooler=` parameter (which the driver would
+/// refuse), then libpq's keys, filled from `env` (libpq's environment variables, `HOME`,
+/// `USER`) and the password file. The error is [`Error::InvalidUrl`], password redacted.
+pub(crate) fn read(
+    url: &str,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<(Parsed, Option<Pooler>), Error> {
+    let (stripped, declared) = super::conn::pooler::split_url(url).map_err(|r| invalid(url, r))?;
+    let parsed = super::conn::conninfo::parse(&stripped, env).map_err(|r| invalid(url, r))?;
+    Ok((parsed, declared))
+}
+
+/// libpq's environment: a variable set to the empty string counts as unset.
+fn process_env(k: &str) -> Option<String> {
+    std::env::var(k).ok().filter(|v| !v.is_empty())
+}
+
+fn invalid(url: &str, reason: String) -> Error {
+    Error::InvalidUrl {
+        url: redact_url(url),
+        reason,
+    }
 }
 
 #[cfg(test)]
@@ -48,7 +60,7 @@ mod tests {
             "postgres://postgres@127.0.0.1:5432/test",
             "postgresql://u:pw@localhost/db?application_name=x",
         ] {
-            assert!(parse(u).is_ok(), "{u}");
+            assert!(read(u, &process_env).is_ok(), "{u}");
         }
     }
 }

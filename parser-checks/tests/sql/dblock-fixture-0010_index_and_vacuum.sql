@@ -1,0 +1,3 @@
+-- dblock:no-transaction
+CREATE INDEX items_name ON items (name);
+VACUUM;
