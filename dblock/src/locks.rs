@@ -1,15 +1,14 @@
-//! The handle, its builder, and lock requests.
+//! The handle and its builder.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::time::Instant;
-
-use crate::error::{Error, WaitingFor};
+use crate::error::Error;
 use crate::guard::LockGuard;
 use crate::key::{Key, check_name, check_namespace};
-use crate::observe::{Attempt, MetricsConfig, Tally};
-use crate::raw::{Mode, Options, RawLocks, Req, Scope, Wait};
+use crate::observe::MetricsConfig;
+use crate::raw::{Options, RawLocks, Scope};
+use crate::request::{One, Request};
 
 pub(crate) struct Inner {
     pub(crate) backend: Box<dyn RawLocks>,
@@ -181,14 +180,7 @@ impl Locks {
     /// # Ok(()) }
     /// ```
     pub fn request<'a>(&'a self, name: &'a str) -> Request<'a> {
-        Request {
-            locks: self,
-            name,
-            mode: Mode::Exclusive,
-            scope: self.inner.scope,
-            fenced: false,
-            lease: None,
-        }
+        Request::new(self, One { name })
     }
 
     /// Waits for the exclusive lock `name` and returns its guard.
@@ -235,164 +227,6 @@ impl Locks {
         timeout: Duration,
     ) -> Result<Option<LockGuard>, Error> {
         self.request(name).try_lock_for(timeout).await
-    }
-}
-
-/// A lock request being set up: created by [`Locks::request`], finished by
-/// [`lock`](Request::lock), [`try_lock`](Request::try_lock) or
-/// [`try_lock_for`](Request::try_lock_for).
-#[derive(Debug, Clone)]
-#[must_use = "a request does nothing until lock, try_lock or try_lock_for is awaited"]
-pub struct Request<'a> {
-    locks: &'a Locks,
-    name: &'a str,
-    mode: Mode,
-    scope: Scope,
-    fenced: bool,
-    lease: Option<Duration>,
-}
-
-impl<'a> Request<'a> {
-    /// Asks for a shared (reader) lock.
-    pub fn shared(mut self) -> Self {
-        self.mode = Mode::Shared;
-        self
-    }
-
-    /// Asks for the given mode.
-    pub fn mode(mut self, mode: Mode) -> Self {
-        self.mode = mode;
-        self
-    }
-
-    /// Asks for the given PostgreSQL scope (the handle's default otherwise).
-    pub fn scope(mut self, scope: Scope) -> Self {
-        self.scope = scope;
-        self
-    }
-
-    /// Asks for a fencing token with the grant (exclusive locks only): see
-    /// [`fencing`](crate::fencing) for what it costs and guarantees.
-    pub fn fenced(mut self) -> Self {
-        self.fenced = true;
-        self
-    }
-
-    /// Bounds how long the lock outlives a holder that falls silent (its host cut off,
-    /// its process paused): the server ends the holder's session, and so frees the lock,
-    /// once the session has been idle for `lease`. A live holder never is: its
-    /// connection is checked every [`check_interval`](Builder::check_interval), which
-    /// keeps the session busy. PostgreSQL only (the embedded backend's locks end with
-    /// their process).
-    ///
-    /// A holder cut off from the server must learn that it lost the lock before the
-    /// server can grant it to anyone else, so `lease` must be at least
-    /// `2 × check_interval + check_timeout`, plus a tenth of that (7.7 s with the
-    /// defaults; see
-    /// [`Builder::check_interval`] and [`Builder::check_timeout`]); a shorter lease is
-    /// refused with [`Error::Unsupported`]. Leases beyond the server's limit for its idle
-    /// timeouts (2³¹ − 1 ms, about 24.8 days) are capped to it.
-    ///
-    /// Implemented with the server's own idle timeouts for the lock's session
-    /// (`idle_in_transaction_session_timeout` for a transaction-scoped lock,
-    /// `idle_session_timeout`, PostgreSQL 14+, for a session-scoped one), so it holds
-    /// even when the holder's host is gone.
-    pub fn lease(mut self, lease: Duration) -> Self {
-        self.lease = Some(lease);
-        self
-    }
-
-    /// Waits until the lock is granted.
-    ///
-    /// # Errors
-    ///
-    /// As [`Locks::lock`].
-    ///
-    /// # Cancel safety
-    ///
-    /// As [`Locks::lock`].
-    pub async fn lock(self) -> Result<LockGuard, Error> {
-        match self.acquire(Wait::Forever).await? {
-            Some(guard) => Ok(guard),
-            // Not expected: dblock sets lock_timeout for each slice of the wait and asks
-            // again when it ends; kept for a server that answers otherwise.
-            None => Err(Error::Timeout {
-                waiting_for: WaitingFor::LockServerLockTimeout,
-                after: None,
-            }),
-        }
-    }
-
-    /// Takes the lock if it is free now; `Ok(None)` if not.
-    ///
-    /// # Errors
-    ///
-    /// As [`Locks::lock`].
-    ///
-    /// # Cancel safety
-    ///
-    /// As [`Locks::lock`].
-    pub async fn try_lock(self) -> Result<Option<LockGuard>, Error> {
-        self.acquire(Wait::Try).await
-    }
-
-    /// Waits at most `timeout`; `Ok(None)` if the lock was not granted in time. The wait
-    /// ends on the server too (PostgreSQL's `lock_timeout`), not only in this process.
-    /// Every other wait dblock makes for the request ends by then as well: for a pooled
-    /// connection, and for the migration lock under which a fenced request's first use
-    /// creates the fencing table.
-    ///
-    /// # Errors
-    ///
-    /// As [`Locks::lock`]; [`Error::Timeout`] when the deadline passed in one of those
-    /// other waits.
-    ///
-    /// # Cancel safety
-    ///
-    /// As [`Locks::lock`].
-    pub async fn try_lock_for(self, timeout: Duration) -> Result<Option<LockGuard>, Error> {
-        let wait = match Instant::now().checked_add(timeout) {
-            Some(t) => Wait::Until(t),
-            None => Wait::Forever,
-        };
-        self.acquire(wait).await
-    }
-
-    async fn acquire(self, wait: Wait) -> Result<Option<LockGuard>, Error> {
-        let inner = &self.locks.inner;
-        check_name(self.name)?;
-        if self.fenced && self.mode == Mode::Shared {
-            return Err(Error::Unsupported(
-                "fencing tokens are granted to exclusive locks only".into(),
-            ));
-        }
-        let req = Req {
-            namespace: &inner.namespace,
-            name: self.name,
-            key: Key::derive(&inner.namespace, self.name),
-            mode: self.mode,
-            scope: self.scope,
-            wait,
-            fenced: self.fenced,
-            lease: self.lease,
-            fence_key: None,
-        };
-        let backend = inner.backend.name();
-        if !Attempt::wanted() {
-            // Nobody listens (no subscriber, no logger, no metrics feature): nothing to
-            // time or report but a loss, and nothing spent on it.
-            let grant = inner.backend.acquire(&req).await?;
-            return Ok(grant.map(|g| LockGuard::new(Tally::unobserved(&req, backend), g)));
-        }
-        let attempt = Attempt::start(&req, backend, inner.metrics);
-        let acquire = inner.backend.acquire(&req);
-        Ok(Attempt::run(Some(attempt), req.wait, acquire)
-            .await?
-            .map(|(g, attempt)| {
-                let token = g.fence.as_ref().map(|f| f.0);
-                let tally = Attempt::tally(attempt, &req, backend, token);
-                LockGuard::new(tally, g)
-            }))
     }
 }
 

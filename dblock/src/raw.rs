@@ -67,6 +67,19 @@ pub(crate) enum Wait {
 }
 
 impl Wait {
+    /// The wait of a request that waits at most `timeout`: none at all for zero (a
+    /// `try_lock_for(0)` tries once, as `try_lock` does, rather than racing a deadline
+    /// that has passed before the request is sent), for ever past the clock's range.
+    pub(crate) fn within(timeout: Duration) -> Wait {
+        if timeout.is_zero() {
+            return Wait::Try;
+        }
+        match Instant::now().checked_add(timeout) {
+            Some(t) => Wait::Until(t),
+            None => Wait::Forever,
+        }
+    }
+
     /// The instant after which to give up, if any.
     pub(crate) fn deadline(self) -> Option<Instant> {
         match self {
@@ -101,7 +114,7 @@ impl Req<'_> {
 }
 
 /// A grant as a backend returns it.
-pub(crate) struct Grant {
+pub struct Grant {
     pub(crate) held: Box<dyn RawHeld>,
     /// The fencing token, and the fencing table as SQL names it.
     pub(crate) fence: Option<(i64, Arc<str>)>,
