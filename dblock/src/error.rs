@@ -456,6 +456,33 @@ impl Error {
         }
     }
 
+    /// An sqlx error met on a PostgreSQL connection, as dblock's (by SQLSTATE for a server
+    /// error): for sqlx calls on the caller's PostgreSQL pool outside the backend (the
+    /// start-up script), which map them as the backend does.
+    #[cfg(feature = "postgres")]
+    pub(crate) fn from_sqlx_postgres(e: sqlx::Error) -> Error {
+        match e {
+            sqlx::Error::Database(db) => match db.code() {
+                Some(code) => Error::from_sqlstate(&code, db.message().to_string()),
+                None => Error::Database {
+                    code: None,
+                    message: db.message().to_string(),
+                },
+            },
+            sqlx::Error::Io(e) => Error::ConnectionLost {
+                message: e.to_string(),
+            },
+            sqlx::Error::PoolTimedOut => Error::Timeout {
+                waiting_for: WaitingFor::SqlxPoolConnection,
+                after: None,
+            },
+            other => Error::Database {
+                code: None,
+                message: other.to_string(),
+            },
+        }
+    }
+
     /// Maps a server error by SQLSTATE; `message` already carries detail and hint.
     pub(crate) fn from_sqlstate(code: &str, message: String) -> Error {
         match code {

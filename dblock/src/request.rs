@@ -29,6 +29,69 @@ use crate::observe::{Attempt, Tally};
 use crate::raw::{Grant, Mode, RawLocks, Req, Scope, Wait};
 use sealed::{Call, Observed};
 
+impl Locks {
+    /// A request for the lock `name`, to set a mode, scope or fencing before taking it.
+    ///
+    /// ```no_run
+    /// # async fn demo(locks: dblock::Locks) -> Result<(), dblock::Error> {
+    /// use std::time::Duration;
+    /// if let Some(reader) = locks.request("report").shared().try_lock_for(Duration::from_secs(5)).await? {
+    ///     // … read while no writer holds "report" …
+    ///     drop(reader);
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub fn request<'a>(&'a self, name: &'a str) -> Request<'a> {
+        Request::new(self, One { name })
+    }
+
+    /// Waits for the exclusive lock `name` and returns its guard.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidName`] for a bad name; connection and server errors.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancelling the wait gives up the place in line; no lock is left held, on the
+    /// server or anywhere else, once the future is dropped.
+    pub async fn lock(&self, name: &str) -> Result<LockGuard, Error> {
+        self.request(name).lock().await
+    }
+
+    /// Takes the exclusive lock `name` if it is free now; `Ok(None)` if someone else
+    /// holds it.
+    ///
+    /// # Errors
+    ///
+    /// As [`Locks::lock`].
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`Locks::lock`].
+    pub async fn try_lock(&self, name: &str) -> Result<Option<LockGuard>, Error> {
+        self.request(name).try_lock().await
+    }
+
+    /// Waits at most `timeout` for the exclusive lock `name`; `Ok(None)` if it was not
+    /// granted in time.
+    ///
+    /// # Errors
+    ///
+    /// As [`Locks::lock`].
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`Locks::lock`].
+    pub async fn try_lock_for(
+        &self,
+        name: &str,
+        timeout: Duration,
+    ) -> Result<Option<LockGuard>, Error> {
+        self.request(name).try_lock_for(timeout).await
+    }
+}
+
 /// A lock request being set up: created by [`Locks::request`] (one name),
 /// [`Locks::semaphore`] (any one of a semaphore's slots) or [`Locks::request_all`] (every
 /// name of a set), finished by [`lock`](Request::lock), [`try_lock`](Request::try_lock)

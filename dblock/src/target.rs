@@ -1,10 +1,48 @@
-//! Which database a URL names, and where the embedded default lives: the one place
-//! that knows every backend (one line each in [`open`]).
+//! Which backend a handle opens — on a URL, or on a caller's sqlx pool — and where the
+//! embedded default lives: the one place that names the backends (an arm each in
+//! [`open`], and in [`open_source`] for the pools).
 
 use std::path::PathBuf;
 
 use crate::error::{Error, redact_url};
 use crate::raw::{Options, RawLocks};
+
+/// A caller's sqlx pool a handle borrows connections from (see
+/// [`Builder::sqlx_pool`](crate::Builder::sqlx_pool)).
+#[derive(Clone, Debug)]
+pub(crate) enum Pool {
+    #[cfg(feature = "postgres")]
+    Postgres(sqlx::PgPool),
+    #[cfg(feature = "mysql")]
+    MySql(sqlx::MySqlPool),
+}
+
+/// Opens the backend of a handle: on the caller's pool if there is one, else on `url`,
+/// else on the URL of the environment ([`URL_ENV_VARS`]), else on the embedded default.
+/// The default namespace it brings with it.
+pub(crate) async fn open_source(
+    pool: Option<Pool>,
+    url: Option<&str>,
+    opts: &Options,
+) -> Result<(Box<dyn RawLocks>, String), Error> {
+    match pool {
+        #[cfg(feature = "postgres")]
+        Some(Pool::Postgres(pool)) => return crate::postgres::from_sqlx(pool, opts).await,
+        #[cfg(feature = "mysql")]
+        Some(Pool::MySql(pool)) => return crate::mysql::from_sqlx(pool, opts).await,
+        None => {}
+    }
+    match url.map(str::to_string).or_else(url_from_env) {
+        Some(url) => open(&url, opts).await,
+        #[cfg(feature = "sqlite")]
+        None => open_default(opts),
+        #[cfg(not(feature = "sqlite"))]
+        None => Err(Error::InvalidUrl {
+            url: String::new(),
+            reason: "no database URL given, and this build has no embedded default".into(),
+        }),
+    }
+}
 
 /// The environment variables read, in order, by [`Locks::from_env`](crate::Locks::from_env)
 /// and the command-line program when no URL is given.

@@ -207,7 +207,7 @@ pub async fn run_script(pool: &sqlx::PgPool, ddl: &str) -> Result<(), Error> {
     sqlx::raw_sql(sqlx::AssertSqlSafe(lock_prefixed(ddl)))
         .execute(pool)
         .await
-        .map_err(crate::postgres::xact::map_sqlx)?;
+        .map_err(Error::from_sqlx_postgres)?;
     Ok(())
 }
 

@@ -393,20 +393,12 @@ impl RawLocks for MyBackend {
         true
     }
 
-    fn fencing(&self) -> Option<&dyn FencingStore> {
-        Some(self)
-    }
-
     fn migrations(&self) -> Option<&dyn MigrationTarget> {
         Some(self)
     }
 
-    fn status(&self) -> Option<&dyn crate::raw::StatusSource> {
-        Some(self)
-    }
-
-    fn bench_floor(&self) -> Option<Result<Arc<dyn BenchFloor>, Error>> {
-        Some(match self.own {
+    fn bench_floor(&self) -> Result<Arc<dyn BenchFloor>, Error> {
+        match self.own {
             true => Ok(self
                 .floor
                 .get_or_init(|| {
@@ -419,7 +411,7 @@ impl RawLocks for MyBackend {
             false => Err(Error::Unsupported(
                 "the benchmark needs a mysql:// URL, not an sqlx pool".into(),
             )),
-        })
+        }
     }
 }
 

@@ -58,6 +58,7 @@ mod plan;
 mod pool;
 pub mod pooler;
 mod revert;
+mod settings;
 mod setup;
 mod sql;
 mod sqlx_conn;
@@ -73,7 +74,6 @@ use crate::raw::{Options, RawLocks};
 
 pub use pooler::Pooler;
 pub(crate) use setup::owner_needed;
-pub use setup::setup;
 pub(crate) use url::open;
 
 /// Opens the backend on the caller's sqlx pool; the default namespace with it.

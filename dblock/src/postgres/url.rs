@@ -16,12 +16,12 @@ pub(crate) async fn open(url: &str, opts: &Options) -> Result<(Box<dyn RawLocks>
     // dblock's own `pooler=` parameter, which the driver would refuse.
     let (stripped, declared) = super::pooler::split_url(url).map_err(invalid)?;
     let (mut config, shown, tls) = parse(&stripped).map_err(invalid)?;
-    if let Some(name) = &opts.application_name {
+    if let Some(name) = opts.setting(super::settings::APPLICATION_NAME) {
         config.application_name(name);
     }
     let mut opts = opts.clone();
     if let Some(p) = declared {
-        opts.pooler = p;
+        opts.set(super::settings::POOLER, p.as_str());
     }
     let (b, ns) = PgBackend::open(config, shown, tls, &opts).await?;
     Ok((Box::new(b), ns))
