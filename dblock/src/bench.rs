@@ -5,7 +5,7 @@
 //!
 //! | workload      | what a worker does                                   | floor |
 //! |---------------|------------------------------------------------------|-------|
-//! | `uncontended` | take and release a lock of its own (1 and 8 workers) | PostgreSQL: per cycle one message, one round trip: `BEGIN; SELECT pg_advisory_xact_lock(k)`, the lock held when the reply comes, released by `ROLLBACK AND CHAIN` at the head of the next message (`postgres/floor.rs`); SQLite: `F_OFD_SETLK` lock + unlock |
+//! | `uncontended` | take and release a lock of its own (1 and 8 workers) | PostgreSQL: per cycle one message, one round trip: `BEGIN; SELECT pg_advisory_xact_lock(k)`, the lock held when the reply comes, released by `ROLLBACK AND CHAIN` at the head of the next message (`postgres/store/floor.rs`); SQLite: `F_OFD_SETLK` lock + unlock |
 //! | `hot`         | take and release one lock shared by 8 workers        | PostgreSQL: the same loop on one key, so every hand-off is one message (the holder's release and its next request); SQLite: turns through an async FIFO mutex, each holder locking and unlocking the byte (`sqlite/floor.rs`) |
 //!
 //! Each workload and its floor run in alternating slices of half a second, so that a

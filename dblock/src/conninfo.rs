@@ -16,7 +16,7 @@
 //!
 //! This file is the syntax shared by every use — recognising and redacting a string, and
 //! reading its `key = value` pairs; reading one into a driver configuration is
-//! PostgreSQL's (`postgres/conninfo.rs`).
+//! PostgreSQL's (`postgres/conn/conninfo.rs`).
 
 /// Keys whose values are secret wherever they appear.
 const SECRET_KEYS: &[&str] = &["password", "sslpassword"];

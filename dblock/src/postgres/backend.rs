@@ -6,17 +6,17 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::conn::borrowed::SqlxSource;
+use super::conn::pool::Pool;
+use super::conn::pooler::{Known, Pooler};
+use super::conn::tls::Connector;
+use super::conn::wire::QueryError;
 use super::conn::{Armed, Conn};
-use super::held::Pinned;
-use super::mux;
-use super::plan::{Any, Plan};
-use super::pool::Pool;
-use super::pooler::{Known, Pooler};
+use super::lock::held::Pinned;
+use super::lock::mux;
+use super::lock::plan::{Any, Plan};
 use super::settings::PgSettings;
 use super::sql::first_value;
-use super::sqlx_conn::SqlxSource;
-use super::tls::Connector;
-use super::wire::QueryError;
 use crate::error::{Error, WaitingFor};
 use crate::key::{DEFAULT_NAMESPACE, Key, NAMESPACE_SETTING};
 use crate::raw::{
@@ -71,11 +71,11 @@ pub(crate) struct PgBackend {
     /// Whether fencing tokens carry the server's timeline ([`EPOCH_SQL`]): cleared
     /// when the fencing table is first used on a server without it.
     ///
-    /// [`EPOCH_SQL`]: super::token::EPOCH_SQL
+    /// [`EPOCH_SQL`]: super::store::token::EPOCH_SQL
     pub(super) fence_epoch: std::sync::atomic::AtomicBool,
     /// The sessions' own `lock_timeout` (an administrator's, for the role or database),
     /// read when the handle was built: it still ends a wait without a deadline, which
-    /// dblock runs in slices of its own `lock_timeout` (see [`WAIT_SLICE_MS`](super::plan::WAIT_SLICE_MS)).
+    /// dblock runs in slices of its own `lock_timeout` (see [`WAIT_SLICE_MS`](super::lock::plan::WAIT_SLICE_MS)).
     pub(super) server_lock_timeout: Option<Duration>,
     /// What lies between dblock and the server ([`Pooler::Detect`] resolved), and how
     /// that is known.
@@ -553,7 +553,7 @@ impl RawLocks for PgBackend {
 
     fn bench_floor(&self) -> Result<Arc<dyn BenchFloor>, Error> {
         match &self.source {
-            Source::Native(p) => Ok(Arc::new(super::floor::Floor::new(
+            Source::Native(p) => Ok(Arc::new(super::store::floor::Floor::new(
                 p.config().clone(),
                 p.tls().clone(),
                 p.clone(),

@@ -29,51 +29,31 @@
 //!
 //! # Files
 //!
-//! `backend` opens the backend and runs one acquisition, planned by `plan` (`all`: many
-//! keys at once), on a
-//! connection (`conn`: dblock's own, `native`/`pool`/`outbox`/`driver`, or one borrowed
-//! from an sqlx pool, `sqlx_conn`), kept by the guard's half (`held`, or `mux` when
-//! multiplexed). `wire` holds what they exchange, `sql` the quoting. The backend's
-//! other SQL lives beside it: `fence` (the fencing table and check; `token`, a leaf,
-//! the statement that takes a token), `migrate` (the migration
-//! runner), `floor` (the benchmark's floor), `url` (what a URL names), `xact` (locks in
-//! the caller's own transaction).
+//! `backend` opens the backend and runs one acquisition. The lock logic is in `lock/`:
+//! `plan` (one acquisition's SQL; `all`: many keys at once) and the guard's half (`held`,
+//! or `mux` when multiplexed). It runs on a connection from `conn/` (`conn`: dblock's
+//! own, `native`/`pool`/`outbox`/`driver`, or one borrowed from an sqlx pool,
+//! `borrowed`; `wire` holds what they exchange; `tls`, `conninfo`, `health`, `pooler`).
+//! `sql` holds the quoting, `url` what a URL names. The backend's other SQL lives in
+//! `store/`: `fence` (the fencing table and check; `token`, a leaf, the statement that
+//! takes a token), `migrate` (the migration runner, with `bookkeeping`, `adopt`,
+//! `revert`), `status`, `setup`, `floor` (the benchmark's floor), `xact` (locks in the
+//! caller's own transaction).
 
-mod adopt;
-mod all;
 mod backend;
-mod bookkeeping;
 mod conn;
-mod conninfo;
-mod driver;
-pub(crate) mod fence;
-mod floor;
-pub mod health;
-mod held;
-mod migrate;
-mod mux;
-mod native;
-mod outbox;
-mod plan;
-mod pool;
-pub mod pooler;
-mod revert;
+mod lock;
 mod settings;
-mod setup;
 mod sql;
-mod sqlx_conn;
-mod status;
-pub(crate) mod tls;
-mod token;
+mod store;
 mod url;
-mod wire;
-pub mod xact;
 
 use crate::error::Error;
 use crate::raw::{Options, RawLocks};
 
-pub use pooler::Pooler;
-pub(crate) use setup::owner_needed;
+pub use conn::health;
+pub use conn::pooler::{self, Pooler};
+pub use store::xact;
 pub(crate) use url::open;
 
 /// Opens the backend on the caller's sqlx pool; the default namespace with it.

@@ -2,7 +2,7 @@
 //! `application_name` — read by name from the handle's options, which carry them for this
 //! backend without knowing what they mean.
 
-use super::pooler::Pooler;
+use super::conn::pooler::Pooler;
 use crate::error::Error;
 use crate::raw::Options;
 

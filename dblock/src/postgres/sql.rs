@@ -1,6 +1,6 @@
 //! Small pieces of SQL text: quoting, a key in decimal, the first value of a result.
 
-use super::wire::Results;
+use super::conn::wire::Results;
 
 /// The first column of the first row of statement `i`.
 pub(crate) fn first_value(rows: &Results, i: usize) -> Option<String> {

@@ -2,7 +2,7 @@
 //! the backend it opens.
 
 use super::backend::PgBackend;
-use super::tls::Connector;
+use super::conn::tls::Connector;
 use crate::error::{Error, redact_url};
 use crate::raw::{Options, RawLocks};
 
@@ -14,7 +14,7 @@ pub(crate) async fn open(url: &str, opts: &Options) -> Result<(Box<dyn RawLocks>
         reason,
     };
     // dblock's own `pooler=` parameter, which the driver would refuse.
-    let (stripped, declared) = super::pooler::split_url(url).map_err(invalid)?;
+    let (stripped, declared) = super::conn::pooler::split_url(url).map_err(invalid)?;
     let (mut config, shown, tls) = parse(&stripped).map_err(invalid)?;
     if let Some(name) = opts.setting(super::settings::APPLICATION_NAME) {
         config.application_name(name);
@@ -33,7 +33,7 @@ pub(crate) async fn open(url: &str, opts: &Options) -> Result<(Box<dyn RawLocks>
 /// the TLS it asks for, its certificate files read.
 pub(crate) fn parse(url: &str) -> Result<(tokio_postgres::Config, String, Connector), String> {
     let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
-    let parsed = super::conninfo::parse(url, &env)?;
+    let parsed = super::conn::conninfo::parse(url, &env)?;
     let tls = Connector::new(&parsed.tls)?;
     Ok((parsed.config, parsed.shown, tls))
 }

@@ -2,12 +2,23 @@
 //! borrowed from the caller's sqlx pool. The acquisition logic is written once over
 //! the few operations both offer.
 
+pub(crate) mod borrowed;
+pub(crate) mod conninfo;
+pub(crate) mod driver;
+pub mod health;
+pub(crate) mod native;
+pub(crate) mod outbox;
+pub(crate) mod pool;
+pub mod pooler;
+pub(crate) mod tls;
+pub(crate) mod wire;
+
 use std::sync::Arc;
 
-use super::native::NativeConn;
-use super::sql::first_value;
-use super::sqlx_conn::SqlxConn;
-use super::wire::{Link, LockSql, QueryError, Release, Results};
+use crate::postgres::sql::first_value;
+use borrowed::SqlxConn;
+use native::NativeConn;
+use wire::{Link, LockSql, QueryError, Release, Results};
 
 /// A connection checked out for one lock request and, if granted, the lock's life.
 pub(crate) enum Conn {

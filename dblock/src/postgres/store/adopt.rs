@@ -1,14 +1,14 @@
 //! Reading other tools' histories on PostgreSQL, and recording adopted rows (see
 //! `migrate::adopt`).
 
-use super::backend::PgBackend;
 use super::bookkeeping::{self as pg, q};
-use super::conn::Armed;
-use super::sql::{first_value, quote_literal};
 use crate::error::Error;
 use crate::migrate::adopt::{History, OtherTool, SQLX_TABLE, SqlxRow, baseline_records};
 use crate::migrate::plan::{MIGRATION_LOCK_KEY, Record};
 use crate::migrate::set::Migration;
+use crate::postgres::backend::PgBackend;
+use crate::postgres::conn::Armed;
+use crate::postgres::sql::{first_value, quote_literal};
 
 /// What other tools recorded, read through the session's `search_path` as those
 /// tools find their tables.

@@ -22,8 +22,8 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
 use super::wire::{Link, LostOnDrop, QueryError, Results};
-use super::xact::map_sqlx;
 use crate::error::{Error, LossReason};
+use crate::postgres::store::xact::map_sqlx;
 
 /// Where borrowed connections come from.
 pub(crate) struct SqlxSource {

@@ -375,7 +375,7 @@ mod tests {
     #[cfg(feature = "postgres")]
     mod parsing {
         use super::super::*;
-        use crate::postgres::tls::{RootCert, SslMode};
+        use crate::postgres::conn::tls::{RootCert, SslMode};
         use tokio_postgres::config::Host;
 
         fn no_env(_: &str) -> Option<String> {

@@ -5,11 +5,11 @@ use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::conn::{Armed, Conn};
 use super::plan::{release_sql, release_statements};
-use super::sql::first_value;
-use super::wire::{Link, QueryError, Release};
 use crate::error::{Error, LossReason};
+use crate::postgres::conn::wire::{Link, QueryError, Release};
+use crate::postgres::conn::{Armed, Conn};
+use crate::postgres::sql::first_value;
 use crate::raw::{BoxFuture, RawHeld, Req, Scope};
 
 /// A lock on a connection of its own.

@@ -2,7 +2,7 @@
 //! token, and the epoch (the server's live timeline) it carries. A leaf: the plan, the
 //! multiplexer and the fencing table's code all write tokens with it.
 
-use super::sql::quote_literal;
+use crate::postgres::sql::quote_literal;
 use crate::raw::{Req, holder_id};
 
 /// The epoch of a fenced grant: the server's *live* timeline ID times 2⁴⁰, so that the

@@ -6,16 +6,16 @@
 use std::time::Instant;
 
 use super::adopt;
-use super::backend::PgBackend;
 use super::bookkeeping::{self as pg, q};
-use super::conn::Armed;
-use super::sql::first_value;
 use crate::error::Error;
 use crate::migrate::adopt::SQLX_TABLE;
 use crate::migrate::plan::{Applied, MIGRATION_LOCK_KEY};
 use crate::migrate::revert::{failed, targets};
 use crate::migrate::set::{Migration, file_name_of};
 use crate::migrate::split::split;
+use crate::postgres::backend::PgBackend;
+use crate::postgres::conn::Armed;
+use crate::postgres::sql::first_value;
 
 pub(crate) async fn revert(
     b: &PgBackend,

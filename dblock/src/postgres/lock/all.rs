@@ -24,14 +24,14 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::backend::{BACKSTOP, POOLER_GRACE, PgBackend, server_ended};
-use super::conn::{Armed, Conn};
 use super::held::Pinned;
 use super::plan::{MAX_SERVER_MS, WAIT_SLICE_MS};
-use super::pooler::Pooler;
-use super::wire::{LockSql, QueryError, Release};
 use crate::error::{Error, WaitingFor};
 use crate::key::Key;
+use crate::postgres::backend::{BACKSTOP, POOLER_GRACE, PgBackend, server_ended};
+use crate::postgres::conn::pooler::Pooler;
+use crate::postgres::conn::wire::{LockSql, QueryError, Release};
+use crate::postgres::conn::{Armed, Conn};
 use crate::raw::{Grant, Mode, Req, Scope, Wait, acquire_all_in_order};
 
 /// One round of a request for every one of `keys`.

@@ -26,11 +26,11 @@ use futures_util::StreamExt;
 use tokio::time::Instant;
 use tokio_postgres::Client;
 
-use super::pool::Pool;
-use super::sql::i64_text;
-use super::tls::Connector;
 use crate::error::Error;
 use crate::key::Key;
+use crate::postgres::conn::pool::Pool;
+use crate::postgres::conn::tls::Connector;
+use crate::postgres::sql::i64_text;
 use crate::raw::{BenchFloor, BoxFuture};
 
 /// Raw connections, one per worker, opened by [`Floor::open`].
@@ -90,7 +90,7 @@ impl Floor {
             .await
             .map_err(|e| Error::Connect {
                 target: "the benchmark's floor".into(),
-                message: super::tls::describe(&e),
+                message: crate::postgres::conn::tls::describe(&e),
             })?;
         let major: u32 = conn
             .parameter("server_version")
@@ -124,7 +124,7 @@ impl Floor {
             let conn = self.pool.get_until(None).await?;
             let dblock = conn.query(SSL).await.map_err(|e| e.into_error());
             conn.recycle();
-            let dblock = super::sql::first_value(&dblock?, 0);
+            let dblock = crate::postgres::sql::first_value(&dblock?, 0);
             if floor != dblock {
                 return Err(Error::Unsupported(format!(
                     "the benchmark's floor and dblock's connections reach the server differently \

@@ -27,13 +27,13 @@
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 
-use super::native::NativeConn;
-use super::pool::Pool;
-use super::sql::first_value;
-use super::token::next_token_sql;
-use super::wire::{Link, QueryError};
 use crate::error::{Error, LossReason};
 use crate::key::Key;
+use crate::postgres::conn::native::NativeConn;
+use crate::postgres::conn::pool::Pool;
+use crate::postgres::conn::wire::{Link, QueryError};
+use crate::postgres::sql::first_value;
+use crate::postgres::store::token::next_token_sql;
 use crate::raw::{BoxFuture, Grant, Mode, RawHeld, Req, Scope};
 
 pub(crate) struct Mux {

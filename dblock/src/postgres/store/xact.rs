@@ -94,7 +94,7 @@ pub async fn try_lock(
 pub async fn current_namespace(conn: &mut PgConnection) -> Result<String, Error> {
     let sql = format!(
         "SELECT current_setting({}, true)",
-        super::sql::quote_literal(crate::NAMESPACE_SETTING)
+        crate::postgres::sql::quote_literal(crate::NAMESPACE_SETTING)
     );
     let row = sqlx::raw_sql(AssertSqlSafe(sql))
         .fetch_one(conn)

@@ -5,12 +5,12 @@
 
 use std::time::Duration;
 
-use super::backend::PgBackend;
-use super::conn::Armed;
-use super::sql::{first_value, quote_ident};
-use super::wire::{QueryError, Results};
 use crate::error::{Error, WaitingFor};
 use crate::migrate::plan::{MIGRATION_LOCK_KEY, Record, TABLE};
+use crate::postgres::backend::PgBackend;
+use crate::postgres::conn::Armed;
+use crate::postgres::conn::wire::{QueryError, Results};
+use crate::postgres::sql::{first_value, quote_ident};
 
 /// The first pause between two attempts at the lock; it doubles up to [`POLL_MAX`].
 const POLL_FIRST: Duration = Duration::from_millis(20);

@@ -4,17 +4,17 @@
 
 use std::time::{Duration, Instant};
 
-use super::backend::PgBackend;
 use super::bookkeeping::{POOLER_FIX, create_table, q, read_records, table, wait_for_lock};
-use super::conn::Armed;
-use super::sql::{first_value, quote_literal};
-use super::wire::QueryError;
 use crate::error::{Error, LossReason};
 use crate::migrate::adopt::{History, adopt_or_refuse};
 use crate::migrate::plan::{
     Applied, MIGRATION_LOCK_KEY, Record, Report, failed, lock_prefixed, millis, plan,
 };
 use crate::migrate::set::Migration;
+use crate::postgres::backend::PgBackend;
+use crate::postgres::conn::Armed;
+use crate::postgres::conn::wire::QueryError;
+use crate::postgres::sql::{first_value, quote_literal};
 use crate::raw::{BoxFuture, MigrationTarget};
 
 impl MigrationTarget for PgBackend {
@@ -186,7 +186,7 @@ impl Session {
         );
         q(&self.armed, &create_table(table))
             .await
-            .map_err(|e| super::owner_needed(e, &fix))?;
+            .map_err(|e| super::setup::owner_needed(e, &fix))?;
         let mut records = read_records(&self.armed, table).await?;
         // Another tool's history: adopted, or refused, before anything is applied.
         let history = super::adopt::history(&self.armed).await?;

@@ -5,12 +5,12 @@
 
 use std::collections::BTreeMap;
 
-use super::backend::PgBackend;
-use super::conn::Armed;
-use super::sql::quote_literal;
-use super::wire::{QueryError, Results};
 use crate::error::Error;
 use crate::key::Key;
+use crate::postgres::backend::PgBackend;
+use crate::postgres::conn::Armed;
+use crate::postgres::conn::wire::{QueryError, Results};
+use crate::postgres::sql::quote_literal;
 use crate::raw::{
     Asked, BoxFuture, FENCING_TABLE, LockStatus, Mode, PG_FENCING_SCHEMA, Party, Scope,
     StatusSource,
@@ -135,7 +135,7 @@ impl PgBackend {
                 quote_literal(PG_FENCING_SCHEMA)
             ))
             .await;
-        let Ok(Some(qualified)) = exists.map(|r| super::sql::first_value(&r, 0)) else {
+        let Ok(Some(qualified)) = exists.map(|r| crate::postgres::sql::first_value(&r, 0)) else {
             return;
         };
         let Ok(rows) = self

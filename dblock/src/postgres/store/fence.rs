@@ -8,15 +8,15 @@ use tokio::time::Instant;
 
 use sqlx::{PgConnection, Postgres, Transaction};
 
-use super::backend::{BACKSTOP, PgBackend};
 use super::bookkeeping::own_ddl;
-use super::conn::Armed;
-use super::sql::{first_value, quote_ident, quote_literal};
 use super::token::{EPOCH_SQL, NO_EPOCH_CODES};
-use super::wire::QueryError;
 use super::xact::map_sqlx;
 use crate::error::{Error, WaitingFor};
 use crate::key::Key;
+use crate::postgres::backend::{BACKSTOP, PgBackend};
+use crate::postgres::conn::Armed;
+use crate::postgres::conn::wire::QueryError;
+use crate::postgres::sql::{first_value, quote_ident, quote_literal};
 use crate::raw::Fence;
 use crate::raw::{
     BoxFuture, FENCING_TABLE, FencingStore, LatestGrant, PG_FENCING_SCHEMA as PG_SCHEMA,

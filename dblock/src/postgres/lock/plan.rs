@@ -6,11 +6,11 @@ use std::time::{Duration, SystemTime};
 
 use tokio::time::Instant;
 
-use super::conn::Conn;
-use super::sql::i64_text;
-use super::token::next_token_sql;
-use super::wire::{LockSql, Release};
 use crate::key::Key;
+use crate::postgres::conn::Conn;
+use crate::postgres::conn::wire::{LockSql, Release};
+use crate::postgres::sql::i64_text;
+use crate::postgres::store::token::next_token_sql;
 use crate::raw::{ANY_SLICE, Mode, Req, Scope, Wait};
 use crate::status::write_comment;
 

@@ -25,12 +25,12 @@
 //! Every permission error dblock meets on its own table says which command fixes it
 //! ([`Error::PermissionDenied`]).
 
-use super::backend::PgBackend;
 use super::bookkeeping::own_ddl;
-use super::conn::Armed;
-use super::sql::{first_value, quote_ident, quote_literal};
-use super::wire::QueryError;
 use crate::error::Error;
+use crate::postgres::backend::PgBackend;
+use crate::postgres::conn::Armed;
+use crate::postgres::conn::wire::QueryError;
+use crate::postgres::sql::{first_value, quote_ident, quote_literal};
 use crate::raw::{FENCING_TABLE, PG_FENCING_SCHEMA};
 
 /// SQLSTATE insufficient_privilege.

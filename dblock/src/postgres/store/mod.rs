@@ -1,0 +1,15 @@
+//! The backend's other SQL, beside the lock logic: fencing tokens (`fence`, and `token`,
+//! the statement that takes one), the migration runner (`migrate`, `bookkeeping`,
+//! `adopt`, `revert`), `status`, `setup`, the benchmark's floor (`floor`) and locks in
+//! the caller's own transaction (`xact`).
+
+pub(crate) mod adopt;
+pub(crate) mod bookkeeping;
+pub(crate) mod fence;
+pub(crate) mod floor;
+pub(crate) mod migrate;
+pub(crate) mod revert;
+pub(crate) mod setup;
+pub(crate) mod status;
+pub(crate) mod token;
+pub mod xact;
