@@ -90,6 +90,65 @@ pub(crate) async fn open(url: &str, opts: &Options) -> Result<(Box<dyn RawLocks>
     }
 }
 
+impl crate::Key {
+    /// How the database `url` names (PostgreSQL's, when `None`) shows this key's lock to
+    /// its own tools: where it is listed, as what, and a query that shows it. What `dblock
+    /// key` prints.
+    ///
+    /// ```
+    /// let key = dblock::Key::new("public", "autoland:7")?;
+    /// let shown = key.shown_on(None)?;
+    /// assert_eq!(shown.listed_in, "pg_locks");
+    /// let shown = key.shown_on(Some("mysql://app@db/app"))?;
+    /// assert_eq!(shown.id, dblock::mysql::lock_name("app", key));
+    /// # Ok::<(), dblock::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidUrl`] for a URL dblock cannot read, or whose backend this build
+    /// lacks; [`Error::Unsupported`] for the embedded backend, whose locks are byte ranges
+    /// of its lock file (see `dblock status`).
+    pub fn shown_on(&self, url: Option<&str>) -> Result<crate::status::ShownAs, Error> {
+        let Some(url) = url else {
+            #[cfg(feature = "postgres")]
+            return Ok(crate::postgres::shown_as(*self));
+            #[cfg(not(feature = "postgres"))]
+            return Err(Error::InvalidUrl {
+                url: String::new(),
+                reason: "no database URL given, and this build has no PostgreSQL support".into(),
+            });
+        };
+        let invalid = |reason: String| Error::InvalidUrl {
+            url: redact_url(url),
+            reason,
+        };
+        #[cfg(feature = "postgres")]
+        if crate::conninfo::is_key_value(url) {
+            return Ok(crate::postgres::shown_as(*self));
+        }
+        let scheme = url
+            .split(':')
+            .next()
+            .unwrap_or_default()
+            .to_ascii_lowercase();
+        match scheme.as_str() {
+            #[cfg(feature = "postgres")]
+            "postgres" | "postgresql" => Ok(crate::postgres::shown_as(*self)),
+            #[cfg(feature = "mysql")]
+            "mysql" | "mariadb" => crate::mysql::shown_as(url, *self),
+            "sqlite" => Err(Error::Unsupported(
+                "the embedded backend's locks are byte ranges of its lock file, not rows a query \
+                 shows: see dblock status"
+                    .into(),
+            )),
+            other => Err(invalid(format!(
+                "no backend of this build opens {other:?} URLs"
+            ))),
+        }
+    }
+}
+
 /// Opens the embedded default: `$XDG_STATE_HOME/dblock/locks.db`, or
 /// `$HOME/.local/state/dblock/locks.db` when `XDG_STATE_HOME` is unset or empty.
 #[cfg(feature = "sqlite")]
