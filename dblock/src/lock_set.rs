@@ -116,9 +116,10 @@ pub type LockSetRequest<'a> = Request<'a, AllOf>;
 /// A set's names checked, keyed and put in the canonical order: ascending by key, each key
 /// once.
 pub struct Set {
+    /// (key, name), ascending by key.
+    named: Vec<(Key, String)>,
+    /// The keys alone, as the backend takes them.
     keys: Vec<Key>,
-    /// `keys[i]`'s name.
-    names: Vec<String>,
 }
 
 impl Sealed for AllOf {
@@ -146,14 +147,14 @@ impl Sealed for AllOf {
         }
         named.sort_unstable_by_key(|(k, _)| k.as_i64());
         named.dedup_by_key(|(k, _)| *k);
-        let (keys, names) = named.into_iter().unzip();
-        Ok(Set { keys, names })
+        let keys = named.iter().map(|(k, _)| *k).collect();
+        Ok(Set { named, keys })
     }
 
     fn named(p: &Set) -> Option<(&str, Key)> {
         // Observed as one request under its first name (by key): one acquisition, one
         // held lock in the gauge, whatever the set's size (docs/observability.md).
-        Some((p.names.first()?.as_str(), *p.keys.first()?))
+        p.named.first().map(|(k, n)| (n.as_str(), *k))
     }
 
     fn acquire<'r>(p: &'r Set, call: Call<'r>) -> BoxFuture<'r, Result<Option<Grant>, Error>> {
@@ -206,7 +207,7 @@ impl fmt::Debug for LockSet {
 impl LockSet {
     /// The names held, each once, in the order they were taken (by key).
     pub fn names(&self) -> impl Iterator<Item = &str> {
-        self.set.names.iter().map(String::as_str)
+        self.set.named.iter().map(|(_, n)| n.as_str())
     }
 
     /// The keys held, ascending.

@@ -242,19 +242,23 @@ impl<'a> sealed::Sealed for One<'a> {
     type Prepared = (&'a str, Key);
     type Granted = Grant;
 
+    #[inline]
     fn refuse(_: Mode, _: bool) -> Result<(), Error> {
         Ok(())
     }
 
+    #[inline]
     fn prepare(self, namespace: &str) -> Result<(&'a str, Key), Error> {
         check_name(self.name)?;
         Ok((self.name, Key::derive(namespace, self.name)))
     }
 
+    #[inline]
     fn named(p: &(&'a str, Key)) -> Option<(&'a str, Key)> {
         Some(*p)
     }
 
+    #[inline]
     fn acquire<'r>(
         _: &'r (&'a str, Key),
         call: Call<'r>,
@@ -262,6 +266,7 @@ impl<'a> sealed::Sealed for One<'a> {
         call.backend.acquire(call.req)
     }
 
+    #[inline]
     fn granted(
         _: &(&'a str, Key),
         g: Grant,
@@ -271,10 +276,12 @@ impl<'a> sealed::Sealed for One<'a> {
         Ok((g, key, 0))
     }
 
+    #[inline]
     fn guard(_: (&'a str, Key), grant: Grant, tally: Observed, _: Key, _: u32) -> LockGuard {
         LockGuard::new(tally.0, grant)
     }
 
+    #[inline]
     fn nothing(_: (&'a str, Key), _: Mode) -> Option<LockGuard> {
         None
     }

@@ -170,6 +170,7 @@ impl Attempt {
     /// The tally of a grant of `req`, its guard reported under `key` (a semaphore's
     /// slot's; else `req.key`): from its attempt ([`Attempt::granted`]), or
     /// [unobserved](Tally::unobserved) when there was none.
+    #[inline]
     pub(crate) fn tally(
         attempt: Option<Attempt>,
         req: &Req<'_>,
