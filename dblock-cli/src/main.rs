@@ -53,6 +53,7 @@ mod migrate;
 mod notice;
 mod run;
 mod setup;
+mod sqlx_toml;
 mod status;
 mod sys;
 

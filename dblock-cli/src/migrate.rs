@@ -8,8 +8,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use clap::{Args, Subcommand};
-use dblock::migrate::{Migrations, State};
+use dblock::migrate::{Migrations, Runner, SqlxConfig, State, StatusEntry};
 
+use crate::sqlx_toml::SqlxToml;
 use crate::{EXIT_BAD_MIGRATIONS, exit_code};
 
 #[derive(Args, Debug)]
@@ -23,11 +24,14 @@ use crate::{EXIT_BAD_MIGRATIONS, exit_code};
                   is `-- dblock:no-transaction` or sqlx's `-- no-transaction` runs \
                   statement by statement outside one (CREATE INDEX CONCURRENTLY). On a \
                   database sqlx migrated, what _sqlx_migrations records is adopted (each \
-                  file's checksum verified), never applied again.\n\n\
+                  file's checksum verified), never applied again. A sqlx.toml in the \
+                  current directory is read as sqlx-cli reads it: [migrate] table-name \
+                  and ignored-chars for adoption, migrations-dir as the default DIR.\n\n\
                   Exit: 0 everything is applied; 65 the migration set cannot be applied \
-                  (a malformed file, an edited migration, versions DIR lacks, another \
-                  tool's history that cannot be adopted as it stands); 69 the database \
-                  cannot be reached or a migration failed on it."
+                  (a malformed file or sqlx.toml, an edited migration, versions DIR lacks, \
+                  another tool's history that cannot be adopted as it stands, a \
+                  no-transaction migration interrupted part way); 69 the database cannot \
+                  be reached or a migration failed on it."
 )]
 pub struct MigrateArgs {
     #[command(subcommand)]
@@ -46,7 +50,8 @@ pub struct MigrateArgs {
 #[derive(Subcommand, Debug)]
 enum Action {
     /// Show each migration of DIR and of the database: applied, pending, edited since
-    /// it was applied, or unknown to DIR. Exits 65 when a run would refuse.
+    /// it was applied, unknown to DIR, interrupted part way, or being applied. Exits 65
+    /// when a run would refuse.
     Status(Target),
     /// Adopt a database another tool migrated: record migrations as applied without
     /// running them. Without --to, the versions sqlx's _sqlx_migrations records (files
@@ -54,7 +59,8 @@ enum Action {
     /// --to VERSION, every migration of DIR up to VERSION.
     Baseline(Bounded),
     /// Revert the latest applied migration with its .down.sql (or with --to VERSION,
-    /// every applied migration above VERSION, newest first). PostgreSQL only.
+    /// every applied migration above VERSION, newest first). PostgreSQL and SQLite
+    /// (refused on MySQL, where DDL commits as it goes).
     Revert(Bounded),
     /// Write the next migration file into DIR in the directory's own naming (the next
     /// timestamp or number; an .up.sql/.down.sql pair for a reversible directory).
@@ -77,9 +83,10 @@ struct NewArgs {
     #[arg(value_name = "NAME")]
     name: String,
 
-    /// The directory of migrations (created if missing).
-    #[arg(value_name = "DIR", default_value = "migrations")]
-    dir: PathBuf,
+    /// The directory of migrations (created if missing). Default: sqlx.toml's
+    /// `migrations-dir`, else `migrations`.
+    #[arg(value_name = "DIR")]
+    dir: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]
@@ -95,60 +102,106 @@ struct Target {
     #[arg(long)]
     ignore_missing: bool,
 
-    /// The directory of migrations.
-    #[arg(value_name = "DIR", required = true)]
+    /// The directory of migrations. Default: sqlx.toml's `migrations-dir` (in the
+    /// current directory), else `migrations`, as sqlx-cli does.
+    #[arg(value_name = "DIR")]
     dir: Option<PathBuf>,
 }
 
 pub fn main(args: MigrateArgs) -> u8 {
     crate::block_on(false, async {
-        let dir = match &args.action {
+        // sqlx.toml first: a bad one is reported before anything is read or connected.
+        let toml = match SqlxToml::read() {
+            Ok(t) => t,
+            Err(e) => return report(&e, None),
+        };
+        let given = match &args.action {
             Some(Action::Status(t)) => t.dir.clone(),
             Some(Action::Baseline(b) | Action::Revert(b)) => b.target.dir.clone(),
-            Some(Action::New(n)) => Some(n.dir.clone()),
+            Some(Action::New(n)) => n.dir.clone(),
             None => args.target.dir.clone(),
         };
-        let res = match args.action {
-            Some(Action::Status(target)) => status(&target).await,
-            Some(Action::Baseline(b)) => baseline(&b).await,
-            Some(Action::Revert(b)) => revert(&b).await,
-            Some(Action::New(n)) => new(&n),
-            None => apply(&args.target, args.dry_run).await,
-        };
-        match res {
-            Ok(code) => code,
-            Err(e) => {
-                let mut line = crate::one_line(&e);
-                if let (dblock::Error::ForeignHistory { .. }, Some(dir)) = (&e, &dir) {
-                    // The command that adopts, with the directory as given.
-                    line = line.replace(" DIR", &format!(" {}", dir.display()));
+        let dir = given.unwrap_or_else(|| toml.dir());
+        let res = async {
+            match &args.action {
+                Some(Action::Status(t)) => status(open(t, &toml, &dir).await?).await,
+                Some(Action::Baseline(b)) => {
+                    baseline(open(&b.target, &toml, &dir).await?, b.to).await
                 }
-                errln!("dblock: {line}");
-                if e.is_bad_migration_set() {
-                    EXIT_BAD_MIGRATIONS
-                } else {
-                    exit_code(&e)
-                }
+                Some(Action::Revert(b)) => revert(open(&b.target, &toml, &dir).await?, b.to).await,
+                Some(Action::New(n)) => new(&n.name, &dir),
+                None => apply(open(&args.target, &toml, &dir).await?, args.dry_run).await,
             }
+        };
+        match res.await {
+            Ok(code) => code,
+            Err(e) => report(&e, Some(&dir)),
         }
     })
 }
 
+/// The error on one line, and its exit code.
+fn report(e: &dblock::Error, dir: Option<&Path>) -> u8 {
+    let mut line = crate::one_line(e);
+    if let (dblock::Error::ForeignHistory { .. }, Some(dir)) = (e, dir) {
+        // The command that adopts, with the directory as given.
+        line = line.replace(" DIR", &format!(" {}", dir.display()));
+    }
+    errln!("dblock: {line}");
+    if e.is_bad_migration_set() {
+        EXIT_BAD_MIGRATIONS
+    } else {
+        exit_code(e)
+    }
+}
+
+/// A set, the handle it runs on, and what the runner is told.
+struct Opened<'a> {
+    set: Migrations,
+    locks: dblock::Locks,
+    dir: &'a Path,
+    sqlx: Option<SqlxConfig>,
+    ignore_missing: bool,
+}
+
+impl Opened<'_> {
+    /// A runner with the command's options and sqlx.toml's settings.
+    fn runner(&self) -> Runner<'_> {
+        let runner = self
+            .set
+            .runner(&self.locks)
+            .ignore_missing(self.ignore_missing);
+        match &self.sqlx {
+            Some(config) => runner.sqlx_config(config.clone()),
+            None => runner,
+        }
+    }
+}
+
 /// The set, then the database: a bad directory is reported without connecting.
-async fn open(target: &Target) -> Result<(Migrations, dblock::Locks, &Path), dblock::Error> {
-    let dir = target.dir.as_deref().unwrap_or(Path::new("."));
+async fn open<'a>(
+    target: &Target,
+    toml: &SqlxToml,
+    dir: &'a Path,
+) -> Result<Opened<'a>, dblock::Error> {
     let set = Migrations::from_dir(dir)?;
     crate::notice::embedded_default(target.db.as_deref());
     let mut builder = dblock::Locks::builder();
     if let Some(url) = &target.db {
         builder = builder.url(url);
     }
-    Ok((set, builder.build().await?, dir))
+    Ok(Opened {
+        set,
+        locks: builder.build().await?,
+        dir,
+        sqlx: toml.config.clone(),
+        ignore_missing: target.ignore_missing,
+    })
 }
 
-async fn apply(target: &Target, dry_run: bool) -> Result<u8, dblock::Error> {
-    let (set, locks, _) = open(target).await?;
-    let runner = || set.runner(&locks).ignore_missing(target.ignore_missing);
+async fn apply(o: Opened<'_>, dry_run: bool) -> Result<u8, dblock::Error> {
+    let set = &o.set;
+    let runner = || o.runner();
     let pending = runner().dry_run().await?;
     // Before anything runs: statements that cannot run in the transaction they would
     // run in.
@@ -189,9 +242,13 @@ async fn apply(target: &Target, dry_run: bool) -> Result<u8, dblock::Error> {
         .on_applied(|m| out(&format!("applied  {}  ({})", m.file_name, show(m.duration))))
         .run()
         .await?;
+    let table = o.sqlx.as_ref().and_then(|c| c.table_name.as_deref());
     let adopted = match report.adopted {
         0 => String::new(),
-        n => format!(" ({n} adopted from _sqlx_migrations)"),
+        n => format!(
+            " ({n} adopted from {})",
+            table.unwrap_or("_sqlx_migrations")
+        ),
     };
     out(&match report.applied.len() {
         0 => format!(
@@ -206,17 +263,16 @@ async fn apply(target: &Target, dry_run: bool) -> Result<u8, dblock::Error> {
     Ok(0)
 }
 
-async fn baseline(b: &Bounded) -> Result<u8, dblock::Error> {
-    let (set, locks, _) = open(&b.target).await?;
+async fn baseline(o: Opened<'_>, to: Option<i64>) -> Result<u8, dblock::Error> {
     // Named before adopting: the files that differ from what sqlx applied.
-    let status = set.runner(&locks).status().await?;
+    let status = o.runner().status().await?;
     let differing: Vec<i64> = status
         .entries
         .iter()
         .filter(|e| e.state == State::Edited && e.recorded_by.is_some())
         .map(|e| e.version)
         .collect();
-    let adopted = set.runner(&locks).baseline(b.to).await?;
+    let adopted = o.runner().baseline(to).await?;
     for m in &adopted {
         let note = if differing.contains(&m.version()) {
             "  (differs from what sqlx applied: accepted as it is now)"
@@ -232,12 +288,11 @@ async fn baseline(b: &Bounded) -> Result<u8, dblock::Error> {
     Ok(0)
 }
 
-async fn revert(b: &Bounded) -> Result<u8, dblock::Error> {
-    let (set, locks, _) = open(&b.target).await?;
-    let reverted = set
-        .runner(&locks)
+async fn revert(o: Opened<'_>, to: Option<i64>) -> Result<u8, dblock::Error> {
+    let reverted = o
+        .runner()
         .on_applied(|m| out(&format!("reverted {}  ({})", m.file_name, show(m.duration))))
-        .revert(b.to)
+        .revert(to)
         .await?;
     out(&match reverted.len() {
         0 => "nothing to revert".to_string(),
@@ -246,12 +301,12 @@ async fn revert(b: &Bounded) -> Result<u8, dblock::Error> {
     Ok(0)
 }
 
-fn new(n: &NewArgs) -> Result<u8, dblock::Error> {
+fn new(name: &str, dir: &Path) -> Result<u8, dblock::Error> {
     let io = |context: String| move |source| dblock::Error::Io { context, source };
-    std::fs::create_dir_all(&n.dir).map_err(io(format!("creating {}", n.dir.display())))?;
-    let set = Migrations::from_dir(&n.dir)?;
-    for name in set.new_file_names(&n.name)? {
-        let path = n.dir.join(&name);
+    std::fs::create_dir_all(dir).map_err(io(format!("creating {}", dir.display())))?;
+    let set = Migrations::from_dir(dir)?;
+    for name in set.new_file_names(name)? {
+        let path = dir.join(&name);
         let body = if name.ends_with(".down.sql") {
             "-- Revert the migration of the .up.sql beside this file.\n"
         } else {
@@ -269,14 +324,10 @@ fn new(n: &NewArgs) -> Result<u8, dblock::Error> {
     Ok(0)
 }
 
-async fn status(target: &Target) -> Result<u8, dblock::Error> {
-    let (set, locks, dir) = open(target).await?;
-    let status = set
-        .runner(&locks)
-        .ignore_missing(target.ignore_missing)
-        .status()
-        .await?;
-    let label = |e: &dblock::migrate::StatusEntry| match &e.file_name {
+async fn status(o: Opened<'_>) -> Result<u8, dblock::Error> {
+    let dir = o.dir;
+    let status = o.runner().status().await?;
+    let label = |e: &StatusEntry| match &e.file_name {
         Some(f) => f.clone(),
         None => format!("{} ({})", e.version, e.name),
     };
@@ -287,32 +338,9 @@ async fn status(target: &Target) -> Result<u8, dblock::Error> {
         .max()
         .unwrap_or(0);
     for e in &status.entries {
-        let when = e.applied_at.as_deref().unwrap_or_default();
-        let took = e.duration.map(show).unwrap_or_default();
-        let by = match e.recorded_by {
-            Some(tool) if e.state == State::Applied => {
-                format!("  (by {tool}; adopted by the next run)")
-            }
-            Some(tool) if e.state == State::Edited => format!("  (by {tool})"),
-            _ => String::new(),
-        };
-        let line = match e.state {
-            State::Applied => format!("applied  {:width$}  {when}  {took}{by}", label(e)),
-            State::Pending => format!("pending  {}", label(e)),
-            State::Edited => format!(
-                "edited   {:width$}  {when}  the file changed since it was applied{by}",
-                label(e)
-            ),
-            State::Unknown => format!(
-                "unknown  {:width$}  {when}  applied, but not in {}",
-                label(e),
-                dir.display()
-            ),
-            _ => format!("{:8} {}", e.state.to_string(), label(e)),
-        };
-        out(line.trim_end());
+        out(status_line(e, &label(e), width, dir).trim_end());
     }
-    let counts: Vec<String> = [
+    let mut counts: Vec<String> = [
         State::Applied,
         State::Pending,
         State::Edited,
@@ -321,15 +349,21 @@ async fn status(target: &Target) -> Result<u8, dblock::Error> {
     .into_iter()
     .map(|s| format!("{} {s}", status.count(s)))
     .collect();
+    // Shown only when there are any, so the usual line stays as it always was.
+    for s in [State::Interrupted, State::Applying] {
+        if status.count(s) > 0 {
+            counts.push(format!("{} {s}", status.count(s)));
+        }
+    }
     out(&counts.join(", "));
-    if let Some(why) = &status.foreign {
-        errln!(
-            "dblock: a run would refuse: {}",
-            why.split_whitespace()
-                .collect::<Vec<_>>()
-                .join(" ")
-                .replace(" DIR", &format!(" {}", dir.display()))
-        );
+    let shown = |why: &str| {
+        why.split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ")
+            .replace(" DIR", &format!(" {}", dir.display()))
+    };
+    if let Some(why) = status.foreign.as_deref().or(status.interrupted.as_deref()) {
+        errln!("dblock: a run would refuse: {}", shown(why));
         return Ok(EXIT_BAD_MIGRATIONS);
     }
     if status.would_refuse() {
@@ -343,6 +377,43 @@ async fn status(target: &Target) -> Result<u8, dblock::Error> {
         return Ok(EXIT_BAD_MIGRATIONS);
     }
     Ok(0)
+}
+
+/// One entry of `migrate status`: its state, file, when, and what to know of it.
+fn status_line(e: &StatusEntry, label: &str, width: usize, dir: &Path) -> String {
+    let when = e.applied_at.as_deref().unwrap_or_default();
+    let took = e.duration.map(show).unwrap_or_default();
+    let by = match e.recorded_by {
+        Some(tool) if e.state == State::Applied => {
+            format!("  (by {tool}; adopted by the next run)")
+        }
+        Some(tool) if e.state == State::Edited => format!("  (by {tool})"),
+        _ => String::new(),
+    };
+    let progress = match e.progress {
+        Some((k, n)) => format!(" ({k} of {n} statements completed)"),
+        None => String::new(),
+    };
+    match e.state {
+        State::Applied => format!("applied  {label:width$}  {when}  {took}{by}"),
+        State::Pending if e.no_transaction => format!("pending  {label}  (no transaction)"),
+        State::Pending => format!("pending  {label}"),
+        State::Edited => {
+            format!("edited   {label:width$}  {when}  the file changed since it was applied{by}")
+        }
+        State::Unknown => format!(
+            "unknown  {label:width$}  {when}  applied, but not in {}",
+            dir.display()
+        ),
+        State::Interrupted => format!(
+            "interrupted  {label:width$}  {when}  started outside a transaction and never \
+             finished{progress}: a run refuses until it is resolved"
+        ),
+        State::Applying => {
+            format!("applying  {label:width$}  {when}  being applied now{progress}")
+        }
+        _ => format!("{:8} {label}", e.state.to_string()),
+    }
 }
 
 /// A line on stdout; a closed pipe is not worth a panic.

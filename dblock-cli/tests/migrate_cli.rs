@@ -223,7 +223,8 @@ async fn dry_run_lists_what_would_run_and_changes_nothing_and_status_shows_each_
     assert_eq!(code(&out), 0, "{out:?}");
     assert_eq!(
         stdout(&out),
-        "pending  0001_a.sql\npending  0002_i.sql\n0 applied, 2 pending, 0 edited, 0 unknown\n"
+        "pending  0001_a.sql\npending  0002_i.sql  (no transaction)\n\
+         0 applied, 2 pending, 0 edited, 0 unknown\n"
     );
     assert_eq!(code(&migrate(&s.url, &[dir_arg(&d)]).await), 0);
     d.write("0003_b.sql", "CREATE TABLE b (x int);");

@@ -260,6 +260,26 @@ pub enum Error {
         #[source]
         source: Box<Error>,
     },
+
+    /// A migration that runs outside a transaction was recorded as started and never as
+    /// finished: its run was killed, lost its connection, or (on MySQL, where every file
+    /// runs so) failed part way. Part of it may be applied, so nothing more is applied
+    /// until someone has looked; `explanation` says what is known to have run and the
+    /// statement that records the decision. Nothing was changed.
+    #[error("{file}: {explanation}")]
+    MigrationInterrupted {
+        /// The file (or, if the set lacks it, `VERSION_NAME` as recorded).
+        file: String,
+        /// Its version.
+        version: i64,
+        /// When it was started, as recorded (RFC 3339, UTC).
+        started_at: String,
+        /// How many of its statements are known to have completed, and how many it has,
+        /// when it was run statement by statement; `None` when it was sent whole.
+        progress: Option<(usize, usize)>,
+        /// What ran, what may have, and what to do.
+        explanation: String,
+    },
 }
 
 /// The first 12 hex digits of a checksum, as messages show it.
@@ -424,8 +444,8 @@ impl Error {
 
     /// Whether this error is a migration set that cannot be applied as it is, found
     /// before anything was applied: a malformed file, a repeated version, an applied
-    /// migration edited since, applied versions the set lacks, or another tool's history
-    /// that cannot be adopted as it stands.
+    /// migration edited since, applied versions the set lacks, another tool's history
+    /// that cannot be adopted as it stands, or a migration interrupted part way.
     pub fn is_bad_migration_set(&self) -> bool {
         matches!(
             self,
@@ -434,6 +454,7 @@ impl Error {
                 | Error::MigrationEdited { .. }
                 | Error::UnknownMigrations { .. }
                 | Error::ForeignHistory { .. }
+                | Error::MigrationInterrupted { .. }
         )
     }
 
@@ -453,33 +474,6 @@ impl Error {
         Error::Io {
             context: context.into(),
             source,
-        }
-    }
-
-    /// An sqlx error met on a PostgreSQL connection, as dblock's (by SQLSTATE for a server
-    /// error): for sqlx calls on the caller's PostgreSQL pool outside the backend (the
-    /// start-up script), which map them as the backend does.
-    #[cfg(feature = "postgres")]
-    pub(crate) fn from_sqlx_postgres(e: sqlx::Error) -> Error {
-        match e {
-            sqlx::Error::Database(db) => match db.code() {
-                Some(code) => Error::from_sqlstate(&code, db.message().to_string()),
-                None => Error::Database {
-                    code: None,
-                    message: db.message().to_string(),
-                },
-            },
-            sqlx::Error::Io(e) => Error::ConnectionLost {
-                message: e.to_string(),
-            },
-            sqlx::Error::PoolTimedOut => Error::Timeout {
-                waiting_for: WaitingFor::SqlxPoolConnection,
-                after: None,
-            },
-            other => Error::Database {
-                code: None,
-                message: other.to_string(),
-            },
         }
     }
 

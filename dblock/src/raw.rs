@@ -28,9 +28,7 @@ use tokio::time::Instant;
 
 use crate::error::{Error, LossReason};
 use crate::key::Key;
-use crate::migrate::adopt::History;
-use crate::migrate::plan::{Applied, Record, Report};
-use crate::migrate::set::Migration;
+use crate::migrate::store::MigrationStore;
 
 /// A boxed, sendable future: what the object-safe interfaces return.
 pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -340,8 +338,8 @@ pub(crate) trait RawLocks: FencingStore + StatusSource + Send + Sync + 'static {
         )))))
     }
 
-    /// The migration runner's side of this backend, if it has one.
-    fn migrations(&self) -> Option<&dyn MigrationTarget> {
+    /// The migration runner's store on this backend (`migrate::store`), if it has one.
+    fn migrations(&self) -> Option<&dyn MigrationStore> {
         None
     }
 }
@@ -567,52 +565,6 @@ pub(crate) struct LatestGrant {
 pub(crate) trait FencingStore: Send + Sync {
     /// The latest fenced grant of `key`, if any.
     fn latest_grant(&self, key: Key) -> BoxFuture<'_, Result<Option<LatestGrant>, Error>>;
-}
-
-/// A backend the migration runner can run on: its lock, bookkeeping table and SQL.
-pub(crate) trait MigrationTarget: Send + Sync {
-    /// The start-up script primitive: `ddl` whole, under the migration lock.
-    fn run_script<'a>(&'a self, ddl: &'a str) -> BoxFuture<'a, Result<(), Error>>;
-
-    /// The bookkeeping rows, read without the lock; `None` if the table does not exist.
-    fn records(&self) -> BoxFuture<'_, Result<Option<Vec<Record>>, Error>>;
-
-    /// Applies the pending migrations of `set` under the migration lock.
-    fn run<'a>(
-        &'a self,
-        set: &'a [Migration],
-        ignore_missing: bool,
-        on_applied: &'a mut (dyn FnMut(&Applied) + Send),
-    ) -> BoxFuture<'a, Result<Report, Error>>;
-
-    /// Other tools' migration histories, read without the lock.
-    fn history(&self) -> BoxFuture<'_, Result<History, Error>>;
-
-    /// Records the migrations of `set` (up to `to`, or sqlx's) as applied without
-    /// running them, under the migration lock; the versions recorded.
-    fn baseline<'a>(
-        &'a self,
-        set: &'a [Migration],
-        to: Option<i64>,
-    ) -> BoxFuture<'a, Result<Vec<i64>, Error>>;
-
-    /// Reverts applied migrations with their `.down.sql`, newest first (down to `to`).
-    fn revert<'a>(
-        &'a self,
-        set: &'a [Migration],
-        to: Option<i64>,
-        on_reverted: &'a mut (dyn FnMut(&Applied) + Send),
-    ) -> BoxFuture<'a, Result<Vec<Applied>, Error>> {
-        let _ = (set, to, on_reverted);
-        Box::pin(std::future::ready(Err(Error::Unsupported(
-            "migrate revert is implemented on PostgreSQL only".into(),
-        ))))
-    }
-
-    /// The server's `server_version_num`, where there is one.
-    fn server_version_num(&self) -> BoxFuture<'_, Result<Option<u32>, Error>> {
-        Box::pin(std::future::ready(Ok(None)))
-    }
 }
 
 /// The cheapest correct way to do a lock cycle on a backend, issued directly: what

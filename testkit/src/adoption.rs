@@ -139,6 +139,75 @@ pub async fn sqlx_migrate_sqlite(path: &Path, dir: &Path, to: Option<i64>) -> Re
     res.map_err(|e| e.to_string())
 }
 
+/// [`sqlx_migrate`] on any backend's test database: sqlx's own migrator (the code
+/// `sqlx migrate run` runs), up to version `to`, writing sqlx's history as sqlx does.
+pub async fn sqlx_migrate_on(
+    db: &crate::TestDb,
+    dir: &Path,
+    to: Option<i64>,
+) -> Result<(), String> {
+    let migrator = sqlx::migrate::Migrator::new(dir)
+        .await
+        .map_err(|e| e.to_string())?;
+    run_migrator(db, &migrator, to).await
+}
+
+/// What `sqlx migrate run` (sqlx-cli 0.9) does when run in directory `cwd`: reads
+/// `cwd/sqlx.toml` with sqlx's own parser, resolves its `migrations-dir` (relative to
+/// `cwd`) with its `ignored-chars`, creates its `create-schemas`, and applies the
+/// migrations up to `to` recording them in its `table-name`, through sqlx's migrator.
+pub async fn sqlx_cli_migrate(
+    db: &crate::TestDb,
+    cwd: &Path,
+    to: Option<i64>,
+) -> Result<(), String> {
+    use sqlx::_unstable::config::Config;
+    use sqlx::migrate::{Migrator, ResolveWith};
+    let config = Config::try_from_path(cwd.join("sqlx.toml")).map_err(|e| format!("{e:?}"))?;
+    let dir = cwd.join(config.migrate.migrations_dir());
+    let mut migrator = Migrator::new(ResolveWith(dir, config.migrate.to_resolve_config()))
+        .await
+        .map_err(|e| e.to_string())?;
+    migrator.dangerous_set_table_name(config.migrate.table_name().to_string());
+    for schema in &config.migrate.create_schemas {
+        migrator.create_schema(schema.to_string());
+    }
+    run_migrator(db, &migrator, to).await
+}
+
+/// Runs sqlx's `migrator` on the test's database, up to `to`, on a pool of one.
+async fn run_migrator(
+    db: &crate::TestDb,
+    migrator: &sqlx::migrate::Migrator,
+    to: Option<i64>,
+) -> Result<(), String> {
+    macro_rules! on {
+        ($pool:expr) => {{
+            let pool = $pool.map_err(|e| e.to_string())?;
+            let res = match to {
+                Some(v) => migrator.run_to(v, &pool).await,
+                None => migrator.run(&pool).await,
+            };
+            pool.close().await;
+            res.map_err(|e| e.to_string())
+        }};
+    }
+    fn one<DB: sqlx::Database>() -> sqlx::pool::PoolOptions<DB> {
+        sqlx::pool::PoolOptions::new().max_connections(1)
+    }
+    match db {
+        crate::TestDb::Postgres(s) => on!(one::<sqlx::Postgres>().connect(&s.url).await),
+        crate::TestDb::MySql(d) => on!(one::<sqlx::MySql>().connect(&d.url).await),
+        crate::TestDb::Sqlite(d) => on!(one::<sqlx::Sqlite>()
+            .connect_with(
+                sqlx::sqlite::SqliteConnectOptions::new()
+                    .filename(&d.path)
+                    .create_if_missing(true)
+            )
+            .await),
+    }
+}
+
 /// The first version of [`sqlx_shaped_set`].
 pub const FIRST: i64 = 20230105090000;
 

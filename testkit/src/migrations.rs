@@ -65,6 +65,27 @@ pub fn seed_set() -> Vec<(String, String)> {
         .collect()
 }
 
+/// Three migrations, the second outside a transaction with a statement that runs for 30
+/// seconds between two that create tables (`first_done`, `never_ran`): for runs ended
+/// part way through it.
+pub fn with_a_slow_no_transaction_migration(db: &crate::TestDb) -> Vec<(String, String)> {
+    vec![
+        ("0001_t.sql".into(), "CREATE TABLE t (x INT);".into()),
+        (
+            "0002_slow.sql".into(),
+            format!(
+                "-- dblock:no-transaction\nCREATE TABLE first_done (x INT);\n{};\n\
+                 CREATE TABLE never_ran (x INT);\n",
+                db.sleep_statement(30)
+            ),
+        ),
+        (
+            "0003_after.sql".into(),
+            "CREATE TABLE after (x INT);".into(),
+        ),
+    ]
+}
+
 /// A directory of migration files of a test's own.
 pub struct MigrationDir {
     pub dir: tempfile::TempDir,
@@ -177,4 +198,163 @@ impl PgSchema {
             .map(|r| (r.get(0), r.get(1), r.get(2)))
             .collect()
     }
+}
+
+/// What the migration tests written once for every backend ask of a test's database:
+/// SQL run as an administrator would, in the test's schema or database.
+impl crate::TestDb {
+    /// Runs `sql` (one or more statements) in the test's schema or database.
+    pub async fn exec(&self, sql: &str) {
+        if let Err(e) = self.try_exec(sql).await {
+            panic!("{sql}: {e}");
+        }
+    }
+
+    /// [`TestDb::exec`], the database's error returned (for controls that race).
+    pub async fn try_exec(&self, sql: &str) -> Result<(), String> {
+        match self {
+            crate::TestDb::Postgres(s) => {
+                let client = crate::admin_connect(&s.url).await;
+                client.batch_execute(sql).await.map_err(|e| e.to_string())
+            }
+            crate::TestDb::MySql(d) => {
+                let mut conn = <sqlx::MySqlConnection as sqlx::Connection>::connect(&d.url)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let res = sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_string()))
+                    .execute(&mut conn)
+                    .await;
+                let _ = sqlx::Connection::close(conn).await;
+                res.map(drop).map_err(|e| e.to_string())
+            }
+            crate::TestDb::Sqlite(d) => {
+                let mut conn = sqlite_connect(&d.path).await.map_err(|e| e.to_string())?;
+                let res = sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_string()))
+                    .execute(&mut conn)
+                    .await;
+                let _ = sqlx::Connection::close(conn).await;
+                res.map(drop).map_err(|e| e.to_string())
+            }
+        }
+    }
+
+    /// The one integer `sql` answers (a count, a version), in the test's schema or
+    /// database.
+    pub async fn scalar(&self, sql: &str) -> i64 {
+        let all = self.scalars(sql).await;
+        assert_eq!(all.len(), 1, "{sql}: {all:?}");
+        all[0]
+    }
+
+    /// The integers of the first column of `sql`'s rows, in the test's schema or
+    /// database.
+    pub async fn scalars(&self, sql: &str) -> Vec<i64> {
+        match self {
+            crate::TestDb::Postgres(s) => {
+                s.admin()
+                    .batch_execute(&format!("SET search_path = \"{}\"", s.name))
+                    .await
+                    .unwrap();
+                let rows = s.admin().query(sql, &[]).await.unwrap();
+                rows.iter()
+                    .map(|row| {
+                        row.try_get::<_, i64>(0)
+                            .or_else(|_| row.try_get::<_, i32>(0).map(i64::from))
+                            .unwrap()
+                    })
+                    .collect()
+            }
+            crate::TestDb::MySql(d) => {
+                let pool = sqlx::mysql::MySqlPoolOptions::new()
+                    .max_connections(1)
+                    .connect(&d.url)
+                    .await
+                    .unwrap();
+                let n = sqlx::query_scalar(sqlx::AssertSqlSafe(sql.to_string()))
+                    .fetch_all(&pool)
+                    .await
+                    .unwrap();
+                pool.close().await;
+                n
+            }
+            crate::TestDb::Sqlite(d) => {
+                let mut conn = sqlite_connect(&d.path).await.unwrap();
+                let n = sqlx::query_scalar(sqlx::AssertSqlSafe(sql.to_string()))
+                    .fetch_all(&mut conn)
+                    .await
+                    .unwrap();
+                let _ = sqlx::Connection::close(conn).await;
+                n
+            }
+        }
+    }
+
+    /// Whether the test's schema or database has a table of this name.
+    pub async fn has_table(&self, name: &str) -> bool {
+        let sql = match self {
+            crate::TestDb::Postgres(s) => format!(
+                "SELECT count(*) FROM pg_tables WHERE schemaname = '{}' AND tablename = '{name}'",
+                s.name
+            ),
+            crate::TestDb::MySql(_) => format!(
+                "SELECT COUNT(*) FROM information_schema.TABLES \
+                 WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = '{name}'"
+            ),
+            crate::TestDb::Sqlite(_) => format!(
+                "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = '{name}'"
+            ),
+        };
+        self.scalar(&sql).await > 0
+    }
+
+    /// The versions `dblock_migrations` records as done, in order (empty if it does not
+    /// exist).
+    pub async fn done_versions(&self) -> Vec<i64> {
+        self.versions_where("dblock_migrations", "coalesce(state, 'done') = 'done'")
+            .await
+    }
+
+    /// The versions of `table` (a history table) where `condition` holds, in order.
+    pub async fn versions_where(&self, table: &str, condition: &str) -> Vec<i64> {
+        if !self.has_table(table).await {
+            return Vec::new();
+        }
+        self.scalars(&format!(
+            "SELECT version FROM {table} WHERE {condition} ORDER BY version"
+        ))
+        .await
+    }
+
+    /// A statement that runs for `secs` seconds on this backend (SQLite has no sleep:
+    /// a count long enough).
+    pub fn sleep_statement(&self, secs: u32) -> String {
+        match self {
+            crate::TestDb::Postgres(_) => format!("SELECT pg_sleep({secs})"),
+            crate::TestDb::MySql(_) => format!("DO SLEEP({secs})"),
+            crate::TestDb::Sqlite(_) => format!(
+                "WITH RECURSIVE c(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM c \
+                 WHERE n < {}) SELECT count(*) FROM c",
+                u64::from(secs) * 10_000_000
+            ),
+        }
+    }
+
+    /// Whether migrations here run in a transaction with their row (PostgreSQL,
+    /// SQLite), no-transaction ones statement by statement; on MySQL every file is
+    /// sent whole between a started and a done row.
+    pub fn transactional_ddl(&self) -> bool {
+        !matches!(self, crate::TestDb::MySql(_))
+    }
+}
+
+/// A connection to the SQLite database file at `path`, created if missing (as dblock
+/// creates it), waiting for other writers as dblock does.
+async fn sqlite_connect(path: &Path) -> Result<sqlx::SqliteConnection, sqlx::Error> {
+    use sqlx::ConnectOptions;
+    sqlx::sqlite::SqliteConnectOptions::new()
+        .filename(path)
+        .create_if_missing(true)
+        .busy_timeout(std::time::Duration::from_secs(30))
+        .connect()
+        .await
 }

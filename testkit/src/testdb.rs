@@ -21,6 +21,12 @@ impl TestDb {
         TestDb::Postgres(Box::new(PgSchema::new(tag).await))
     }
 
+    /// PostgreSQL in a database of the test's own ([`PgSchema::own_database`]): for
+    /// tests that take the database-wide migration lock.
+    pub async fn postgres_own_database(tag: &str) -> TestDb {
+        TestDb::Postgres(Box::new(PgSchema::own_database(tag).await))
+    }
+
     pub async fn sqlite(_tag: &str) -> TestDb {
         TestDb::Sqlite(SqliteDb::new())
     }
@@ -207,14 +213,19 @@ pub async fn within<F: std::future::Future>(secs: u64, what: &str, f: F) -> F::O
 
 /// One test source, run on every backend: for each `async fn NAME(db: &TestDb)`
 /// listed, a module `NAME` with the tests `postgres`, `sqlite` and `mysql`, each on a
-/// database of its own.
+/// database of its own. With `own_database:` first, PostgreSQL's is a database of the
+/// test's own too, not a schema of a shared one: for tests that take a database-wide
+/// key (migrations).
 #[macro_export]
 macro_rules! every_backend {
-    ($($test:ident),* $(,)?) => {$(
+    (own_database: $($test:ident),* $(,)?) => {
+        $crate::every_backend!(@postgres postgres_own_database; $($test),*);
+    };
+    (@postgres $pg:ident; $($test:ident),* $(,)?) => {$(
         mod $test {
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn postgres() {
-                let db = $crate::TestDb::postgres(stringify!($test)).await;
+                let db = $crate::TestDb::$pg(stringify!($test)).await;
                 super::$test(&db).await;
             }
 
@@ -231,4 +242,7 @@ macro_rules! every_backend {
             }
         }
     )*};
+    ($($test:ident),* $(,)?) => {
+        $crate::every_backend!(@postgres postgres; $($test),*);
+    };
 }

@@ -1,7 +1,9 @@
-//! sqlx-cli's directories and databases, taken over by dblock: a set shaped like real
-//! ones run by eight runners at once on a fresh database, a database sqlx migrated
-//! adopted without applying anything twice, edited files named, other tools' histories
-//! refused with the command that adopts them, and reverts with `.down.sql` files.
+//! sqlx-cli's directories and databases taken over by dblock, on PostgreSQL: a set
+//! shaped like real ones run by eight runners at once on a fresh database (with sqlx's
+//! own migrator as the control), a database sqlx migrated adopted without applying
+//! anything twice, edited files named, and other tools' histories refused with the
+//! command that adopts them. Adoption and reverts on every backend are in
+//! `every_backend_migrations.rs`.
 //!
 //! Every test works in a database of its own: the migration lock is database-wide.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -12,8 +14,7 @@ use std::time::Duration;
 use dblock::Error;
 use dblock::migrate::{Migrations, State};
 use dblock_testkit::adoption::{
-    FIRST, MIGRATIONS, OwnDatabase, READS_SQLX_HISTORY, sqlx_migrate, sqlx_migrate_sqlite,
-    sqlx_shaped_set, version,
+    FIRST, MIGRATIONS, OwnDatabase, READS_SQLX_HISTORY, sqlx_migrate, sqlx_shaped_set, version,
 };
 use dblock_testkit::migrations::MigrationDir;
 use tokio::sync::Barrier;
@@ -333,52 +334,6 @@ async fn a_history_without_checksums_is_refused_with_the_command_that_adopts_it(
     db.drop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn revert_runs_down_files_newest_first_and_sqlx_forgets_them_too() {
-    let db = OwnDatabase::new("adopt_revert").await;
-    let d = MigrationDir::new(&[
-        ("20240101000000_a.up.sql", "CREATE TABLE a (x int);"),
-        ("20240101000000_a.down.sql", "DROP TABLE a;"),
-        ("20240102000000_b.up.sql", "CREATE TABLE b (x int);"),
-        ("20240102000000_b.down.sql", "DROP TABLE b;"),
-        (
-            "20240103000000_c.up.sql",
-            "-- no-transaction\nCREATE INDEX CONCURRENTLY a_x ON a (x);",
-        ),
-        (
-            "20240103000000_c.down.sql",
-            "-- no-transaction\nDROP INDEX CONCURRENTLY a_x;",
-        ),
-    ]);
-    // sqlx applies the first two; dblock adopts them and applies the third.
-    sqlx_migrate(&db.url, d.path(), Some(20240102000000))
-        .await
-        .unwrap();
-    let set = d.set();
-    let locks = db.locks().await;
-    let report = set.run(&locks).await.unwrap();
-    assert_eq!((report.applied.len(), report.adopted), (1, 2));
-    let mut order = Vec::new();
-    let reverted = set
-        .runner(&locks)
-        .on_applied(|a| order.push(a.file_name.clone()))
-        .revert(Some(20240101000000))
-        .await
-        .unwrap();
-    assert_eq!(reverted.len(), 2);
-    assert_eq!(
-        order,
-        ["20240103000000_c.down.sql", "20240102000000_b.down.sql"]
-    );
-    assert!(!db.has("a_x").await && !db.has("b").await && db.has("a").await);
-    assert_eq!(db.versions("dblock_migrations").await, [20240101000000]);
-    assert_eq!(db.versions("_sqlx_migrations").await, [20240101000000]);
-    // The next run applies them again (and adopts nothing back).
-    let report = set.run(&locks).await.unwrap();
-    assert_eq!((report.applied.len(), report.adopted), (2, 0));
-    db.drop().await;
-}
-
 /// `dblock::migrations!` embeds an sqlx-cli reversible directory (pairs, sqlx's
 /// no-transaction marker) as `from_dir` reads it, and it runs (here on SQLite, where
 /// sqlx's marker lets `VACUUM` run outside a transaction).
@@ -414,64 +369,4 @@ async fn an_embedded_sqlx_directory_equals_its_directory_and_runs() {
     let report = timeout(BOUND, embedded.run(&locks)).await.unwrap().unwrap();
     assert_eq!(report.applied.len(), 3);
     assert!(report.applied[1].no_transaction);
-}
-
-/// On SQLite too: what sqlx's migrator applied to the database file is adopted, and an
-/// edited file is named with nothing changed.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn on_sqlite_what_sqlx_applied_is_adopted_and_an_edited_file_named() {
-    let d = MigrationDir::new(&[
-        (
-            "20240101000000_a.sql",
-            "CREATE TABLE a (x INTEGER); CREATE TABLE log (f TEXT); INSERT INTO log VALUES ('a');",
-        ),
-        (
-            "20240102000000_b.up.sql",
-            "CREATE TABLE b (x INTEGER); INSERT INTO log VALUES ('b');",
-        ),
-        ("20240102000000_b.down.sql", "DROP TABLE b;"),
-        (
-            "20240103000000_c.sql",
-            "CREATE TABLE c (x INTEGER); INSERT INTO log VALUES ('c');",
-        ),
-    ]);
-    let db = dblock_testkit::SqliteDb::new();
-    sqlx_migrate_sqlite(&db.path, d.path(), Some(20240102000000))
-        .await
-        .unwrap();
-    let locks = db.locks().await;
-    let set = d.set();
-    let st = set.runner(&locks).status().await.unwrap();
-    assert_eq!((st.count(State::Applied), st.count(State::Pending)), (2, 1));
-    // An edit of an applied file: refused, naming it, changing nothing.
-    d.write("20240101000000_a.sql", "CREATE TABLE a (x INTEGER, y INTEGER); CREATE TABLE log (f TEXT); INSERT INTO log VALUES ('a');");
-    let edited = d.set();
-    let e = timeout(BOUND, edited.run(&locks))
-        .await
-        .unwrap()
-        .unwrap_err()
-        .to_string();
-    assert!(
-        e.contains("20240101000000_a.sql differs from what sqlx applied"),
-        "{e}"
-    );
-    // Put back, the run adopts two and applies one.
-    d.write(
-        "20240101000000_a.sql",
-        "CREATE TABLE a (x INTEGER); CREATE TABLE log (f TEXT); INSERT INTO log VALUES ('a');",
-    );
-    let report = timeout(BOUND, set.run(&locks)).await.unwrap().unwrap();
-    assert_eq!((report.applied.len(), report.adopted), (1, 2));
-    let pool = sqlx::SqlitePool::connect(&db.url).await.unwrap();
-    let logged: i64 = sqlx::query_scalar("SELECT count(*) FROM log")
-        .fetch_one(&pool)
-        .await
-        .unwrap();
-    assert_eq!(logged, 3, "a, b by sqlx, c by dblock: nothing twice");
-    let recorded: i64 = sqlx::query_scalar("SELECT count(*) FROM dblock_migrations")
-        .fetch_one(&pool)
-        .await
-        .unwrap();
-    assert_eq!(recorded, 3);
-    pool.close().await;
 }

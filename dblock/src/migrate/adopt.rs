@@ -18,7 +18,7 @@
 //!   `dblock migrate baseline DIR --to VERSION`, with the latest version that tool
 //!   applied.
 
-use std::collections::HashSet;
+use std::collections::{BTreeSet, HashSet};
 
 use sha2::{Digest, Sha384};
 
@@ -75,22 +75,47 @@ pub(crate) struct Reconciled {
     pub(crate) problems: Vec<String>,
 }
 
-/// Whether sqlx's checksum `hex` is the file's: its SHA-384, or that of the file with
-/// whitespace and byte-order marks left out (sqlx's `ignored-chars` setting, as its
-/// documentation suggests it).
-pub(crate) fn sqlx_matches(m: &Migration, hex: &str) -> bool {
-    if m.sqlx_checksum() == hex {
-        return true;
+/// How to read sqlx's history: its table, and how its checksums were computed.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Sqlx<'a> {
+    /// The table, as SQL names it (sqlx.toml's `table-name`).
+    pub(crate) table: &'a str,
+    /// The characters sqlx.toml's `ignored-chars` leaves out of the checksum; `None`
+    /// when not known (no sqlx.toml): the file's own SHA-384, or the one without
+    /// whitespace and byte-order marks (the set sqlx's documentation suggests), match.
+    pub(crate) ignored_chars: Option<&'a BTreeSet<char>>,
+}
+
+#[cfg(test)]
+impl Sqlx<'static> {
+    /// sqlx's defaults, with the checksum's ignored characters not known.
+    pub(crate) const DEFAULT: Sqlx<'static> = Sqlx {
+        table: SQLX_TABLE,
+        ignored_chars: None,
+    };
+}
+
+/// The whitespace set of sqlx's documentation (and its reference sqlx.toml).
+const WHITESPACE: [char; 5] = [' ', '\t', '\r', '\n', '\u{feff}'];
+
+/// Whether sqlx's checksum `hex` is the file's, as sqlx computes it with `ignored`.
+pub(crate) fn sqlx_matches(m: &Migration, hex: &str, ignored: Option<&BTreeSet<char>>) -> bool {
+    match ignored {
+        Some(set) => sqlx_checksum(m.sql(), |c| set.contains(&c)) == hex,
+        None => {
+            m.sqlx_checksum() == hex || sqlx_checksum(m.sql(), |c| WHITESPACE.contains(&c)) == hex
+        }
     }
+}
+
+/// sqlx's checksum of `sql` with the characters `ignored` picks left out: the SHA-384 of
+/// what remains (sqlx's `checksum_fragments`), in lowercase hex.
+fn sqlx_checksum(sql: &str, ignored: impl Fn(char) -> bool) -> String {
     let mut d = Sha384::new();
-    for piece in m
-        .sql()
-        .split([' ', '\t', '\r', '\n', '\u{feff}'])
-        .filter(|p| !p.is_empty())
-    {
+    for piece in sql.split(ignored) {
         d.update(piece.as_bytes());
     }
-    super::set::hex(&d.finalize()) == hex
+    super::set::hex(&d.finalize())
 }
 
 fn millis_of_nanos(ns: i64) -> i64 {
@@ -99,7 +124,12 @@ fn millis_of_nanos(ns: i64) -> i64 {
 
 /// Sets dblock's `records` beside `history`: what to adopt, what differs, what the set
 /// lacks. Versions dblock already records are dblock's, whatever sqlx says.
-pub(crate) fn reconcile(set: &[Migration], records: &[Record], history: &History) -> Reconciled {
+pub(crate) fn reconcile(
+    set: &[Migration],
+    records: &[Record],
+    history: &History,
+    sqlx: Sqlx<'_>,
+) -> Reconciled {
     let recorded: HashSet<i64> = records.iter().map(|r| r.version).collect();
     let mut out = Reconciled::default();
     for row in &history.sqlx {
@@ -124,9 +154,10 @@ pub(crate) fn reconcile(set: &[Migration], records: &[Record], history: &History
             checksum,
             applied_at: row.installed_on.clone(),
             duration_ms: millis_of_nanos(row.execution_time),
+            ..Record::default()
         };
         match found {
-            Some(m) if sqlx_matches(m, &row.checksum) => out
+            Some(m) if sqlx_matches(m, &row.checksum, sqlx.ignored_chars) => out
                 .adopt
                 .push(record(m.checksum().to_string(), m.name().to_string())),
             Some(m) => {
@@ -152,10 +183,15 @@ pub(crate) fn reconcile(set: &[Migration], records: &[Record], history: &History
 
 /// The refusal of a run for `history`, if any: a sqlx history that cannot be adopted
 /// as it stands, or another tool's history on a database where dblock records nothing.
-pub(crate) fn refusal(records: &[Record], history: &History, r: &Reconciled) -> Option<Error> {
+pub(crate) fn refusal(
+    records: &[Record],
+    history: &History,
+    r: &Reconciled,
+    sqlx: Sqlx<'_>,
+) -> Option<Error> {
     if !r.problems.is_empty() {
         return Some(Error::ForeignHistory {
-            table: SQLX_TABLE.into(),
+            table: sqlx.table.into(),
             reason: format!(
                 "sqlx's history cannot be adopted as it stands: {}",
                 r.problems.join("; ")
@@ -193,19 +229,19 @@ pub(crate) fn refusal(records: &[Record], history: &History, r: &Reconciled) -> 
 /// Baseline's choice: the set's migrations to record as applied without running them.
 /// With `to`, every migration up to that version; without, those sqlx applied (files
 /// that differ included: baseline accepts them as they are).
-pub(crate) fn baseline_records(
+pub(crate) fn baseline(
     set: &[Migration],
     records: &[Record],
     history: &History,
     to: Option<i64>,
+    sqlx: Sqlx<'_>,
 ) -> Result<Vec<Record>, Error> {
     let recorded: HashSet<i64> = records.iter().map(|r| r.version).collect();
     let now = |m: &Migration| Record {
         version: m.version(),
         name: m.name().to_string(),
         checksum: m.checksum().to_string(),
-        applied_at: String::new(),
-        duration_ms: 0,
+        ..Record::default()
     };
     if let Some(to) = to {
         return Ok(set
@@ -216,8 +252,9 @@ pub(crate) fn baseline_records(
     }
     if history.sqlx.is_empty() {
         return Err(Error::Unsupported(format!(
-            "no {SQLX_TABLE} to adopt from: give the latest version already applied \
+            "no {} to adopt from: give the latest version already applied \
              (--to VERSION), and every migration up to it is recorded as applied{}",
+            sqlx.table,
             history
                 .others
                 .first()
@@ -225,7 +262,7 @@ pub(crate) fn baseline_records(
                 .unwrap_or_default()
         )));
     }
-    let r = reconcile(set, records, history);
+    let r = reconcile(set, records, history, sqlx);
     let by_version = |v: i64| {
         set.binary_search_by_key(&v, Migration::version)
             .ok()
@@ -247,13 +284,14 @@ pub(crate) fn baseline_records(
 /// Sets another tool's `history` beside dblock's `records`: refuses if it cannot be
 /// adopted as it stands; otherwise adds to `records` what the other tool applied, and
 /// returns the rows to record (see [the module](self)).
-pub(crate) fn adopt_or_refuse(
+pub(crate) fn adopt(
     set: &[Migration],
     records: &mut Vec<Record>,
     history: &History,
+    sqlx: Sqlx<'_>,
 ) -> Result<Vec<Record>, Error> {
-    let r = reconcile(set, records, history);
-    if let Some(e) = refusal(records, history, &r) {
+    let r = reconcile(set, records, history, sqlx);
+    if let Some(e) = refusal(records, history, &r, sqlx) {
         return Err(e);
     }
     records.extend(r.adopt.iter().cloned().chain(r.unknown));
@@ -296,7 +334,7 @@ mod tests {
             ],
             others: Vec::new(),
         };
-        let r = reconcile(set, &[], &h);
+        let r = reconcile(set, &[], &h, Sqlx::DEFAULT);
         assert_eq!(
             r.adopt.iter().map(|r| r.version).collect::<Vec<_>>(),
             [1, 2]
@@ -308,14 +346,14 @@ mod tests {
         );
         assert_eq!(r.adopt[0].duration_ms, 2);
         assert_eq!(r.unknown.iter().map(|r| r.version).collect::<Vec<_>>(), [9]);
-        assert!(refusal(&[], &h, &r).is_none());
+        assert!(refusal(&[], &h, &r, Sqlx::DEFAULT).is_none());
 
         // Whitespace-insensitive checksums (sqlx's ignored-chars) match too.
         let ws = History {
             sqlx: vec![row(1, "SELECT1;", true)],
             others: Vec::new(),
         };
-        assert_eq!(reconcile(set, &[], &ws).adopt.len(), 1);
+        assert_eq!(reconcile(set, &[], &ws, Sqlx::DEFAULT).adopt.len(), 1);
 
         let edited = History {
             sqlx: vec![
@@ -326,8 +364,8 @@ mod tests {
             ],
             others: Vec::new(),
         };
-        let r = reconcile(set, &[], &edited);
-        let e = refusal(&[], &edited, &r).unwrap();
+        let r = reconcile(set, &[], &edited, Sqlx::DEFAULT);
+        let e = refusal(&[], &edited, &r, Sqlx::DEFAULT).unwrap();
         assert!(e.is_bad_migration_set());
         let msg = e.to_string();
         for part in [
@@ -339,12 +377,12 @@ mod tests {
             assert!(msg.contains(part), "{part}: {msg}");
         }
         // Baseline accepts the files as they are now.
-        let b = baseline_records(set, &[], &edited, None).unwrap();
+        let b = baseline(set, &[], &edited, None, Sqlx::DEFAULT).unwrap();
         assert_eq!(b.iter().map(|r| r.version).collect::<Vec<_>>(), [1, 2, 3]);
         assert_eq!(b[1].checksum, set[1].checksum());
-        let b = baseline_records(set, &[], &History::default(), Some(3)).unwrap();
+        let b = baseline(set, &[], &History::default(), Some(3), Sqlx::DEFAULT).unwrap();
         assert_eq!(b.len(), 3);
-        assert!(baseline_records(set, &[], &History::default(), None).is_err());
+        assert!(baseline(set, &[], &History::default(), None, Sqlx::DEFAULT).is_err());
     }
 
     #[test]
@@ -358,7 +396,7 @@ mod tests {
                 dirty: false,
             }],
         };
-        let e = refusal(&[], &h, &Reconciled::default())
+        let e = refusal(&[], &h, &Reconciled::default(), Sqlx::DEFAULT)
             .unwrap()
             .to_string();
         assert!(
@@ -374,9 +412,8 @@ mod tests {
             version: 1,
             name: "a".into(),
             checksum: "x".into(),
-            applied_at: String::new(),
-            duration_ms: 0,
+            ..Record::default()
         };
-        assert!(refusal(&[rec], &h, &Reconciled::default()).is_none());
+        assert!(refusal(&[rec], &h, &Reconciled::default(), Sqlx::DEFAULT).is_none());
     }
 }

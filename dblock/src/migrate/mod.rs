@@ -55,9 +55,9 @@
 //!    ([`Error::MigrationEdited`]) and when the database has applied versions the set
 //!    lacks ([`Error::UnknownMigrations`], unless
 //!    [`ignore_missing`](Runner::ignore_missing));
-//! 4. applies each pending migration in version order, each **in one transaction with
-//!    its bookkeeping row** (version, name, checksum, `applied_at`, `duration_ms`): all
-//!    or nothing. A failure ([`Error::MigrationFailed`], naming the file) rolls it back
+//! 4. applies each pending migration in version order, after checking that the lock is
+//!    still held, each **in one transaction with its bookkeeping row** (version, name,
+//!    checksum, `applied_at`, `duration_ms`): all or nothing. A failure ([`Error::MigrationFailed`], naming the file) rolls it back
 //!    and stops the run. A pending migration older than applied ones (a branch merged
 //!    late) is applied too; a file renamed with its contents unchanged is still the
 //!    applied migration (versions and checksums identify migrations, not names);
@@ -82,12 +82,22 @@
 //! ```
 //!
 //! is split into statements (quotes, dollar quotes, comments and routine bodies
-//! respected) which are sent one at a time, each in autocommit; its bookkeeping row is
-//! written after the last one succeeds. It is not all or nothing: if statement *k*
-//! fails, the ones before it stay applied, and the error says so. Write such migrations
-//! to be re-run safely. A concurrent index build that fails or is cancelled leaves an
-//! `INVALID` index behind, which `CREATE INDEX CONCURRENTLY IF NOT EXISTS` would then
-//! silently keep: drop it first, as above.
+//! respected) which are sent one at a time, each in autocommit. It is not all or
+//! nothing, so it is recorded as it goes: as `started` before its first statement, with
+//! the number of statements completed after each, and as done after the last. If
+//! statement *k* fails, the ones before it stay applied, the error says so
+//! ([`Error::MigrationFailed`]), and the row is removed: fix the file (written to be
+//! re-run) and run again. If the run ends any other way — killed, its connection lost,
+//! its future dropped — the row stays `started`, and every later run (and dry run, and
+//! baseline) refuses with [`Error::MigrationInterrupted`], which says which statements
+//! are known to have completed, which one was running, and how to record what you
+//! decide: `UPDATE dblock_migrations SET state = 'done' WHERE version = V` once it is
+//! finished by hand, or `DELETE FROM dblock_migrations WHERE version = V` to have the
+//! next run apply it from its first statement. [`Runner::status`] shows it as
+//! [`State::Interrupted`] (and [`State::Applying`] while a run holds the lock). A
+//! concurrent index build that fails or is cancelled leaves an `INVALID` index behind,
+//! which `CREATE INDEX CONCURRENTLY IF NOT EXISTS` would then silently keep: drop it
+//! first, as above.
 //!
 //! **Why the runner polls.** `CREATE INDEX CONCURRENTLY` waits for every transaction
 //! holding a snapshot older than its own to finish. A second migrator blocked inside
@@ -104,7 +114,16 @@
 //! polling, released by the kernel if the process dies, with no snapshot to hold), the
 //! bookkeeping table lives in the SQLite database, and each migration runs in a
 //! `BEGIN IMMEDIATE` transaction with its row (SQLite's DDL is transactional). The
-//! header works the same way (`VACUUM` needs it, for one).
+//! header works the same way (`VACUUM` needs it, for one), and so do reverts.
+//!
+//! # MySQL and MariaDB
+//!
+//! The same runner: the lock is the named lock of [`MIGRATION_LOCK_KEY`], checked
+//! before each migration. The server commits DDL as it goes, so no migration shares a
+//! transaction with its row: every file is sent whole, recorded as `started` before
+//! and done after, and one that fails or is interrupted is refused by the next run
+//! ([`Error::MigrationInterrupted`]) until someone has looked (see `docs/mysql.md`).
+//! Reverts are refused ([`Error::Unsupported`]).
 //!
 //! # Other tools' directories
 //!
@@ -124,11 +143,14 @@
 //!
 //! A database another tool migrated is never migrated again.
 //!
-//! - **sqlx** (`_sqlx_migrations`, found through the `search_path` as sqlx finds it on
-//!   PostgreSQL; in the database file on SQLite): every run, under the migration lock and
+//! - **sqlx** (`_sqlx_migrations`, or the table `sqlx.toml`'s `table-name` names, given
+//!   with [`Runner::sqlx_config`]; found through the `search_path` as sqlx finds it on
+//!   PostgreSQL, in the database on MySQL, in the database file on SQLite): every run,
+//!   under the migration lock and
 //!   before anything is applied, adopts each version sqlx applied that
 //!   `dblock_migrations` lacks, after verifying sqlx's checksum (the SHA-384 of the
-//!   file's SQL, [`Migration::sqlx_checksum`]): it is recorded as applied, with sqlx's
+//!   file's SQL, [`Migration::sqlx_checksum`], or of the file without the characters
+//!   `sqlx.toml`'s `ignored-chars` names): it is recorded as applied, with sqlx's
 //!   `installed_on` and `execution_time`, and not run. If any file differs from what
 //!   sqlx applied, or sqlx recorded a version as failed, the run refuses with
 //!   [`Error::ForeignHistory`], changing nothing and naming every such file;
@@ -148,7 +170,9 @@
 //! [`Runner::status`] and [`Runner::dry_run`] only read: they take no lock, never create
 //! the bookkeeping table (an absent table means nothing is applied), and so answer at
 //! once even while a run holds the lock. They show the committed state: a migration
-//! being applied at that moment shows as pending.
+//! being applied in a transaction at that moment shows as pending; one being applied
+//! outside a transaction shows as [`State::Applying`] while a run holds the lock, and
+//! as [`State::Interrupted`] (a run would refuse) once nobody does.
 
 pub(crate) mod adopt;
 mod files;
@@ -156,27 +180,32 @@ mod layout;
 mod lint;
 pub(crate) mod plan;
 pub(crate) mod revert;
+mod run;
 pub(crate) mod set;
 pub(crate) mod split;
+mod sqlx_config;
+mod status;
+pub(crate) mod store;
 
 use std::fmt;
-use std::time::Duration;
 
 use crate::error::Error;
 use crate::locks::Locks;
-use crate::raw::MigrationTarget;
-use adopt::adopt_or_refuse;
-use plan::{Record, plan};
-use std::collections::HashSet;
+use run::Ctx;
+use store::MigrationStore;
 
 pub use files::MAX_FILE_BYTES;
 pub use layout::Layout;
 pub use lint::Hazard;
 pub use plan::{Applied, MIGRATION_LOCK_KEY, Report, TABLE, lock_prefixed};
 pub use set::{Migration, Migrations, NO_TRANSACTION_HEADER, SQLX_NO_TRANSACTION};
+pub use sqlx_config::SqlxConfig;
+pub use status::{State, Status, StatusEntry};
+pub use store::ScriptPool;
 
 /// Runs the idempotent start-up script `ddl` under the migration lock, on a connection
-/// of `pool`: the seed's primitive (see [above](self#start-up-scripts-run_script)).
+/// of `pool` (sqlx's `PgPool`, cargo feature `postgres`: see [`ScriptPool`]): the seed's
+/// primitive (see [above](self#start-up-scripts-run_script)).
 ///
 /// ```no_run
 /// # async fn demo(pool: sqlx::PgPool) -> Result<(), dblock::Error> {
@@ -200,15 +229,9 @@ pub use set::{Migration, Migrations, NO_TRANSACTION_HEADER, SQLX_NO_TRANSACTION}
 /// If cancelled, the script may still run to its end (or fail) on the server; the lock
 /// is released when its transaction ends either way, and the script is applied whole or
 /// not at all.
-#[cfg(feature = "postgres")]
-#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
-pub async fn run_script(pool: &sqlx::PgPool, ddl: &str) -> Result<(), Error> {
+pub async fn run_script<P: ScriptPool + ?Sized>(pool: &P, ddl: &str) -> Result<(), Error> {
     check_script(ddl)?;
-    sqlx::raw_sql(sqlx::AssertSqlSafe(lock_prefixed(ddl)))
-        .execute(pool)
-        .await
-        .map_err(Error::from_sqlx_postgres)?;
-    Ok(())
+    pool.run_locked(lock_prefixed(ddl)).await
 }
 
 /// Refuses a start-up script with transaction control, which would end the lock early.
@@ -248,7 +271,7 @@ impl Locks {
     /// On SQLite, the transaction is rolled back and the lock released.
     pub async fn run_script(&self, ddl: &str) -> Result<(), Error> {
         check_script(ddl)?;
-        target(self)?.run_script(ddl).await
+        store(self)?.run_script(ddl).await
     }
 }
 
@@ -285,6 +308,7 @@ impl Migrations {
             locks,
             ignore_missing: false,
             on_applied: None,
+            sqlx: SqlxConfig::default(),
         }
     }
 }
@@ -307,6 +331,7 @@ pub struct Runner<'a> {
     locks: &'a Locks,
     ignore_missing: bool,
     on_applied: Option<OnApplied<'a>>,
+    sqlx: SqlxConfig,
 }
 
 /// The callback of [`Runner::on_applied`].
@@ -318,6 +343,7 @@ impl fmt::Debug for Runner<'_> {
             .field("migrations", &self.set.len())
             .field("locks", self.locks)
             .field("ignore_missing", &self.ignore_missing)
+            .field("sqlx", &self.sqlx)
             .finish_non_exhaustive()
     }
 }
@@ -338,13 +364,22 @@ impl<'a> Runner<'a> {
         self
     }
 
+    /// How sqlx keeps its history on this database (`sqlx.toml`'s `table-name` and
+    /// `ignored-chars`), for adopting it: see [`SqlxConfig`]. By default
+    /// `_sqlx_migrations`, with either checksum accepted.
+    pub fn sqlx_config(mut self, config: SqlxConfig) -> Self {
+        self.sqlx = config;
+        self
+    }
+
     /// Applies the pending migrations under the migration lock.
     ///
     /// # Errors
     ///
     /// Before anything is applied: [`Error::InvalidMigration`] or
     /// [`Error::DuplicateMigration`] for an embedded set with a bad file,
-    /// [`Error::MigrationEdited`], [`Error::UnknownMigrations`]. While applying:
+    /// [`Error::MigrationEdited`], [`Error::UnknownMigrations`],
+    /// [`Error::ForeignHistory`], [`Error::MigrationInterrupted`]. While applying:
     /// [`Error::MigrationFailed`] naming the migration, whose
     /// [`source`](std::error::Error::source) is the database's error; the migrations
     /// before it stay applied. Connection errors. In every case the lock is no longer
@@ -355,8 +390,11 @@ impl<'a> Runner<'a> {
     /// Cancelling a run stops it where it is. On PostgreSQL its connection is abandoned:
     /// the statement running is cancelled, the migration's transaction rolls back, and
     /// closing the connection releases the lock. On SQLite the transaction rolls back and
-    /// the lock is released. Migrations committed before stay applied; of a
-    /// no-transaction migration, the statements that completed stay applied.
+    /// the lock is released. On MySQL the lock is released and the migration's
+    /// connection closed (the statement running may still finish on the server).
+    /// Migrations committed before stay applied; a no-transaction migration (any
+    /// migration, on MySQL) stays recorded as started, and the next run refuses with
+    /// [`Error::MigrationInterrupted`] until its row records a decision.
     pub async fn run(mut self) -> Result<Report, Error> {
         let set = self.set.checked()?;
         let mut ignore = |_: &Applied| {};
@@ -364,9 +402,8 @@ impl<'a> Runner<'a> {
             Some(f) => f.as_mut(),
             None => &mut ignore,
         };
-        target(self.locks)?
-            .run(set, self.ignore_missing, on_applied)
-            .await
+        let c = ctx(self.locks, set, self.sqlx.clone())?;
+        run::run(&c, self.ignore_missing, on_applied).await
     }
 
     /// The migrations a run would apply now, in order, after the same checks a run
@@ -381,12 +418,10 @@ impl<'a> Runner<'a> {
     /// A read; cancelling it has no effect on the database.
     pub async fn dry_run(self) -> Result<Vec<&'a Migration>, Error> {
         // Not `self` across the await: the callback is Send but not Sync.
-        let (set, locks, ignore_missing) = (self.set, self.locks, self.ignore_missing);
+        let (set, locks, ignore_missing, sqlx) =
+            (self.set, self.locks, self.ignore_missing, self.sqlx);
         let set = set.checked()?;
-        let mut records = records(locks).await?.unwrap_or_default();
-        let history = history(locks).await?;
-        adopt_or_refuse(set, &mut records, &history)?;
-        plan(set, &records, ignore_missing)
+        run::dry_run(&ctx(locks, set, sqlx)?, ignore_missing).await
     }
 
     /// Every migration of the set and of the database, with its state: applied,
@@ -402,24 +437,10 @@ impl<'a> Runner<'a> {
     ///
     /// A read; cancelling it has no effect on the database.
     pub async fn status(self) -> Result<Status, Error> {
-        let (set, locks, ignore_missing) = (self.set, self.locks, self.ignore_missing);
+        let (set, locks, ignore_missing, sqlx) =
+            (self.set, self.locks, self.ignore_missing, self.sqlx);
         let set = set.checked()?;
-        let mut records = records(locks).await?.unwrap_or_default();
-        let history = history(locks).await?;
-        let r = adopt::reconcile(set, &records, &history);
-        let foreign = adopt::refusal(&records, &history, &r).map(|e| e.to_string());
-        let by_sqlx: HashSet<i64> = (r.adopt.iter().chain(&r.differing).chain(&r.unknown))
-            .map(|r| r.version)
-            .collect();
-        records.extend(r.adopt.into_iter().chain(r.differing).chain(r.unknown));
-        let mut status = status_of(set, records, ignore_missing);
-        for e in &mut status.entries {
-            if by_sqlx.contains(&e.version) {
-                e.recorded_by = Some("sqlx");
-            }
-        }
-        status.foreign = foreign;
-        Ok(status)
+        status::status(&ctx(locks, set, sqlx)?, ignore_missing).await
     }
 
     /// Reverts applied migrations with their `.down.sql`, newest first, under the
@@ -436,7 +457,8 @@ impl<'a> Runner<'a> {
     /// Before anything runs: [`Error::InvalidMigration`] naming a migration to revert
     /// that has no `.down.sql`, [`Error::MigrationEdited`], [`Error::UnknownMigrations`]
     /// for applied versions the set lacks (above `to`), [`Error::ForeignHistory`] as for
-    /// a run; [`Error::Unsupported`] on SQLite. While reverting:
+    /// a run; [`Error::Unsupported`] on MySQL/MariaDB (DDL commits as it goes, so a
+    /// `.down.sql` that fails half way could not be rolled back). While reverting:
     /// [`Error::MigrationFailed`] naming the `.down.sql` (rolled back whole, or for a
     /// no-transaction one, the statements before the failing one stay applied).
     ///
@@ -452,11 +474,11 @@ impl<'a> Runner<'a> {
             Some(f) => f.as_mut(),
             None => &mut ignore,
         };
-        target(self.locks)?.revert(set, to, on_reverted).await
+        run::revert(&ctx(self.locks, set, self.sqlx.clone())?, to, on_reverted).await
     }
 
     /// The server's `server_version_num` (`160004` for 16.4), for
-    /// [`Migration::transaction_hazards`]; `None` on SQLite.
+    /// [`Migration::transaction_hazards`]; `None` on SQLite and MySQL.
     ///
     /// # Errors
     ///
@@ -470,7 +492,7 @@ impl<'a> Runner<'a> {
     ) -> impl std::future::Future<Output = Result<Option<u32>, Error>> + Send + 'a {
         // Not `self` across the await: the callback is Send but not Sync.
         let locks = self.locks;
-        async move { target(locks)?.server_version_num().await }
+        async move { store(locks)?.server_version_num().await }
     }
 
     /// Records migrations as applied **without running them**, under the migration lock:
@@ -478,39 +500,29 @@ impl<'a> Runner<'a> {
     ///
     /// With `to`, every migration of the set up to version `to` that dblock has not
     /// recorded (for a history dblock cannot verify: golang-migrate, Flyway, refinery,
-    /// goose, or none). Without, the versions sqlx's `_sqlx_migrations` records as
+    /// goose, or none). Without, the versions sqlx's history records as
     /// applied, with the files as they are now, including files that differ from what
     /// sqlx applied (which a run refuses to adopt). Returns the migrations recorded.
     ///
     /// # Errors
     ///
-    /// [`Error::Unsupported`] without `to` when there is no `_sqlx_migrations`; as
-    /// [`Runner::run`] for a bad set and connection errors.
+    /// [`Error::Unsupported`] without `to` when there is no sqlx history; as
+    /// [`Runner::run`] for a bad set, an interrupted migration and connection errors.
     ///
     /// # Cancel safety
     ///
     /// The rows are written in one statement: all or none. Cancelled, the connection is
     /// closed, which releases the lock.
     pub async fn baseline(self, to: Option<i64>) -> Result<Vec<&'a Migration>, Error> {
-        let (set, locks) = (self.set, self.locks);
+        let (set, locks, sqlx) = (self.set, self.locks, self.sqlx);
         let list = set.checked()?;
-        let versions = target(locks)?.baseline(list, to).await?;
+        let versions = run::baseline(&ctx(locks, list, sqlx)?, to).await?;
         Ok(versions.into_iter().filter_map(|v| set.get(v)).collect())
     }
 }
 
-/// Other tools' histories, read without the lock.
-async fn history(locks: &Locks) -> Result<adopt::History, Error> {
-    target(locks)?.history().await
-}
-
-/// The bookkeeping rows, read without the lock, if the table exists.
-async fn records(locks: &Locks) -> Result<Option<Vec<Record>>, Error> {
-    target(locks)?.records().await
-}
-
 /// The handle's backend as the runner sees it.
-fn target(locks: &Locks) -> Result<&dyn MigrationTarget, Error> {
+fn store(locks: &Locks) -> Result<&dyn MigrationStore, Error> {
     locks.inner.backend.migrations().ok_or_else(|| {
         Error::Unsupported(format!(
             "the {} backend has no migration runner",
@@ -519,129 +531,13 @@ fn target(locks: &Locks) -> Result<&dyn MigrationTarget, Error> {
     })
 }
 
-/// The state of each migration of a set and a database ([`Runner::status`]).
-#[derive(Debug, Clone, Default)]
-#[non_exhaustive]
-pub struct Status {
-    /// One entry per version, in version order: the set's migrations and the
-    /// database's unknown ones.
-    pub entries: Vec<StatusEntry>,
-    /// Why a run would refuse because of another tool's history (a file differs from
-    /// what sqlx applied, or a history dblock cannot verify), as the error would say it.
-    pub foreign: Option<String>,
-    ignore_missing: bool,
-}
-
-impl Status {
-    /// How many entries are in `state`.
-    pub fn count(&self, state: State) -> usize {
-        self.entries.iter().filter(|e| e.state == state).count()
-    }
-
-    /// Whether a run would refuse: an applied migration was edited, or the database has
-    /// versions the set lacks (unless the status was taken with
-    /// [`Runner::ignore_missing`]).
-    pub fn would_refuse(&self) -> bool {
-        self.foreign.is_some()
-            || self.count(State::Edited) > 0
-            || (!self.ignore_missing && self.count(State::Unknown) > 0)
-    }
-}
-
-/// One migration in a [`Status`].
-#[derive(Debug, Clone)]
-#[non_exhaustive]
-pub struct StatusEntry {
-    /// Its version.
-    pub version: i64,
-    /// Its name: the file's, or for an unknown migration the one recorded.
-    pub name: String,
-    /// Where it stands.
-    pub state: State,
-    /// The file name, for migrations of the set.
-    pub file_name: Option<String>,
-    /// When it was applied, for applied, edited and unknown migrations: RFC 3339 in UTC
-    /// (`2026-05-01T12:00:00.123Z`), as recorded.
-    pub applied_at: Option<String>,
-    /// How long it took, as recorded.
-    pub duration: Option<Duration>,
-    /// For a version dblock has not recorded but another tool has: that tool
-    /// (`"sqlx"`). A run adopts it when its checksum matches.
-    pub recorded_by: Option<&'static str>,
-}
-
-/// Where one migration stands.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum State {
-    /// Applied, and the file is unchanged.
-    Applied,
-    /// In the set, not yet applied.
-    Pending,
-    /// Applied, but the file changed since: a run refuses ([`Error::MigrationEdited`]).
-    Edited,
-    /// Applied, but not in the set: a run refuses ([`Error::UnknownMigrations`]) unless
-    /// told to ignore these ([`Runner::ignore_missing`]).
-    Unknown,
-}
-
-impl fmt::Display for State {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            State::Applied => "applied",
-            State::Pending => "pending",
-            State::Edited => "edited",
-            State::Unknown => "unknown",
-        })
-    }
-}
-
-fn status_of(set: &[Migration], records: Vec<Record>, ignore_missing: bool) -> Status {
-    let mut entries: Vec<StatusEntry> = set
-        .iter()
-        .map(|m| StatusEntry {
-            version: m.version(),
-            name: m.name().to_string(),
-            state: State::Pending,
-            file_name: Some(m.file_name().to_string()),
-            applied_at: None,
-            duration: None,
-            recorded_by: None,
-        })
-        .collect();
-    for r in records {
-        let duration = Some(Duration::from_millis(
-            u64::try_from(r.duration_ms).unwrap_or(0),
-        ));
-        match set.binary_search_by_key(&r.version, Migration::version) {
-            Ok(i) => {
-                if let Some(e) = entries.get_mut(i) {
-                    e.state = if set[i].checksum() == r.checksum {
-                        State::Applied
-                    } else {
-                        State::Edited
-                    };
-                    e.applied_at = Some(r.applied_at);
-                    e.duration = duration;
-                }
-            }
-            Err(_) => entries.push(StatusEntry {
-                version: r.version,
-                name: r.name,
-                state: State::Unknown,
-                file_name: None,
-                applied_at: Some(r.applied_at),
-                duration,
-                recorded_by: None,
-            }),
-        }
-    }
-    entries.sort_by_key(|e| e.version);
-    Status {
-        entries,
-        foreign: None,
-        ignore_missing,
-    }
+/// What the runner is given for `set` on `locks`.
+fn ctx<'a>(locks: &'a Locks, set: &'a [Migration], sqlx: SqlxConfig) -> Result<Ctx<'a>, Error> {
+    Ok(Ctx {
+        store: store(locks)?,
+        set,
+        sqlx,
+    })
 }
 
 #[cfg(test)]

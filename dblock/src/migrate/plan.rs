@@ -5,6 +5,7 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use super::set::{Migration, NO_TRANSACTION_HEADER};
+use super::split::split;
 use crate::error::Error;
 
 /// The advisory-lock key every migration and every start-up DDL script takes first:
@@ -76,16 +77,38 @@ pub struct Applied {
 }
 
 /// One bookkeeping row.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub(crate) struct Record {
     pub(crate) version: i64,
     pub(crate) name: String,
     pub(crate) checksum: String,
+    /// When it was applied (for a started row: started), RFC 3339 in UTC; empty for
+    /// "now" in rows about to be written.
     pub(crate) applied_at: String,
     pub(crate) duration_ms: i64,
+    pub(crate) state: RecordState,
 }
 
-/// What to apply, in order, after checking the records against the set.
+/// Whether a recorded migration is done, or was started outside a transaction and never
+/// finished.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) enum RecordState {
+    /// Applied.
+    #[default]
+    Done,
+    /// Started, never recorded as done: how many statements are known to have
+    /// completed, when it runs statement by statement (`None`: sent whole).
+    Started { completed: Option<usize> },
+}
+
+impl Record {
+    pub(crate) fn started(&self) -> bool {
+        matches!(self.state, RecordState::Started { .. })
+    }
+}
+
+/// What to apply, in order, after checking the records against the set (started rows
+/// are refused before, by [`refuse_interrupted`]).
 pub(crate) fn plan<'s>(
     set: &'s [Migration],
     records: &[Record],
@@ -147,4 +170,112 @@ pub(crate) fn failed(m: &Migration, statement: Option<(usize, usize)>, e: Error)
 /// A duration in whole milliseconds, as the bookkeeping table records it.
 pub(crate) fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// Refuses when a migration was started and never finished (see
+/// [`Error::MigrationInterrupted`]): under the lock that row was left by a run that
+/// ended part way, and part of it may be applied. `by_statement` says whether the
+/// backend runs no-transaction files statement by statement (else they are sent whole).
+pub(crate) fn refuse_interrupted(
+    set: &[Migration],
+    records: &[Record],
+    by_statement: bool,
+) -> Result<(), Error> {
+    match records.iter().find(|r| r.started()) {
+        Some(r) => Err(interrupted(set, r, by_statement)),
+        None => Ok(()),
+    }
+}
+
+/// The error of the started row `r`: what is known to have run, and what to do.
+pub(crate) fn interrupted(set: &[Migration], r: &Record, by_statement: bool) -> Error {
+    let m = set
+        .binary_search_by_key(&r.version, Migration::version)
+        .ok()
+        .and_then(|i| set.get(i));
+    let file = m.map_or_else(|| format!("{}_{}", r.version, r.name), |m| m.file().into());
+    let v = r.version;
+    let completed = match r.state {
+        RecordState::Started { completed } => completed,
+        RecordState::Done => None,
+    };
+    // The file's statements, when it is the one that was started.
+    let statements = m
+        .filter(|m| m.checksum() == r.checksum && m.no_transaction() && by_statement)
+        .map(|m| split(m.sql()));
+    let progress = completed.zip(statements.as_ref().map(Vec::len));
+    let what = match (progress, &statements) {
+        (Some((k, n)), Some(stmts)) => ran_by_statement(k, n, stmts),
+        _ if by_statement && completed.is_some() => format!(
+            "{} of its statements are known to have completed, and the file has changed \
+             since, so which ones cannot be told",
+            completed.unwrap_or(0)
+        ),
+        _ => "it was sent whole, and the server commits DDL as it goes, so part of it may \
+              be applied"
+            .into(),
+    };
+    let what = capitalized(&what);
+    let docs = if by_statement {
+        "docs/migrations.md"
+    } else {
+        "docs/mysql.md"
+    };
+    let explanation = format!(
+        "was started at {} outside a transaction and never recorded as done: its run was \
+         killed or lost its connection (or failed part way). {what}. Check the schema, \
+         finish or undo what it did, then record the decision: UPDATE dblock_migrations \
+         SET state = 'done' WHERE version = {v} (it is applied), or DELETE FROM \
+         dblock_migrations WHERE version = {v} (the next run applies it again, from its \
+         first statement); see {docs}",
+        r.applied_at
+    );
+    Error::MigrationInterrupted {
+        file,
+        version: v,
+        started_at: r.applied_at.clone(),
+        progress,
+        explanation,
+    }
+}
+
+/// What ran of a migration of `n` statements of which `k` are known to have completed.
+fn ran_by_statement(k: usize, n: usize, stmts: &[&str]) -> String {
+    let known = match k {
+        0 => "none of its statements is known to have completed".to_string(),
+        1 => format!("statement 1 of {n} completed"),
+        k => format!("statements 1 to {k} of {n} completed"),
+    };
+    let Some(next) = stmts.get(k) else {
+        return format!("{known}; it was not recorded as done");
+    };
+    let later = match n - (k + 1) {
+        0 => String::new(),
+        1 => format!("; statement {} did not run", k + 2),
+        _ => format!("; statements {} to {n} did not run", k + 2),
+    };
+    format!(
+        "{known}; statement {} ({}) was running, and may have been applied (a concurrent \
+         index build that did not finish leaves an INVALID index){later}",
+        k + 1,
+        excerpt(next)
+    )
+}
+
+/// `s` with its first letter in upper case (it starts a sentence).
+fn capitalized(s: &str) -> String {
+    let mut c = s.chars();
+    match c.next() {
+        Some(first) => first.to_uppercase().chain(c).collect(),
+        None => String::new(),
+    }
+}
+
+/// The start of a statement, on one line, for a message.
+fn excerpt(stmt: &str) -> String {
+    let one_line: String = stmt.split_whitespace().collect::<Vec<_>>().join(" ");
+    match one_line.char_indices().nth(60) {
+        Some((i, _)) => format!("{}…", &one_line[..i]),
+        None => one_line,
+    }
 }

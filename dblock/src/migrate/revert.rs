@@ -81,8 +81,7 @@ mod tests {
             version: m.version(),
             name: m.name().into(),
             checksum: m.checksum().into(),
-            applied_at: String::new(),
-            duration_ms: 0,
+            ..Record::default()
         }
     }
 
@@ -121,8 +120,7 @@ mod tests {
             version: 9,
             name: "gone".into(),
             checksum: "x".into(),
-            applied_at: String::new(),
-            duration_ms: 0,
+            ..Record::default()
         });
         assert!(matches!(
             targets(set, &unknown, Some(3)),

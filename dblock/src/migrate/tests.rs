@@ -1,6 +1,9 @@
 //! Unit tests of the migration runner's pure parts.
 
-use super::plan::failed;
+use std::time::Duration;
+
+use super::plan::{Record, RecordState, failed, interrupted, plan};
+use super::status::status_of;
 use super::*;
 
 #[test]
@@ -46,6 +49,7 @@ fn rec(version: i64, checksum: &str) -> Record {
         checksum: checksum.into(),
         applied_at: "2026-01-01T00:00:00.000Z".into(),
         duration_ms: 5,
+        state: RecordState::Done,
     }
 }
 
@@ -136,6 +140,70 @@ fn a_failure_outside_a_transaction_says_which_statement() {
             .contains("hint: make \"-- dblock:no-transaction\""),
         "{e}"
     );
+}
+
+#[test]
+fn an_interrupted_migration_is_explained_with_what_ran_and_what_to_do() {
+    let set = Migrations::from_sources([
+        ("m/1_t.sql", "CREATE TABLE t (x int);"),
+        (
+            "m/2_idx.sql",
+            "-- dblock:no-transaction\nCREATE INDEX CONCURRENTLY t_x ON t (x);\n\
+             CREATE INDEX CONCURRENTLY t_y ON t (y);\nCREATE INDEX CONCURRENTLY t_z ON t (z);\n",
+        ),
+    ])
+    .unwrap();
+    let set = set.checked().unwrap();
+    let started = |completed| Record {
+        state: RecordState::Started { completed },
+        ..rec(2, set[1].checksum())
+    };
+    let e = interrupted(set, &started(Some(1)), true);
+    assert!(
+        matches!(
+            &e,
+            Error::MigrationInterrupted {
+                version: 2,
+                progress: Some((1, 3)),
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    assert!(e.is_bad_migration_set());
+    let msg = e.to_string();
+    for part in [
+        "m/2_idx.sql: was started at 2026-01-01T00:00:00.000Z outside a transaction",
+        "Statement 1 of 3 completed; statement 2 (CREATE INDEX CONCURRENTLY t_y ON t (y)) was \
+         running, and may have been applied",
+        "statement 3 did not run",
+        "UPDATE dblock_migrations SET state = 'done' WHERE version = 2",
+        "DELETE FROM dblock_migrations WHERE version = 2",
+        "docs/migrations.md",
+    ] {
+        assert!(msg.contains(part), "{part}: {msg}");
+    }
+    let msg = interrupted(set, &started(Some(0)), true).to_string();
+    assert!(
+        msg.contains("None of its statements is known to have completed; statement 1"),
+        "{msg}"
+    );
+    assert!(msg.contains("statements 2 to 3 did not run"), "{msg}");
+    // Sent whole (MySQL): nothing is known of its progress.
+    let e = interrupted(set, &started(None), false);
+    assert!(matches!(
+        &e,
+        Error::MigrationInterrupted { progress: None, .. }
+    ));
+    assert!(e.to_string().contains("part of it may be applied"), "{e}");
+    assert!(e.to_string().contains("docs/mysql.md"), "{e}");
+    // In a status: interrupted when nobody holds the lock, being applied when a run does.
+    let recs = vec![rec(1, set[0].checksum()), started(Some(1))];
+    let st = status_of(set, recs.clone(), false);
+    assert_eq!(st.entries[1].state, State::Interrupted);
+    assert_eq!(st.entries[1].progress, Some((1, 3)));
+    assert!(st.entries[1].no_transaction && !st.entries[0].no_transaction);
+    assert_eq!(status_of(set, recs, true).entries[1].state, State::Applying);
 }
 
 #[allow(dead_code)]

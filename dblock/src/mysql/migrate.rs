@@ -1,22 +1,27 @@
-//! The migration runner on MySQL and MariaDB.
+//! The migration runner's store on MySQL and MariaDB. The runner itself is
+//! `migrate::run`.
 //!
 //! The migration lock is the named lock of [`MIGRATION_LOCK_KEY`] on the database
 //! (`dblock:<db hash>:44424c4f434b4d01`, see [`lock_name`](super::lock_name)), taken
-//! like any dblock lock on a connection of its own and checked between migrations; the
-//! migrations themselves run on a second connection.
+//! like any dblock lock on a connection of its own and checked before each migration;
+//! the migrations themselves run on a second connection.
 //!
 //! MySQL commits DDL implicitly, statement by statement, so a migration and its
-//! bookkeeping row cannot share a transaction. Each migration is therefore recorded
-//! twice: as `started` (committed) before its SQL runs, and as `done` after. A run that
-//! finds a `started` row — its runner crashed, was killed or failed half way — refuses
-//! to continue ([`Error::InvalidMigration`] naming the file): part of the migration may
-//! be applied, and running it again could apply that part twice. Resolve it by hand
-//! (see `docs/mysql.md`): inspect the schema, finish or undo the migration's statements,
+//! bookkeeping row cannot share a transaction (the store says so: its DDL is not
+//! transactional). Each migration is therefore recorded twice: as `started`
+//! (committed) before its SQL runs, and as `done` after. A run that finds a `started`
+//! row — its runner crashed, was killed or failed half way — refuses to continue
+//! ([`Error::MigrationInterrupted`] naming the file): part of the migration may be
+//! applied, and running it again could apply that part twice. Resolve it by hand (see
+//! `docs/mysql.md`): inspect the schema, finish or undo the migration's statements,
 //! then either mark it done
 //! (`UPDATE dblock_migrations SET state = 'done' WHERE version = V`) or delete the row
 //! to have the next run apply it again (`DELETE FROM dblock_migrations WHERE version = V`).
+//!
+//! sqlx's history (`_sqlx_migrations`, which sqlx's MySQL migrator keeps in the
+//! database) is adopted as on the other backends.
 
-use std::time::Instant;
+use std::time::Duration;
 
 use sqlx::pool::PoolConnection;
 use sqlx::{AssertSqlSafe, MySql, Row};
@@ -24,88 +29,67 @@ use sqlx::{AssertSqlSafe, MySql, Row};
 use super::{MyBackend, map_sqlx};
 use crate::error::{Error, WaitingFor};
 use crate::key::Key;
-use crate::migrate::adopt::{History, baseline_records};
-use crate::migrate::plan::{Applied, MIGRATION_LOCK_KEY, Record, Report, failed, millis, plan};
+use crate::migrate::MIGRATION_LOCK_KEY;
+use crate::migrate::adopt::{History, SqlxRow};
+use crate::migrate::plan::{Record, RecordState, millis};
 use crate::migrate::set::Migration;
-use crate::raw::{BoxFuture, MigrationTarget, Mode, RawHeld, Req, Scope, Wait};
+use crate::migrate::store::{BoxFuture, MigrationStore, Options, Recorded, Session, Then, Write};
+use crate::raw::{Mode, RawHeld, Req, Scope, Wait};
 
-impl MigrationTarget for MyBackend {
+impl MigrationStore for MyBackend {
+    fn backend(&self) -> &'static str {
+        "MySQL/MariaDB"
+    }
+
     fn run_script<'a>(&'a self, ddl: &'a str) -> BoxFuture<'a, Result<(), Error>> {
         Box::pin(run_script(self, ddl))
     }
 
-    fn records(&self) -> BoxFuture<'_, Result<Option<Vec<Record>>, Error>> {
-        Box::pin(records(self))
+    fn read<'a>(&'a self, opts: &'a Options) -> BoxFuture<'a, Result<Recorded, Error>> {
+        Box::pin(async move {
+            let mut conn = connection(self).await?;
+            let records = match table_exists(&mut conn).await? {
+                true => Some(read_records(&mut conn).await?),
+                false => None,
+            };
+            let history = history(&mut conn, &opts.sqlx_table).await?;
+            Ok(Recorded { records, history })
+        })
     }
 
-    fn run<'a>(
+    fn lock_held(&self) -> BoxFuture<'_, Result<bool, Error>> {
+        Box::pin(async move {
+            let name = self.lock_name(Key::from_i64(MIGRATION_LOCK_KEY));
+            let holder: Option<u64> =
+                sqlx::query_scalar("SELECT CAST(IS_USED_LOCK(?) AS UNSIGNED)")
+                    .bind(name)
+                    .fetch_one(&self.pool)
+                    .await
+                    .map_err(map_sqlx)?;
+            Ok(holder.is_some())
+        })
+    }
+
+    fn lock<'a>(
         &'a self,
-        set: &'a [Migration],
-        ignore_missing: bool,
-        on_applied: &'a mut (dyn FnMut(&Applied) + Send),
-    ) -> BoxFuture<'a, Result<Report, Error>> {
-        Box::pin(run(self, set, ignore_missing, on_applied))
+        opts: &'a Options,
+        _what: &'static str,
+    ) -> BoxFuture<'a, Result<Box<dyn Session + 'a>, Error>> {
+        Box::pin(async move {
+            let guard = lock(self).await?;
+            let conn = connection(self).await?;
+            let s: Box<dyn Session + 'a> = Box::new(MySession {
+                conn: Some(conn),
+                guard: Some(guard),
+                sqlx_table: opts.sqlx_table.clone(),
+            });
+            Ok(s)
+        })
     }
 
-    /// Other tools' histories are not read on MySQL (yet): none.
-    fn history(&self) -> BoxFuture<'_, Result<History, Error>> {
-        Box::pin(std::future::ready(Ok(History::default())))
+    fn transactional_ddl(&self) -> bool {
+        false
     }
-
-    fn baseline<'a>(
-        &'a self,
-        set: &'a [Migration],
-        to: Option<i64>,
-    ) -> BoxFuture<'a, Result<Vec<i64>, Error>> {
-        Box::pin(baseline(self, set, to))
-    }
-
-    fn revert<'a>(
-        &'a self,
-        set: &'a [Migration],
-        to: Option<i64>,
-        on_reverted: &'a mut (dyn FnMut(&Applied) + Send),
-    ) -> BoxFuture<'a, Result<Vec<Applied>, Error>> {
-        let _ = (set, to, on_reverted);
-        Box::pin(std::future::ready(Err(Error::Unsupported(
-            "migrate revert is not available on MySQL/MariaDB: DDL commits as it goes, so a \
-             down migration that fails half way cannot be rolled back; revert by hand and \
-             delete its dblock_migrations row (docs/mysql.md)"
-                .into(),
-        ))))
-    }
-}
-
-/// `Runner::baseline` on MySQL: under the migration lock, the table, then every row in
-/// one statement (all or none), recorded `done` without running anything. Only with
-/// `to` (MySQL has no sqlx history dblock reads); refuses, as a run does, while a
-/// migration is recorded as started and never done.
-async fn baseline(b: &MyBackend, set: &[Migration], to: Option<i64>) -> Result<Vec<i64>, Error> {
-    let guard = lock(b).await?;
-    let mut conn = connection(b).await?;
-    sqlx::raw_sql(CREATE_TABLE)
-        .execute(&mut *conn)
-        .await
-        .map_err(map_sqlx)?;
-    let records = read_records(&mut conn, Some(set)).await?;
-    let rows = baseline_records(set, &records, &History::default(), to)?;
-    if !rows.is_empty() {
-        let mut q = sqlx::QueryBuilder::<MySql>::new(
-            "INSERT INTO dblock_migrations (version, name, checksum, state, applied_at, duration_ms) ",
-        );
-        q.push_values(&rows, |mut v, r| {
-            v.push_bind(r.version)
-                .push_bind(r.name.clone())
-                .push_bind(r.checksum.clone())
-                .push("'done'")
-                .push(NOW)
-                .push_bind(0i64);
-        });
-        q.build().execute(&mut *conn).await.map_err(map_sqlx)?;
-    }
-    drop(conn);
-    guard.release().await?;
-    Ok(rows.iter().map(|r| r.version).collect())
 }
 
 const CREATE_TABLE: &str = "CREATE TABLE IF NOT EXISTS dblock_migrations (\
@@ -117,6 +101,9 @@ const CREATE_TABLE: &str = "CREATE TABLE IF NOT EXISTS dblock_migrations (\
      duration_ms BIGINT NOT NULL) ENGINE=InnoDB";
 
 const NOW: &str = "DATE_FORMAT(UTC_TIMESTAMP(3), '%Y-%m-%dT%H:%i:%s.%fZ')";
+
+/// MySQL's `ER_NO_SUCH_TABLE`.
+const NO_SUCH_TABLE: &str = "1146";
 
 /// Waits for the migration lock: held until the returned half-guard drops.
 async fn lock(b: &MyBackend) -> Result<Box<dyn RawHeld>, Error> {
@@ -158,30 +145,20 @@ pub(crate) async fn run_script(b: &MyBackend, ddl: &str) -> Result<(), Error> {
     r.map(|_| ())
 }
 
-/// The `done` rows of the bookkeeping table, if it exists, read without the lock (status,
-/// dry runs): a `started` row may be a migration being applied right now, so it shows
-/// as pending here; only a run, under the lock, can tell it was left by a crash.
-pub(crate) async fn records(b: &MyBackend) -> Result<Option<Vec<Record>>, Error> {
-    let mut conn = connection(b).await?;
-    let exists: i64 = sqlx::query_scalar(
+async fn table_exists(conn: &mut PoolConnection<MySql>) -> Result<bool, Error> {
+    let n: i64 = sqlx::query_scalar(
         "SELECT COUNT(*) FROM information_schema.TABLES \
          WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'dblock_migrations'",
     )
-    .fetch_one(&mut *conn)
+    .fetch_one(&mut **conn)
     .await
     .map_err(map_sqlx)?;
-    if exists == 0 {
-        return Ok(None);
-    }
-    read_records(&mut conn, None).await.map(Some)
+    Ok(n > 0)
 }
 
-/// The `done` rows. Under the lock (`set` given), refuses on a `started` one, naming its
-/// file; without it, skips such rows.
-async fn read_records(
-    conn: &mut PoolConnection<MySql>,
-    set: Option<&[Migration]>,
-) -> Result<Vec<Record>, Error> {
+/// The bookkeeping rows, `started` ones included (without the lock, such a row may be a
+/// migration being applied right now; the runner tells which).
+async fn read_records(conn: &mut PoolConnection<MySql>) -> Result<Vec<Record>, Error> {
     let rows = sqlx::query(
         "SELECT version, name, checksum, state, applied_at, duration_ms \
          FROM dblock_migrations ORDER BY version",
@@ -189,89 +166,156 @@ async fn read_records(
     .fetch_all(&mut **conn)
     .await
     .map_err(map_sqlx)?;
-    let mut out = Vec::with_capacity(rows.len());
-    for r in &rows {
-        let version: i64 = r.try_get(0).map_err(map_sqlx)?;
-        let name: String = r.try_get(1).map_err(map_sqlx)?;
-        let state: String = r.try_get(3).map_err(map_sqlx)?;
-        let applied_at: String = r.try_get(4).map_err(map_sqlx)?;
-        if state != "done" {
-            let Some(set) = set else {
-                continue;
-            };
-            let file = set
-                .iter()
-                .find(|m| m.version() == version)
-                .map(|m| m.file().to_string())
-                .unwrap_or_else(|| format!("{version}_{name}.sql"));
-            return Err(Error::InvalidMigration {
-                file,
-                reason: format!(
-                    "was started at {applied_at} and never recorded as done: its run crashed, \
-                     was killed or failed part way, and MySQL commits DDL as it goes, so part \
-                     of it may be applied. Check the schema, finish or undo its statements, then \
-                     run UPDATE dblock_migrations SET state = 'done' WHERE version = {version} \
-                     (or DELETE FROM dblock_migrations WHERE version = {version} to apply it \
-                     again); see docs/mysql.md"
-                ),
-            });
+    rows.iter()
+        .map(|r| {
+            let state: String = r.try_get(3).map_err(map_sqlx)?;
+            Ok(Record {
+                version: r.try_get(0).map_err(map_sqlx)?,
+                name: r.try_get(1).map_err(map_sqlx)?,
+                checksum: r.try_get(2).map_err(map_sqlx)?,
+                applied_at: r.try_get(4).map_err(map_sqlx)?,
+                duration_ms: r.try_get(5).map_err(map_sqlx)?,
+                state: match state.as_str() {
+                    "done" => RecordState::Done,
+                    // Sent whole: how much of it ran is not known.
+                    _ => RecordState::Started { completed: None },
+                },
+            })
+        })
+        .collect()
+}
+
+/// sqlx's history in `table` (its name as SQL writes it: `_sqlx_migrations`, or
+/// `db.table`), if there is one. `installed_on` (a `TIMESTAMP`, shown in the session's
+/// time zone) is read as seconds since the epoch, so the text is UTC whatever that is.
+async fn history(conn: &mut PoolConnection<MySql>, table: &str) -> Result<History, Error> {
+    let rows = sqlx::query(AssertSqlSafe(format!(
+        "SELECT version, description, DATE_FORMAT(TIMESTAMPADD(SECOND, \
+         UNIX_TIMESTAMP(installed_on), '1970-01-01 00:00:00'), '%Y-%m-%dT%H:%i:%s.000Z'), \
+         success, LOWER(HEX(checksum)), execution_time FROM {table} ORDER BY version"
+    )))
+    .fetch_all(&mut **conn)
+    .await;
+    let rows = match rows {
+        Ok(rows) => rows,
+        Err(sqlx::Error::Database(e)) if mysql_number(&*e).as_deref() == Some(NO_SUCH_TABLE) => {
+            return Ok(History::default());
         }
-        out.push(Record {
-            version,
-            name,
-            checksum: r.try_get(2).map_err(map_sqlx)?,
-            applied_at,
-            duration_ms: r.try_get(5).map_err(map_sqlx)?,
-        });
-    }
-    Ok(out)
-}
-
-pub(crate) async fn run(
-    b: &MyBackend,
-    set: &[Migration],
-    ignore_missing: bool,
-    on_applied: &mut (dyn FnMut(&Applied) + Send),
-) -> Result<Report, Error> {
-    // Held until this returns, however it returns (dropping the guard releases).
-    let mut guard = lock(b).await?;
-    let mut conn = connection(b).await?;
-    sqlx::raw_sql(CREATE_TABLE)
-        .execute(&mut *conn)
-        .await
-        .map_err(map_sqlx)?;
-    let records = read_records(&mut conn, Some(set)).await?;
-    let pending = plan(set, &records, ignore_missing)?;
-    let mut report = Report {
-        applied: Vec::with_capacity(pending.len()),
-        already_applied: set.len() - pending.len(),
-        adopted: 0,
+        Err(e) => return Err(map_sqlx(e)),
     };
-    for m in pending {
-        // Never start a migration without the lock.
-        guard.check().await?;
-        let took = apply(&mut conn, m).await?;
-        let applied = Applied {
-            version: m.version(),
-            name: m.name().to_string(),
-            file_name: m.file_name().to_string(),
-            duration: took,
-            no_transaction: m.no_transaction(),
-        };
-        on_applied(&applied);
-        report.applied.push(applied);
-    }
-    drop(conn);
-    guard.release().await?;
-    Ok(report)
+    let sqlx = rows
+        .iter()
+        .map(|r| {
+            Ok(SqlxRow {
+                version: r.try_get(0).map_err(map_sqlx)?,
+                description: r.try_get(1).map_err(map_sqlx)?,
+                installed_on: r.try_get(2).map_err(map_sqlx)?,
+                success: r.try_get(3).map_err(map_sqlx)?,
+                checksum: r.try_get(4).map_err(map_sqlx)?,
+                execution_time: r.try_get(5).map_err(map_sqlx)?,
+            })
+        })
+        .collect::<Result<_, Error>>()?;
+    Ok(History {
+        sqlx,
+        others: Vec::new(),
+    })
 }
 
-/// Records `m` as started, runs it, records it as done.
-async fn apply(
-    conn: &mut PoolConnection<MySql>,
-    m: &Migration,
-) -> Result<std::time::Duration, Error> {
-    let fail = |e| failed(m, None, e);
+fn mysql_number(e: &dyn sqlx::error::DatabaseError) -> Option<String> {
+    e.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
+        .map(|m| m.number().to_string())
+}
+
+/// The migration lock (on a connection of its own) and the connection migrations run on.
+struct MySession {
+    conn: Option<PoolConnection<MySql>>,
+    guard: Option<Box<dyn RawHeld>>,
+    sqlx_table: String,
+}
+
+impl Drop for MySession {
+    /// Dropped before [`Session::end`] (a cancelled run): the connection is closed, not
+    /// returned to the pool, where its next user would wait for the file still running.
+    fn drop(&mut self) {
+        if let Some(conn) = self.conn.take() {
+            drop(conn.detach());
+        }
+    }
+}
+
+impl MySession {
+    fn conn(&mut self) -> Result<&mut PoolConnection<MySql>, Error> {
+        self.conn.as_mut().ok_or_else(|| Error::ConnectionLost {
+            message: "the migration session has ended".into(),
+        })
+    }
+
+    async fn run(&mut self, sql: &str) -> Result<(), Error> {
+        let conn = self.conn()?;
+        sqlx::raw_sql(AssertSqlSafe(sql.to_string()))
+            .execute(&mut **conn)
+            .await
+            .map_err(map_sqlx)?;
+        Ok(())
+    }
+
+    async fn write_one(&mut self, w: Write<'_>) -> Result<(), Error> {
+        let q = match w {
+            // Sent whole, whatever the file says: the row is all there is to record.
+            Write::Started(m, _) => started(m),
+            // Never sent: files are not run statement by statement here.
+            Write::Progress(..) => return Ok(()),
+            Write::Finished(m, took) => sqlx::query(AssertSqlSafe(format!(
+                "UPDATE dblock_migrations SET state = 'done', applied_at = {NOW}, \
+                 duration_ms = ? WHERE version = ?"
+            )))
+            .bind(millis(took))
+            .bind(m.version()),
+            Write::Unstarted(m) => {
+                sqlx::query("DELETE FROM dblock_migrations WHERE version = ? AND state = 'started'")
+                    .bind(m.version())
+            }
+            Write::Reverted(_) => {
+                return Err(Error::Unsupported(
+                    "reverts are refused on MySQL/MariaDB (DDL commits as it goes)".into(),
+                ));
+            }
+            Write::Adopted(rows) => return self.record(rows).await,
+        };
+        q.execute(&mut **self.conn()?).await.map_err(map_sqlx)?;
+        Ok(())
+    }
+
+    /// Records `rows` as done, in one statement (all or none).
+    async fn record(&mut self, rows: &[Record]) -> Result<(), Error> {
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let mut q = sqlx::QueryBuilder::<MySql>::new(
+            "INSERT INTO dblock_migrations (version, name, checksum, state, applied_at, \
+             duration_ms) ",
+        );
+        q.push_values(rows, |mut v, r| {
+            v.push_bind(r.version)
+                .push_bind(r.name.clone())
+                .push_bind(r.checksum.clone())
+                .push("'done'")
+                .push("coalesce(nullif(")
+                .push_bind_unseparated(r.applied_at.clone())
+                .push_unseparated(format!(", ''), {NOW})"))
+                .push_bind(r.duration_ms);
+        });
+        q.build()
+            .execute(&mut **self.conn()?)
+            .await
+            .map_err(map_sqlx)?;
+        Ok(())
+    }
+}
+
+/// The row of a migration about to be sent.
+fn started(m: &Migration) -> sqlx::query::Query<'_, MySql, sqlx::mysql::MySqlArguments> {
     sqlx::query(AssertSqlSafe(format!(
         "INSERT INTO dblock_migrations (version, name, checksum, state, applied_at, duration_ms) \
          VALUES (?, ?, ?, 'started', {NOW}, 0)"
@@ -279,26 +323,79 @@ async fn apply(
     .bind(m.version())
     .bind(m.name())
     .bind(m.checksum())
-    .execute(&mut **conn)
-    .await
-    .map_err(|e| fail(map_sqlx(e)))?;
-    let t0 = Instant::now();
-    // The whole file, as the client sends a script: statements run one after another,
-    // each DDL statement committed by the server as it goes. A failure leaves the row
-    // `started`: the next run refuses until someone has looked.
-    sqlx::raw_sql(AssertSqlSafe(m.sql().to_string()))
-        .execute(&mut **conn)
-        .await
-        .map_err(|e| fail(map_sqlx(e)))?;
-    let took = t0.elapsed();
-    sqlx::query(AssertSqlSafe(format!(
-        "UPDATE dblock_migrations SET state = 'done', applied_at = {NOW}, duration_ms = ? \
-         WHERE version = ?"
-    )))
-    .bind(millis(took))
-    .bind(m.version())
-    .execute(&mut **conn)
-    .await
-    .map_err(|e| fail(map_sqlx(e)))?;
-    Ok(took)
+}
+
+impl Session for MySession {
+    fn ensure_table(&mut self) -> BoxFuture<'_, Result<(), Error>> {
+        Box::pin(self.run(CREATE_TABLE))
+    }
+
+    fn records(&mut self) -> BoxFuture<'_, Result<Vec<Record>, Error>> {
+        Box::pin(async move { read_records(self.conn()?).await })
+    }
+
+    fn history(&mut self) -> BoxFuture<'_, Result<History, Error>> {
+        Box::pin(async move {
+            let table = self.sqlx_table.clone();
+            history(self.conn()?, &table).await
+        })
+    }
+
+    fn check(&mut self) -> BoxFuture<'_, Result<(), Error>> {
+        match self.guard.as_mut() {
+            Some(g) => g.check(),
+            None => Box::pin(std::future::ready(Err(Error::ConnectionLost {
+                message: "the migration session has ended".into(),
+            }))),
+        }
+    }
+
+    fn write<'a>(&'a mut self, w: Write<'a>) -> BoxFuture<'a, Result<(), Error>> {
+        Box::pin(self.write_one(w))
+    }
+
+    fn execute<'a>(&'a mut self, sql: &'a str) -> BoxFuture<'a, Result<(), Error>> {
+        // The whole file, as the client sends a script: statements run one after
+        // another, each DDL statement committed by the server as it goes.
+        Box::pin(self.run(sql))
+    }
+
+    fn in_transaction<'a>(
+        &'a mut self,
+        _sql: &'a str,
+        _then: Then<'a>,
+    ) -> BoxFuture<'a, Result<Duration, Error>> {
+        Box::pin(std::future::ready(Err(Error::Unsupported(
+            "MySQL commits DDL as it goes: a migration cannot share a transaction with its \
+             bookkeeping row"
+                .into(),
+        ))))
+    }
+
+    fn end_open_transaction(&mut self) -> BoxFuture<'_, Result<bool, Error>> {
+        Box::pin(async move {
+            let conn = self.conn()?;
+            let open: i64 = sqlx::query_scalar("SELECT @@in_transaction")
+                .fetch_one(&mut **conn)
+                .await
+                .map_err(map_sqlx)?;
+            if open != 0 {
+                self.run("ROLLBACK").await?;
+            }
+            Ok(open != 0)
+        })
+    }
+
+    fn end(&mut self, ok: bool) -> BoxFuture<'_, Result<(), Error>> {
+        drop(self.conn.take());
+        let released = self.guard.take().map(|g| g.release());
+        Box::pin(async move {
+            match released {
+                Some(r) if ok => r.await,
+                // After a failure, the run's error is the one to report.
+                Some(r) => r.await.or(Ok(())),
+                None => Ok(()),
+            }
+        })
+    }
 }

@@ -104,8 +104,7 @@ use sqlx::{ConnectOptions, MySqlPool};
 use crate::error::{Error, WaitingFor};
 use crate::key::Key;
 use crate::raw::{
-    BenchFloor, BoxFuture, FencingStore, Grant, LatestGrant, MigrationTarget, Mode, Options,
-    RawLocks, Req,
+    BenchFloor, BoxFuture, FencingStore, Grant, LatestGrant, Mode, Options, RawLocks, Req,
 };
 
 /// Opens dblock's own connections on a `mysql://` or `mariadb://` URL; the default
@@ -405,7 +404,7 @@ impl RawLocks for MyBackend {
         true
     }
 
-    fn migrations(&self) -> Option<&dyn MigrationTarget> {
+    fn migrations(&self) -> Option<&dyn crate::migrate::store::MigrationStore> {
         Some(self)
     }
 

@@ -20,8 +20,8 @@ use super::sql::first_value;
 use crate::error::{Error, WaitingFor};
 use crate::key::{DEFAULT_NAMESPACE, Key, NAMESPACE_SETTING};
 use crate::raw::{
-    BenchFloor, BoxFuture, Grant, MigrationTarget, Options, RawLocks, Req, Scope, Wait,
-    acquire_any_in_turn, any_start,
+    BenchFloor, BoxFuture, Grant, Options, RawLocks, Req, Scope, Wait, acquire_any_in_turn,
+    any_start,
 };
 
 /// Where a backend's connections come from.
@@ -547,7 +547,7 @@ impl RawLocks for PgBackend {
         self.pooler.0
     }
 
-    fn migrations(&self) -> Option<&dyn MigrationTarget> {
+    fn migrations(&self) -> Option<&dyn crate::migrate::store::MigrationStore> {
         Some(self)
     }
 

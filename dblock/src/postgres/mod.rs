@@ -36,8 +36,8 @@
 //! `borrowed`; `wire` holds what they exchange; `tls`, `conninfo`, `health`, `pooler`).
 //! `sql` holds the quoting, `url` what a URL names. The backend's other SQL lives in
 //! `store/`: `fence` (the fencing table and check; `token`, a leaf, the statement that
-//! takes a token), `migrate` (the migration runner, with `bookkeeping`, `adopt`,
-//! `revert`), `status`, `setup`, `floor` (the benchmark's floor), `xact` (locks in the
+//! takes a token), `migrate` (the migration runner's store, with `bookkeeping`,
+//! `adopt`), `status`, `setup`, `floor` (the benchmark's floor), `xact` (locks in the
 //! caller's own transaction).
 
 mod backend;

@@ -1,36 +1,35 @@
-//! sqlx's history in an SQLite database (the same table, `checksum` a BLOB), and
-//! baseline there.
+//! sqlx's history in an SQLite database (the same table as elsewhere, `checksum` a
+//! BLOB), and the recording of adopted rows.
 
 use sqlx::pool::PoolConnection;
 use sqlx::{Row, Sqlite};
 
-use super::SqliteBackend;
-use super::bookkeeping::{CREATE_TABLE, connection, lock, map, read_records};
+use super::bookkeeping::map;
 use crate::error::Error;
-use crate::migrate::adopt::{History, SQLX_TABLE, SqlxRow, baseline_records};
+use crate::migrate::adopt::{History, SqlxRow};
 use crate::migrate::plan::Record;
-use crate::migrate::set::Migration;
 
-/// `_sqlx_migrations`, if the database has it (SQLite has no other tool's table
-/// dblock reads).
-pub(crate) async fn history(conn: &mut PoolConnection<Sqlite>) -> Result<History, Error> {
-    let exists: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = '_sqlx_migrations'",
-    )
-    .fetch_one(&mut **conn)
-    .await
-    .map_err(map)?;
-    if exists == 0 {
-        return Ok(History::default());
-    }
+/// sqlx's history in `table` (its name as SQL writes it), if the database has it
+/// (SQLite has no other tool's table dblock reads).
+pub(crate) async fn history(
+    conn: &mut PoolConnection<Sqlite>,
+    table: &str,
+) -> Result<History, Error> {
     let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
         "SELECT version, description, \
          coalesce(strftime('%Y-%m-%dT%H:%M:%fZ', installed_on), ''), \
-         success, lower(hex(checksum)), execution_time FROM {SQLX_TABLE} ORDER BY version"
+         success, lower(hex(checksum)), execution_time FROM {table} ORDER BY version"
     )))
     .fetch_all(&mut **conn)
-    .await
-    .map_err(map)?;
+    .await;
+    let rows = match rows {
+        Ok(rows) => rows,
+        // No such table (or no such attached database): sqlx never ran here.
+        Err(sqlx::Error::Database(e)) if e.message().starts_with("no such table") => {
+            return Ok(History::default());
+        }
+        Err(e) => return Err(map(e)),
+    };
     let sqlx = rows
         .iter()
         .map(|r| {
@@ -48,11 +47,6 @@ pub(crate) async fn history(conn: &mut PoolConnection<Sqlite>) -> Result<History
         sqlx,
         others: Vec::new(),
     })
-}
-
-/// [`history`] without the lock (status, dry runs).
-pub(crate) async fn history_unlocked(b: &SqliteBackend) -> Result<History, Error> {
-    history(&mut connection(b).await?).await
 }
 
 /// Records `rows` as applied, in one statement (all or none).
@@ -77,23 +71,4 @@ pub(crate) async fn record(
     });
     q.build().execute(&mut **conn).await.map_err(map)?;
     Ok(())
-}
-
-/// `Runner::baseline` on SQLite: under the migration lock, the table, then the rows.
-pub(crate) async fn baseline(
-    b: &SqliteBackend,
-    set: &[Migration],
-    to: Option<i64>,
-) -> Result<Vec<i64>, Error> {
-    let _lock = lock(b).await?;
-    let mut conn = connection(b).await?;
-    sqlx::raw_sql(CREATE_TABLE)
-        .execute(&mut *conn)
-        .await
-        .map_err(map)?;
-    let records = read_records(&mut conn).await?;
-    let h = history(&mut conn).await?;
-    let rows = baseline_records(set, &records, &h, to)?;
-    record(&mut conn, &rows).await?;
-    Ok(rows.iter().map(|r| r.version).collect())
 }

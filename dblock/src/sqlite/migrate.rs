@@ -1,49 +1,85 @@
-//! The runner on the embedded backend: the migration lock is the OFD lock on
-//! [`MIGRATION_LOCK_KEY`]'s byte of the lock file, the bookkeeping table lives in the
-//! SQLite database, and each migration runs in a `BEGIN IMMEDIATE` transaction with its
-//! row.
+//! The migration runner's store on the embedded backend: the migration lock is the OFD
+//! lock on [`MIGRATION_LOCK_KEY`]'s byte of the lock file, the bookkeeping table lives
+//! in the SQLite database, and each migration runs in a `BEGIN IMMEDIATE` transaction
+//! with its row (SQLite's DDL is transactional). The runner itself is `migrate::run`.
+//!
+//! [`MIGRATION_LOCK_KEY`]: crate::migrate::MIGRATION_LOCK_KEY
 
 use std::time::{Duration, Instant};
 
 use sqlx::pool::PoolConnection;
 use sqlx::{AssertSqlSafe, Connection, Sqlite};
 
-use super::SqliteBackend;
-use super::bookkeeping::{CREATE_TABLE, connection, lock, map, read_records};
+use super::bookkeeping::{
+    ADD_STATE_COLUMNS, CREATE_TABLE, STATE_COLUMNS, connection, lock, map, read_records,
+    table_exists,
+};
+use super::{SqliteBackend, SqliteHeld};
 use crate::error::Error;
-use crate::migrate::adopt::{History, adopt_or_refuse};
-use crate::migrate::plan::{Applied, Record, Report, failed, millis, plan};
+use crate::key::Key;
+use crate::migrate::adopt::History;
+use crate::migrate::plan::{MIGRATION_LOCK_KEY, Record, millis};
 use crate::migrate::set::Migration;
-use crate::raw::{BoxFuture, MigrationTarget};
+use crate::migrate::store::{BoxFuture, MigrationStore, Options, Recorded, Session, Then, Write};
+use crate::raw::{Mode, RawHeld};
 
-impl MigrationTarget for SqliteBackend {
+impl MigrationStore for SqliteBackend {
+    fn backend(&self) -> &'static str {
+        "SQLite"
+    }
+
     fn run_script<'a>(&'a self, ddl: &'a str) -> BoxFuture<'a, Result<(), Error>> {
         Box::pin(run_script(self, ddl))
     }
 
-    fn records(&self) -> BoxFuture<'_, Result<Option<Vec<Record>>, Error>> {
-        Box::pin(records(self))
+    fn read<'a>(&'a self, opts: &'a Options) -> BoxFuture<'a, Result<Recorded, Error>> {
+        Box::pin(async move {
+            let mut conn = connection(self).await?;
+            let records = match table_exists(&mut conn).await? {
+                true => Some(read_records(&mut conn).await?),
+                false => None,
+            };
+            let history = super::adopt::history(&mut conn, &opts.sqlx_table).await?;
+            Ok(Recorded { records, history })
+        })
     }
 
-    fn run<'a>(
+    fn lock_held(&self) -> BoxFuture<'_, Result<bool, Error>> {
+        // Tried without waiting and let go at once: whether anyone (another process,
+        // or a task of this one) holds it.
+        let offset = Key::from_i64(MIGRATION_LOCK_KEY).file_offset();
+        Box::pin(std::future::ready(
+            match self.shared.take_now(offset, Mode::Exclusive) {
+                Ok(true) => {
+                    SqliteHeld::new(&self.shared, offset, Mode::Exclusive).release();
+                    Ok(false)
+                }
+                Ok(false) => Ok(true),
+                Err(e) => Err(e),
+            },
+        ))
+    }
+
+    fn lock<'a>(
         &'a self,
-        set: &'a [Migration],
-        ignore_missing: bool,
-        on_applied: &'a mut (dyn FnMut(&Applied) + Send),
-    ) -> BoxFuture<'a, Result<Report, Error>> {
-        Box::pin(run(self, set, ignore_missing, on_applied))
+        opts: &'a Options,
+        _what: &'static str,
+    ) -> BoxFuture<'a, Result<Box<dyn Session + 'a>, Error>> {
+        Box::pin(async move {
+            let held = lock(self).await?;
+            let conn = connection(self).await?;
+            let s: Box<dyn Session + 'a> = Box::new(SqliteSession {
+                conn: Some(conn),
+                held: Some(held),
+                sqlx_table: opts.sqlx_table.clone(),
+                has_state: false,
+            });
+            Ok(s)
+        })
     }
 
-    fn history(&self) -> BoxFuture<'_, Result<History, Error>> {
-        Box::pin(super::adopt::history_unlocked(self))
-    }
-
-    fn baseline<'a>(
-        &'a self,
-        set: &'a [Migration],
-        to: Option<i64>,
-    ) -> BoxFuture<'a, Result<Vec<i64>, Error>> {
-        Box::pin(super::adopt::baseline(self, set, to))
+    fn transactional_ddl(&self) -> bool {
+        true
     }
 }
 
@@ -61,63 +97,80 @@ async fn run_script(b: &SqliteBackend, ddl: &str) -> Result<(), Error> {
     tx.commit().await.map_err(map)
 }
 
-/// The bookkeeping rows, read without the lock; `None` if the table does not exist.
-async fn records(b: &SqliteBackend) -> Result<Option<Vec<Record>>, Error> {
-    let mut conn = connection(b).await?;
-    let exists: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'dblock_migrations'",
-    )
-    .fetch_one(&mut *conn)
-    .await
-    .map_err(map)?;
-    if exists == 0 {
-        return Ok(None);
-    }
-    read_records(&mut conn).await.map(Some)
+/// The migration lock and a connection to the database file. The connection is declared
+/// first, so it drops (rolling back a transaction in progress) before the lock does.
+struct SqliteSession {
+    conn: Option<PoolConnection<Sqlite>>,
+    held: Option<SqliteHeld>,
+    sqlx_table: String,
+    /// The table has the columns of a started migration.
+    has_state: bool,
 }
 
-async fn run(
-    b: &SqliteBackend,
-    set: &[Migration],
-    ignore_missing: bool,
-    on_applied: &mut (dyn FnMut(&Applied) + Send),
-) -> Result<Report, Error> {
-    // Held until this function returns, however it returns; declared first, so dropped
-    // after the connection and any transaction on it.
-    let _lock = lock(b).await?;
-    let mut conn = connection(b).await?;
-    sqlx::raw_sql(CREATE_TABLE)
-        .execute(&mut *conn)
-        .await
-        .map_err(map)?;
-    let mut records = read_records(&mut conn).await?;
-    // sqlx's history: adopted, or refused, before anything is applied.
-    let history = super::adopt::history(&mut conn).await?;
-    let adopted = adopt_or_refuse(set, &mut records, &history)?;
-    let pending = plan(set, &records, ignore_missing)?;
-    super::adopt::record(&mut conn, &adopted).await?;
-    let mut report = Report {
-        applied: Vec::with_capacity(pending.len()),
-        already_applied: set.len() - pending.len(),
-        adopted: adopted.len(),
-    };
-    for m in pending {
-        let duration = if m.no_transaction() {
-            apply_outside_transaction(&mut conn, m).await?
-        } else {
-            apply_in_transaction(&mut conn, m).await?
-        };
-        let applied = Applied {
-            version: m.version(),
-            name: m.name().to_string(),
-            file_name: m.file_name().to_string(),
-            duration,
-            no_transaction: m.no_transaction(),
-        };
-        on_applied(&applied);
-        report.applied.push(applied);
+impl SqliteSession {
+    fn conn(&mut self) -> Result<&mut PoolConnection<Sqlite>, Error> {
+        self.conn.as_mut().ok_or_else(|| Error::ConnectionLost {
+            message: "the migration session has ended".into(),
+        })
     }
-    Ok(report)
+
+    async fn run(&mut self, sql: &str) -> Result<(), Error> {
+        let conn = self.conn()?;
+        sqlx::raw_sql(AssertSqlSafe(sql))
+            .execute(&mut **conn)
+            .await
+            .map_err(map)?;
+        Ok(())
+    }
+
+    async fn write_one(&mut self, w: Write<'_>) -> Result<(), Error> {
+        let conn = self.conn.as_mut().ok_or_else(ended)?;
+        let q = match w {
+            Write::Started(m, statements) => {
+                if !self.has_state {
+                    for sql in ADD_STATE_COLUMNS {
+                        sqlx::raw_sql(sql).execute(&mut **conn).await.map_err(map)?;
+                    }
+                    self.has_state = true;
+                }
+                sqlx::query(
+                    "INSERT INTO dblock_migrations (version, name, checksum, applied_at, \
+                     duration_ms, state, statements_done) \
+                     VALUES (?1, ?2, ?3, strftime('%Y-%m-%dT%H:%M:%fZ', 'now'), 0, 'started', ?4)",
+                )
+                .bind(m.version())
+                .bind(m.name().to_string())
+                .bind(m.checksum().to_string())
+                .bind(statements.map(|_| 0i64))
+            }
+            Write::Progress(m, k) => {
+                sqlx::query("UPDATE dblock_migrations SET statements_done = ?1 WHERE version = ?2")
+                    .bind(i64::try_from(k).unwrap_or(i64::MAX))
+                    .bind(m.version())
+            }
+            Write::Finished(m, took) => sqlx::query(
+                "UPDATE dblock_migrations SET state = 'done', statements_done = NULL, \
+                 applied_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now'), duration_ms = ?1 \
+                 WHERE version = ?2",
+            )
+            .bind(millis(took))
+            .bind(m.version()),
+            Write::Unstarted(m) => sqlx::query(
+                "DELETE FROM dblock_migrations WHERE version = ?1 AND state = 'started'",
+            )
+            .bind(m.version()),
+            Write::Reverted(m) => return forget(conn, &self.sqlx_table, m).await,
+            Write::Adopted(rows) => return super::adopt::record(conn, rows).await,
+        };
+        q.execute(&mut **conn).await.map_err(map)?;
+        Ok(())
+    }
+}
+
+fn ended() -> Error {
+    Error::ConnectionLost {
+        message: "the migration session has ended".into(),
+    }
 }
 
 fn insert(
@@ -134,60 +187,120 @@ fn insert(
     .bind(millis(took))
 }
 
-async fn apply_in_transaction(
-    conn: &mut PoolConnection<Sqlite>,
+/// Removes a reverted migration's rows: dblock's, and sqlx's if its table exists.
+async fn forget(
+    conn: &mut sqlx::SqliteConnection,
+    sqlx_table: &str,
     m: &Migration,
-) -> Result<Duration, Error> {
-    let fail = |e| failed(m, None, map(e));
-    // IMMEDIATE: the write lock up front, so the transaction never has to upgrade a read
-    // lock (which SQLite may refuse at once, busy timeout or not).
-    let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.map_err(fail)?;
-    let t0 = Instant::now();
-    sqlx::raw_sql(AssertSqlSafe(m.sql()))
-        .execute(&mut *tx)
+) -> Result<(), Error> {
+    sqlx::query("DELETE FROM dblock_migrations WHERE version = ?1")
+        .bind(m.version())
+        .execute(&mut *conn)
         .await
-        .map_err(fail)?;
-    let took = t0.elapsed();
-    insert(m, took).execute(&mut *tx).await.map_err(fail)?;
-    tx.commit().await.map_err(fail)?;
-    Ok(took)
+        .map_err(map)?;
+    let sqlx = sqlx::query(AssertSqlSafe(format!(
+        "DELETE FROM {sqlx_table} WHERE version = ?1"
+    )))
+    .bind(m.version())
+    .execute(&mut *conn)
+    .await;
+    match sqlx {
+        Err(sqlx::Error::Database(e)) if e.message().starts_with("no such table") => Ok(()),
+        other => other.map(drop).map_err(map),
+    }
 }
 
-async fn apply_outside_transaction(
-    conn: &mut PoolConnection<Sqlite>,
-    m: &Migration,
-) -> Result<Duration, Error> {
-    let statements = m.statements();
-    let n = statements.len();
-    let t0 = Instant::now();
-    for (i, stmt) in statements.iter().enumerate() {
-        sqlx::raw_sql(AssertSqlSafe(*stmt))
-            .execute(&mut **conn)
-            .await
-            .map_err(|e| failed(m, Some((i + 1, n)), map(e)))?;
+impl Session for SqliteSession {
+    fn ensure_table(&mut self) -> BoxFuture<'_, Result<(), Error>> {
+        Box::pin(async move {
+            self.run(CREATE_TABLE).await?;
+            let conn = self.conn()?;
+            let n: i64 = sqlx::query_scalar(STATE_COLUMNS)
+                .fetch_one(&mut **conn)
+                .await
+                .map_err(map)?;
+            self.has_state = n == 2;
+            Ok(())
+        })
     }
-    let took = t0.elapsed();
-    // A BEGIN without its COMMIT would leave the row, and the pooled connection, inside
-    // the file's transaction. SQLite refuses a BEGIN within a transaction: probe with one.
-    if sqlx::raw_sql("BEGIN").execute(&mut **conn).await.is_err() {
-        let _ = sqlx::raw_sql("ROLLBACK").execute(&mut **conn).await;
-        return Err(failed(
-            m,
-            None,
-            Error::Unsupported(
-                "it left a transaction open (a BEGIN without its COMMIT); \
-                 the open transaction was rolled back"
-                    .into(),
-            ),
-        ));
+
+    fn records(&mut self) -> BoxFuture<'_, Result<Vec<Record>, Error>> {
+        Box::pin(async move { read_records(self.conn()?).await })
     }
-    sqlx::raw_sql("ROLLBACK")
-        .execute(&mut **conn)
-        .await
-        .map_err(|e| failed(m, None, map(e)))?;
-    insert(m, took)
-        .execute(&mut **conn)
-        .await
-        .map_err(|e| failed(m, None, map(e)))?;
-    Ok(took)
+
+    fn history(&mut self) -> BoxFuture<'_, Result<History, Error>> {
+        Box::pin(async move {
+            let table = self.sqlx_table.clone();
+            super::adopt::history(self.conn()?, &table).await
+        })
+    }
+
+    fn check(&mut self) -> BoxFuture<'_, Result<(), Error>> {
+        match self.held.as_mut() {
+            Some(held) => held.check(),
+            None => Box::pin(std::future::ready(Err(ended()))),
+        }
+    }
+
+    fn write<'a>(&'a mut self, w: Write<'a>) -> BoxFuture<'a, Result<(), Error>> {
+        Box::pin(self.write_one(w))
+    }
+
+    fn execute<'a>(&'a mut self, sql: &'a str) -> BoxFuture<'a, Result<(), Error>> {
+        Box::pin(self.run(sql))
+    }
+
+    fn in_transaction<'a>(
+        &'a mut self,
+        sql: &'a str,
+        then: Then<'a>,
+    ) -> BoxFuture<'a, Result<Duration, Error>> {
+        Box::pin(async move {
+            let table = self.sqlx_table.clone();
+            let conn = self.conn()?;
+            // IMMEDIATE: the write lock up front, so the transaction never has to
+            // upgrade a read lock (which SQLite may refuse at once, busy timeout or not).
+            // Dropped unfinished, the transaction rolls back.
+            let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.map_err(map)?;
+            let t0 = Instant::now();
+            sqlx::raw_sql(AssertSqlSafe(sql))
+                .execute(&mut *tx)
+                .await
+                .map_err(map)?;
+            let took = t0.elapsed();
+            match then {
+                Then::Applied(m) => {
+                    insert(m, took).execute(&mut *tx).await.map_err(map)?;
+                }
+                Then::Reverted(m) => forget(&mut tx, &table, m).await?,
+            }
+            tx.commit().await.map_err(map)?;
+            Ok(took)
+        })
+    }
+
+    fn end_open_transaction(&mut self) -> BoxFuture<'_, Result<bool, Error>> {
+        Box::pin(async move {
+            // SQLite refuses a BEGIN within a transaction: probe with one.
+            if self.run("BEGIN").await.is_err() {
+                let _ = self.run("ROLLBACK").await;
+                return Ok(true);
+            }
+            self.run("ROLLBACK").await?;
+            Ok(false)
+        })
+    }
+
+    fn end(&mut self, ok: bool) -> BoxFuture<'_, Result<(), Error>> {
+        drop(self.conn.take());
+        let released = self.held.take().map(|held| Box::new(held).release());
+        Box::pin(async move {
+            match released {
+                // After a failure, the run's error is the one to report.
+                Some(r) if ok => r.await,
+                Some(r) => r.await.or(Ok(())),
+                None => Ok(()),
+            }
+        })
+    }
 }

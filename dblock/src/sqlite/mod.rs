@@ -135,8 +135,7 @@ use std::time::{Duration, Instant};
 
 use crate::error::{Error, LossReason};
 use crate::raw::{
-    BenchFloor, BoxFuture, FENCING_TABLE, Grant, MigrationTarget, Mode, Options, RawHeld, RawLocks,
-    Req, Wait,
+    BenchFloor, BoxFuture, FENCING_TABLE, Grant, Mode, Options, RawHeld, RawLocks, Req, Wait,
 };
 
 pub(crate) use file::lock_file_path;
@@ -419,7 +418,7 @@ impl RawLocks for SqliteBackend {
         Box::pin(SqliteBackend::acquire(self, req))
     }
 
-    fn migrations(&self) -> Option<&dyn MigrationTarget> {
+    fn migrations(&self) -> Option<&dyn crate::migrate::store::MigrationStore> {
         Some(self)
     }
 

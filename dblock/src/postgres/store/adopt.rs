@@ -1,35 +1,36 @@
 //! Reading other tools' histories on PostgreSQL, and recording adopted rows (see
 //! `migrate::adopt`).
 
-use super::bookkeeping::{self as pg, q};
+use super::bookkeeping::q;
 use crate::error::Error;
-use crate::migrate::adopt::{History, OtherTool, SQLX_TABLE, SqlxRow, baseline_records};
-use crate::migrate::plan::{MIGRATION_LOCK_KEY, Record};
-use crate::migrate::set::Migration;
-use crate::postgres::backend::PgBackend;
+use crate::migrate::adopt::{History, OtherTool, SqlxRow};
+use crate::migrate::plan::Record;
 use crate::postgres::conn::Armed;
 use crate::postgres::sql::{first_value, quote_literal};
 
 /// What other tools recorded, read through the session's `search_path` as those
-/// tools find their tables.
-pub(crate) async fn history(armed: &Armed) -> Result<History, Error> {
+/// tools find their tables; sqlx's in `sqlx_table` (its name as SQL writes it).
+pub(crate) async fn history(armed: &Armed, sqlx_table: &str) -> Result<History, Error> {
     let mut h = History::default();
     let found = q(
         armed,
-        "SELECT concat_ws(',', \
-           CASE WHEN to_regclass('_sqlx_migrations') IS NOT NULL THEN 'sqlx' END, \
+        &format!(
+            "SELECT concat_ws(',', \
+           CASE WHEN to_regclass({}) IS NOT NULL THEN 'sqlx' END, \
            CASE WHEN EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = \
              coalesce(to_regclass('schema_migrations'), 0) AND attname = 'dirty' \
              AND NOT attisdropped) THEN 'golang-migrate' END, \
            CASE WHEN to_regclass('flyway_schema_history') IS NOT NULL THEN 'flyway' END, \
            CASE WHEN to_regclass('refinery_schema_history') IS NOT NULL THEN 'refinery' END, \
            CASE WHEN to_regclass('goose_db_version') IS NOT NULL THEN 'goose' END)",
+            quote_literal(sqlx_table)
+        ),
     )
     .await?;
     let found = first_value(&found, 0).unwrap_or_default();
     for tool in found.split(',').filter(|t| !t.is_empty()) {
         match tool {
-            "sqlx" => h.sqlx = sqlx_rows(armed).await?,
+            "sqlx" => h.sqlx = sqlx_rows(armed, sqlx_table).await?,
             "golang-migrate" => {
                 let rows = q(
                     armed,
@@ -106,7 +107,7 @@ async fn latest(
     Ok(())
 }
 
-async fn sqlx_rows(armed: &Armed) -> Result<Vec<SqlxRow>, Error> {
+async fn sqlx_rows(armed: &Armed, table: &str) -> Result<Vec<SqlxRow>, Error> {
     // One text column per row, the description last (it may hold anything).
     let rows = q(
         armed,
@@ -114,7 +115,7 @@ async fn sqlx_rows(armed: &Armed) -> Result<Vec<SqlxRow>, Error> {
             "SELECT concat_ws(E'\\t', version, success, encode(checksum, 'hex'), \
              execution_time, to_char(installed_on AT TIME ZONE 'UTC', \
              'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"'), description) \
-             FROM {SQLX_TABLE} ORDER BY version"
+             FROM {table} ORDER BY version"
         ),
     )
     .await?;
@@ -126,7 +127,7 @@ async fn sqlx_rows(armed: &Armed) -> Result<Vec<SqlxRow>, Error> {
 fn parse(row: Option<&str>) -> Result<SqlxRow, Error> {
     let bad = || Error::Database {
         code: None,
-        message: format!("unexpected row in {SQLX_TABLE}: {row:?}"),
+        message: format!("unexpected row in sqlx's history: {row:?}"),
     };
     let mut f = row.ok_or_else(bad)?.splitn(6, '\t');
     let mut next = || f.next().ok_or_else(bad);
@@ -138,42 +139,6 @@ fn parse(row: Option<&str>) -> Result<SqlxRow, Error> {
         installed_on: next()?.to_string(),
         description: next()?.to_string(),
     })
-}
-
-/// [`history`] on a connection of its own, without the lock (status, dry runs).
-pub(crate) async fn history_unlocked(b: &PgBackend) -> Result<History, Error> {
-    let armed = Armed::new(b.pinned().await?);
-    let h = history(&armed).await?;
-    armed.disarm().recycle();
-    Ok(h)
-}
-
-/// `Runner::baseline` on PostgreSQL: under the migration lock (waited for without a
-/// snapshot), the table, then the rows. On any failure the connection is abandoned
-/// (its `Armed` drops), which releases the lock.
-pub(crate) async fn baseline(
-    b: &PgBackend,
-    set: &[Migration],
-    to: Option<i64>,
-) -> Result<Vec<i64>, Error> {
-    b.refuse_behind_pooler("a migration baseline", pg::POOLER_FIX)?;
-    let table = pg::table(b)?;
-    let armed = Armed::new(b.pinned().await?);
-    pg::wait_for_lock(&armed, None).await?;
-    q(&armed, &pg::create_table(&table)).await?;
-    let records = pg::read_records(&armed, &table).await?;
-    let h = history(&armed).await?;
-    let rows = baseline_records(set, &records, &h, to)?;
-    record(&armed, &table, &rows).await?;
-    let unlocked = q(
-        &armed,
-        &format!("SELECT pg_advisory_unlock({MIGRATION_LOCK_KEY})"),
-    )
-    .await?;
-    if first_value(&unlocked, 0).as_deref() == Some("t") {
-        armed.disarm().recycle();
-    }
-    Ok(rows.iter().map(|r| r.version).collect())
 }
 
 /// Records `rows` as applied in dblock's `table`, in one statement (all or none).

@@ -1,16 +1,17 @@
 //! The PostgreSQL migration runner's shared pieces: the bookkeeping table (its name,
 //! definition and rows) and the migration lock, waited for without holding a snapshot.
-//! Used by the runner (`migrate`), adoption (`adopt`), reverts (`revert`) and the
-//! fencing table's creation (`fence`).
+//! Used by the runner's store (`migrate`), adoption (`adopt`) and the fencing table's
+//! creation (`fence`).
 
 use std::time::Duration;
 
 use crate::error::{Error, WaitingFor};
-use crate::migrate::plan::{MIGRATION_LOCK_KEY, Record, TABLE};
+use crate::key::Key;
+use crate::migrate::plan::{MIGRATION_LOCK_KEY, Record, RecordState, TABLE};
 use crate::postgres::backend::PgBackend;
 use crate::postgres::conn::Armed;
 use crate::postgres::conn::wire::{QueryError, Results};
-use crate::postgres::sql::{first_value, quote_ident};
+use crate::postgres::sql::{first_value, quote_ident, quote_literal};
 
 /// The first pause between two attempts at the lock; it doubles up to [`POLL_MAX`].
 const POLL_FIRST: Duration = Duration::from_millis(20);
@@ -44,13 +45,17 @@ pub(crate) async fn q(armed: &Armed, sql: &str) -> Result<Results, Error> {
 
 pub(crate) async fn read_records(armed: &Armed, table: &str) -> Result<Vec<Record>, Error> {
     // One text column per row (the connection layer reads first columns), the name
-    // last since it is the only field that could hold anything.
+    // last since it is the only field that could hold anything. `state` and
+    // `statements_done` through the row's JSON: a table of an earlier dblock lacks them
+    // (every row of it is done).
     let rows = q(
         armed,
         &format!(
             "SELECT concat_ws(E'\\t', version, checksum, duration_ms, \
-             to_char(applied_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"'), name) \
-             FROM {table} ORDER BY version"
+             to_char(applied_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"'), \
+             coalesce(to_jsonb(d)->>'state', 'done'), \
+             coalesce(to_jsonb(d)->>'statements_done', ''), name) \
+             FROM {table} d ORDER BY version"
         ),
     )
     .await?;
@@ -64,12 +69,21 @@ fn parse_record(row: Option<&str>) -> Result<Record, Error> {
         code: None,
         message: format!("unexpected row in {TABLE}: {row:?}"),
     };
-    let mut f = row.ok_or_else(bad)?.splitn(5, '\t');
+    let mut f = row.ok_or_else(bad)?.splitn(7, '\t');
     let mut next = || f.next().ok_or_else(bad);
     let version = next()?.parse().map_err(|_| bad())?;
     let checksum = next()?.to_string();
     let duration_ms = next()?.parse().map_err(|_| bad())?;
     let applied_at = next()?.to_string();
+    let state = next()?;
+    let completed = match next()? {
+        "" => None,
+        n => Some(n.parse().map_err(|_| bad())?),
+    };
+    let state = match state {
+        "done" => RecordState::Done,
+        _ => RecordState::Started { completed },
+    };
     let name = next()?.to_string();
     Ok(Record {
         version,
@@ -77,7 +91,28 @@ fn parse_record(row: Option<&str>) -> Result<Record, Error> {
         checksum,
         applied_at,
         duration_ms,
+        state,
     })
+}
+
+/// Whether the session holding the migration lock (as a session lock) still holds it.
+pub(crate) fn holds_lock_sql() -> String {
+    let (classid, objid) = Key::from_i64(MIGRATION_LOCK_KEY).pg_locks_ids();
+    format!(
+        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted \
+         AND pid = pg_backend_pid() AND classid = {classid} AND objid = {objid} \
+         AND objsubid = 1"
+    )
+}
+
+/// Whether any session of this database holds the migration lock now.
+pub(crate) fn lock_held_sql() -> String {
+    let (classid, objid) = Key::from_i64(MIGRATION_LOCK_KEY).pg_locks_ids();
+    format!(
+        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted \
+         AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
+         AND classid = {classid} AND objid = {objid} AND objsubid = 1"
+    )
 }
 
 /// Waits for the migration lock, as a session lock, holding no snapshot: a short
@@ -168,7 +203,30 @@ pub(crate) fn create_table(table: &str) -> String {
          name text NOT NULL, \
          checksum text NOT NULL, \
          applied_at timestamptz NOT NULL DEFAULT now(), \
-         duration_ms bigint NOT NULL)"
+         duration_ms bigint NOT NULL, \
+         {STATE_COLUMNS})"
+    )
+}
+
+/// The columns a migration started outside a transaction needs (a table of an earlier
+/// dblock gets them when it first runs one): `state` (`done`, `started`) and, for a
+/// started one, how many statements are known to have completed.
+const STATE_COLUMNS: &str = "state text NOT NULL DEFAULT 'done', statements_done bigint";
+
+/// Adds [`STATE_COLUMNS`] to a table of an earlier dblock.
+pub(crate) fn add_state_columns(table: &str) -> String {
+    format!(
+        "ALTER TABLE {table} ADD COLUMN IF NOT EXISTS state text NOT NULL DEFAULT 'done', \
+         ADD COLUMN IF NOT EXISTS statements_done bigint"
+    )
+}
+
+/// Whether `table` has [`STATE_COLUMNS`] (`2`).
+pub(crate) fn state_columns_sql(table: &str) -> String {
+    format!(
+        "SELECT count(*) FROM pg_attribute WHERE attrelid = to_regclass({}) \
+         AND attname IN ('state', 'statements_done') AND NOT attisdropped",
+        quote_literal(table)
     )
 }
 
@@ -179,7 +237,7 @@ mod tests {
     #[test]
     fn bookkeeping_rows_parse_with_any_name() {
         let r = parse_record(Some(
-            "12\tabc\t34\t2026-05-01T12:00:00.123Z\tname\twith\ttabs",
+            "12\tabc\t34\t2026-05-01T12:00:00.123Z\tdone\t\tname\twith\ttabs",
         ))
         .unwrap();
         assert_eq!(
@@ -192,6 +250,9 @@ mod tests {
             (12, "abc", 34, "name\twith\ttabs")
         );
         assert_eq!(r.applied_at, "2026-05-01T12:00:00.123Z");
+        assert_eq!(r.state, RecordState::Done);
+        let r = parse_record(Some("12\tabc\t0\t2026-05-01T12:00:00.123Z\tstarted\t2\tn")).unwrap();
+        assert_eq!(r.state, RecordState::Started { completed: Some(2) });
         assert!(parse_record(Some("x\tabc")).is_err());
         assert!(parse_record(None).is_err());
     }

@@ -1,65 +1,83 @@
-//! The runner on PostgreSQL: one pinned connection, the migration lock taken by polling
-//! in autocommit and held as a session lock, each migration in a transaction of its own
-//! with its bookkeeping row.
+//! The migration runner's store on PostgreSQL: one pinned connection, the migration lock
+//! taken by polling in autocommit (no snapshot held while waiting) and held as a session
+//! lock; each migration in a transaction of its own with its bookkeeping row, or
+//! statement by statement in autocommit. The runner itself is `migrate::run`.
 
 use std::time::{Duration, Instant};
 
-use super::bookkeeping::{POOLER_FIX, create_table, q, read_records, table, wait_for_lock};
-use crate::error::{Error, LossReason};
-use crate::migrate::adopt::{History, adopt_or_refuse};
-use crate::migrate::plan::{
-    Applied, MIGRATION_LOCK_KEY, Record, Report, failed, lock_prefixed, millis, plan,
+use super::bookkeeping::{
+    POOLER_FIX, add_state_columns, create_table, holds_lock_sql, lock_held_sql, q, read_records,
+    state_columns_sql, table, wait_for_lock,
 };
+use crate::error::{Error, LossReason};
+use crate::migrate::adopt::History;
+use crate::migrate::plan::{MIGRATION_LOCK_KEY, Record, lock_prefixed, millis};
 use crate::migrate::set::Migration;
+use crate::migrate::store::{
+    BoxFuture, MigrationStore, Options, Recorded, ScriptPool, Session, Then, Write, sealed,
+};
 use crate::postgres::backend::PgBackend;
 use crate::postgres::conn::Armed;
-use crate::postgres::conn::wire::QueryError;
+use crate::postgres::conn::wire::{QueryError, Results};
 use crate::postgres::sql::{first_value, quote_literal};
-use crate::raw::{BoxFuture, MigrationTarget};
 
-impl MigrationTarget for PgBackend {
+impl MigrationStore for PgBackend {
+    fn backend(&self) -> &'static str {
+        "PostgreSQL"
+    }
+
     fn run_script<'a>(&'a self, ddl: &'a str) -> BoxFuture<'a, Result<(), Error>> {
         Box::pin(run_script(self, ddl))
     }
 
-    fn records(&self) -> BoxFuture<'_, Result<Option<Vec<Record>>, Error>> {
-        Box::pin(records(self))
+    fn read<'a>(&'a self, opts: &'a Options) -> BoxFuture<'a, Result<Recorded, Error>> {
+        Box::pin(read(self, opts))
     }
 
-    fn run<'a>(
+    fn lock_held(&self) -> BoxFuture<'_, Result<bool, Error>> {
+        Box::pin(async move {
+            let armed = Armed::new(self.pinned().await?);
+            let rows = q(&armed, &lock_held_sql()).await?;
+            armed.disarm().recycle();
+            Ok(first_value(&rows, 0).is_some_and(|n| n != "0"))
+        })
+    }
+
+    fn lock<'a>(
         &'a self,
-        set: &'a [Migration],
-        ignore_missing: bool,
-        on_applied: &'a mut (dyn FnMut(&Applied) + Send),
-    ) -> BoxFuture<'a, Result<Report, Error>> {
-        Box::pin(run(self, set, ignore_missing, on_applied))
+        opts: &'a Options,
+        what: &'static str,
+    ) -> BoxFuture<'a, Result<Box<dyn Session + 'a>, Error>> {
+        Box::pin(async move {
+            let s: Box<dyn Session + 'a> = Box::new(PgSession::lock(self, opts, what).await?);
+            Ok(s)
+        })
     }
 
-    fn history(&self) -> BoxFuture<'_, Result<History, Error>> {
-        Box::pin(super::adopt::history_unlocked(self))
-    }
-
-    fn baseline<'a>(
-        &'a self,
-        set: &'a [Migration],
-        to: Option<i64>,
-    ) -> BoxFuture<'a, Result<Vec<i64>, Error>> {
-        Box::pin(super::adopt::baseline(self, set, to))
-    }
-
-    fn revert<'a>(
-        &'a self,
-        set: &'a [Migration],
-        to: Option<i64>,
-        on_reverted: &'a mut (dyn FnMut(&Applied) + Send),
-    ) -> BoxFuture<'a, Result<Vec<Applied>, Error>> {
-        Box::pin(super::revert::revert(self, set, to, on_reverted))
+    fn transactional_ddl(&self) -> bool {
+        true
     }
 
     fn server_version_num(&self) -> BoxFuture<'_, Result<Option<u32>, Error>> {
         Box::pin(async move { server_version_num(self).await.map(Some) })
     }
 }
+
+/// `dblock::migrate::run_script` on the caller's pool: one message, one implicit
+/// transaction, the lock released at its end whatever happens.
+impl ScriptPool for sqlx::PgPool {
+    fn run_locked<'a>(&'a self, sql: String) -> BoxFuture<'a, Result<(), Error>> {
+        Box::pin(async move {
+            sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+                .execute(self)
+                .await
+                .map_err(super::xact::map_sqlx)?;
+            Ok(())
+        })
+    }
+}
+
+impl sealed::Sealed for sqlx::PgPool {}
 
 /// The server's `server_version_num`, on a connection of its own.
 async fn server_version_num(b: &PgBackend) -> Result<u32, Error> {
@@ -101,8 +119,9 @@ async fn run_script(b: &PgBackend, ddl: &str) -> Result<(), Error> {
     }
 }
 
-/// The bookkeeping rows, read without the lock; `None` if the table does not exist.
-async fn records(b: &PgBackend) -> Result<Option<Vec<Record>>, Error> {
+/// The bookkeeping rows (if the table exists) and other tools' histories, read without
+/// the lock on a connection of its own.
+async fn read(b: &PgBackend, opts: &Options) -> Result<Recorded, Error> {
     let table = table(b)?;
     let armed = Armed::new(b.pinned().await?);
     let exists = q(
@@ -114,189 +133,263 @@ async fn records(b: &PgBackend) -> Result<Option<Vec<Record>>, Error> {
         Some("t") => Some(read_records(&armed, &table).await?),
         _ => None,
     };
+    let history = super::adopt::history(&armed, &opts.sqlx_table).await?;
     armed.disarm().recycle();
-    Ok(records)
+    Ok(Recorded { records, history })
 }
 
-/// A run's connection and what it has changed on the session.
-struct Session {
-    armed: Armed,
+/// A run's connection, the migration lock it holds, and what it changed on the session.
+struct PgSession {
+    /// `None` once ended.
+    armed: Option<Armed>,
     /// The migration lock is held (as a session lock).
     locked: bool,
     /// `client_connection_check_interval` was set and must be reset.
     checking: bool,
     /// The role the run connects as, for permission errors.
     role: String,
+    /// dblock's table, qualified.
+    table: String,
+    /// sqlx's table, as SQL names it.
+    sqlx_table: String,
+    /// The table has the columns of a started migration.
+    has_state: bool,
 }
 
-async fn run(
-    b: &PgBackend,
-    set: &[Migration],
-    ignore_missing: bool,
-    on_applied: &mut (dyn FnMut(&Applied) + Send),
-) -> Result<Report, Error> {
-    b.refuse_behind_pooler("a migration run", POOLER_FIX)?;
-    let table = table(b)?;
-    let mut s = Session {
-        armed: Armed::new(b.pinned().await?),
-        locked: false,
-        checking: false,
-        role: b.role.clone(),
-    };
-    let res = s
-        .apply_pending(&table, set, ignore_missing, on_applied)
-        .await;
-    let end = s.end(res.is_ok()).await;
-    let report = res?;
-    end?;
-    Ok(report)
-}
-
-impl Session {
-    async fn apply_pending(
-        &mut self,
-        table: &str,
-        set: &[Migration],
-        ignore_missing: bool,
-        on_applied: &mut (dyn FnMut(&Applied) + Send),
-    ) -> Result<Report, Error> {
+impl PgSession {
+    /// A pinned connection that watches for its client, then the migration lock, waited
+    /// for holding no snapshot (see [`wait_for_lock`]). Dropped on the way (an error, a
+    /// cancelled future), the connection is abandoned, which releases everything.
+    async fn lock(b: &PgBackend, opts: &Options, what: &'static str) -> Result<Self, Error> {
+        b.refuse_behind_pooler(what, POOLER_FIX)?;
+        let mut s = PgSession {
+            table: table(b)?,
+            armed: Some(Armed::new(b.pinned().await?)),
+            locked: false,
+            checking: false,
+            role: b.role.clone(),
+            sqlx_table: opts.sqlx_table.clone(),
+            has_state: false,
+        };
         // Set for the run only where the session lacks it (dblock's own connections
         // already have it; a borrowed sqlx connection may not): what is set is reset.
-        let v = q(
-            &self.armed,
-            "SELECT current_setting('server_version_num')::int >= 140000 \
-             AND coalesce(current_setting('client_connection_check_interval', true), '0') = '0'",
-        )
-        .await?;
-        if first_value(&v, 0).as_deref() == Some("t") {
-            q(
-                &self.armed,
-                &format!("SET client_connection_check_interval = {CLIENT_CHECK_MS}"),
+        let v = s
+            .q(
+                "SELECT current_setting('server_version_num')::int >= 140000 \
+                AND coalesce(current_setting('client_connection_check_interval', true), '0') = '0'",
             )
             .await?;
-            self.checking = true;
+        if first_value(&v, 0).as_deref() == Some("t") {
+            s.q(&format!(
+                "SET client_connection_check_interval = {CLIENT_CHECK_MS}"
+            ))
+            .await?;
+            s.checking = true;
         }
-        self.lock().await?;
-        // Only now, under the lock: the table, then what is applied.
-        let schema = table.split('.').next().unwrap_or(table).trim_matches('"');
-        let fix = format!(
-            "run dblock migrate as a role that may create objects in schema {schema:?} (its \
-             owner), or have the owner run once: GRANT CREATE ON SCHEMA \"{schema}\" TO {}",
-            self.role
-        );
-        q(&self.armed, &create_table(table))
-            .await
-            .map_err(|e| super::setup::owner_needed(e, &fix))?;
-        let mut records = read_records(&self.armed, table).await?;
-        // Another tool's history: adopted, or refused, before anything is applied.
-        let history = super::adopt::history(&self.armed).await?;
-        let adopted = adopt_or_refuse(set, &mut records, &history)?;
-        let pending = plan(set, &records, ignore_missing)?;
-        super::adopt::record(&self.armed, table, &adopted).await?;
-        let mut report = Report {
-            applied: Vec::with_capacity(pending.len()),
-            already_applied: set.len() - pending.len(),
-            adopted: adopted.len(),
-        };
-        for m in pending {
-            let duration = if m.no_transaction() {
-                self.apply_outside_transaction(table, m).await?
-            } else {
-                self.apply_in_transaction(table, m).await?
-            };
-            let applied = Applied {
-                version: m.version(),
-                name: m.name().to_string(),
-                file_name: m.file_name().to_string(),
-                duration,
-                no_transaction: m.no_transaction(),
-            };
-            on_applied(&applied);
-            report.applied.push(applied);
-        }
-        Ok(report)
+        wait_for_lock(s.armed()?, None).await?;
+        s.locked = true;
+        Ok(s)
     }
 
-    /// Waits for the migration lock holding no snapshot (see [`wait_for_lock`]).
-    async fn lock(&mut self) -> Result<(), Error> {
-        wait_for_lock(&self.armed, None).await?;
-        self.locked = true;
-        Ok(())
+    fn armed(&self) -> Result<&Armed, Error> {
+        self.armed.as_ref().ok_or_else(|| Error::ConnectionLost {
+            message: "the migration session has ended".into(),
+        })
     }
 
-    fn insert(table: &str, m: &Migration, ms: i64) -> String {
+    async fn q(&self, sql: &str) -> Result<Results, Error> {
+        q(self.armed()?, sql).await
+    }
+
+    /// The INSERT of a done row.
+    fn insert(&self, m: &Migration, took: Duration) -> String {
         format!(
-            "INSERT INTO {table} (version, name, checksum, duration_ms) VALUES ({}, {}, {}, {ms})",
+            "INSERT INTO {} (version, name, checksum, duration_ms) VALUES ({}, {}, {}, {})",
+            self.table,
             m.version(),
             quote_literal(m.name()),
             quote_literal(m.checksum()),
+            millis(took)
         )
     }
 
-    /// The migration and its row in one transaction.
-    async fn apply_in_transaction(
-        &mut self,
-        table: &str,
-        m: &Migration,
-    ) -> Result<Duration, Error> {
-        let fail = |e| failed(m, None, e);
-        q(&self.armed, "BEGIN ISOLATION LEVEL READ COMMITTED")
-            .await
-            .map_err(fail)?;
-        let t0 = Instant::now();
-        // The file as one message, inside the open transaction: the server parses it,
-        // and the first failing statement aborts the transaction.
-        q(&self.armed, m.sql()).await.map_err(fail)?;
-        let took = t0.elapsed();
-        let commit = format!("{}; COMMIT", Session::insert(table, m, millis(took)));
-        q(&self.armed, &commit).await.map_err(fail)?;
-        Ok(took)
-    }
-
-    /// The migration's statements one by one in autocommit, then its row.
-    async fn apply_outside_transaction(
-        &mut self,
-        table: &str,
-        m: &Migration,
-    ) -> Result<Duration, Error> {
-        let statements = m.statements();
-        let n = statements.len();
-        let t0 = Instant::now();
-        for (i, stmt) in statements.iter().enumerate() {
-            q(&self.armed, stmt)
-                .await
-                .map_err(|e| failed(m, Some((i + 1, n)), e))?;
-        }
-        let took = t0.elapsed();
-        // A statement of the file may have opened a transaction it did not end; in
-        // autocommit a statement's transaction starts with it.
-        let open = q(
-            &self.armed,
-            "SELECT transaction_timestamp() <> statement_timestamp()",
-        )
-        .await
-        .map_err(|e| failed(m, None, e))?;
-        if first_value(&open, 0).as_deref() == Some("t") {
-            return Err(failed(
-                m,
-                None,
-                Error::Unsupported(
-                    "it left a transaction open (a BEGIN without its COMMIT); \
-                     the open transaction was rolled back"
-                        .into(),
-                ),
+    /// The deletion of a reverted migration's rows: dblock's, and sqlx's if its table
+    /// exists.
+    async fn forget(&self, m: &Migration) -> Result<String, Error> {
+        let v = m.version();
+        let mut sql = format!("DELETE FROM {} WHERE version = {v}", self.table);
+        let sqlx = self
+            .q(&format!(
+                "SELECT to_regclass({}) IS NOT NULL",
+                quote_literal(&self.sqlx_table)
+            ))
+            .await?;
+        if first_value(&sqlx, 0).as_deref() == Some("t") {
+            sql.push_str(&format!(
+                "; DELETE FROM {} WHERE version = {v}",
+                self.sqlx_table
             ));
         }
-        q(&self.armed, &Session::insert(table, m, millis(took)))
-            .await
-            .map_err(|e| failed(m, None, e))?;
-        Ok(took)
+        Ok(sql)
     }
 
+    /// The SQL of one bookkeeping change.
+    async fn write_sql(&mut self, w: Write<'_>) -> Result<Option<String>, Error> {
+        let t = self.table.clone();
+        Ok(Some(match w {
+            Write::Started(m, statements) => {
+                if !self.has_state {
+                    self.q(&add_state_columns(&t)).await?;
+                    self.has_state = true;
+                }
+                format!(
+                    "INSERT INTO {t} (version, name, checksum, duration_ms, state, \
+                     statements_done) VALUES ({}, {}, {}, 0, 'started', {})",
+                    m.version(),
+                    quote_literal(m.name()),
+                    quote_literal(m.checksum()),
+                    statements.map_or("NULL", |_| "0")
+                )
+            }
+            Write::Progress(m, k) => format!(
+                "UPDATE {t} SET statements_done = {k} WHERE version = {}",
+                m.version()
+            ),
+            Write::Finished(m, took) => format!(
+                "UPDATE {t} SET state = 'done', statements_done = NULL, applied_at = now(), \
+                 duration_ms = {} WHERE version = {}",
+                millis(took),
+                m.version()
+            ),
+            Write::Unstarted(m) => format!(
+                "DELETE FROM {t} WHERE version = {} AND state = 'started'",
+                m.version()
+            ),
+            Write::Reverted(m) => self.forget(m).await?,
+            Write::Adopted(rows) => {
+                super::adopt::record(self.armed()?, &self.table, rows).await?;
+                return Ok(None);
+            }
+        }))
+    }
+}
+
+impl Session for PgSession {
+    fn ensure_table(&mut self) -> BoxFuture<'_, Result<(), Error>> {
+        Box::pin(async move {
+            let schema = self.table.split('.').next().unwrap_or(&self.table);
+            let schema = schema.trim_matches('"').to_string();
+            let fix = format!(
+                "run dblock migrate as a role that may create objects in schema {schema:?} \
+                 (its owner), or have the owner run once: GRANT CREATE ON SCHEMA \"{schema}\" \
+                 TO {}",
+                self.role
+            );
+            self.q(&create_table(&self.table))
+                .await
+                .map_err(|e| super::setup::owner_needed(e, &fix))?;
+            let columns = self.q(&state_columns_sql(&self.table)).await?;
+            self.has_state = first_value(&columns, 0).as_deref() == Some("2");
+            Ok(())
+        })
+    }
+
+    fn records(&mut self) -> BoxFuture<'_, Result<Vec<Record>, Error>> {
+        Box::pin(async move { read_records(self.armed()?, &self.table).await })
+    }
+
+    fn history(&mut self) -> BoxFuture<'_, Result<History, Error>> {
+        Box::pin(async move { super::adopt::history(self.armed()?, &self.sqlx_table).await })
+    }
+
+    fn check(&mut self) -> BoxFuture<'_, Result<(), Error>> {
+        Box::pin(async move {
+            let rows = self.q(&holds_lock_sql()).await?;
+            match first_value(&rows, 0).as_deref() {
+                Some("1") => Ok(()),
+                _ => Err(lock_gone()),
+            }
+        })
+    }
+
+    fn write<'a>(&'a mut self, w: Write<'a>) -> BoxFuture<'a, Result<(), Error>> {
+        Box::pin(async move {
+            if let Some(sql) = self.write_sql(w).await? {
+                self.q(&sql).await?;
+            }
+            Ok(())
+        })
+    }
+
+    fn execute<'a>(&'a mut self, sql: &'a str) -> BoxFuture<'a, Result<(), Error>> {
+        Box::pin(async move { self.q(sql).await.map(drop) })
+    }
+
+    fn in_transaction<'a>(
+        &'a mut self,
+        sql: &'a str,
+        then: Then<'a>,
+    ) -> BoxFuture<'a, Result<Duration, Error>> {
+        Box::pin(async move {
+            // The deletion's SQL is settled before the transaction starts.
+            let forget = match then {
+                Then::Reverted(m) => Some(self.forget(m).await?),
+                Then::Applied(_) => None,
+            };
+            self.q("BEGIN ISOLATION LEVEL READ COMMITTED").await?;
+            let t0 = Instant::now();
+            // The file as one message, inside the open transaction: the server parses
+            // it, and the first failing statement aborts the transaction.
+            let res = self.q(sql).await;
+            let took = t0.elapsed();
+            let res = match (res, then) {
+                (Err(e), _) => Err(e),
+                (Ok(_), Then::Applied(m)) => {
+                    let commit = format!("{}; COMMIT", self.insert(m, took));
+                    self.q(&commit).await
+                }
+                (Ok(_), Then::Reverted(_)) => {
+                    let commit = format!("{}; COMMIT", forget.unwrap_or_default());
+                    self.q(&commit).await
+                }
+            };
+            if let Err(e) = res {
+                if !e.is_connection() {
+                    let _ = self.q("ROLLBACK").await;
+                }
+                return Err(e);
+            }
+            Ok(took)
+        })
+    }
+
+    fn end_open_transaction(&mut self) -> BoxFuture<'_, Result<bool, Error>> {
+        Box::pin(async move {
+            // In autocommit a statement's transaction starts with it.
+            let open = self
+                .q("SELECT transaction_timestamp() <> statement_timestamp()")
+                .await?;
+            if first_value(&open, 0).as_deref() != Some("t") {
+                return Ok(false);
+            }
+            self.q("ROLLBACK").await?;
+            Ok(true)
+        })
+    }
+
+    fn end(&mut self, ok: bool) -> BoxFuture<'_, Result<(), Error>> {
+        Box::pin(self.end_session(ok))
+    }
+}
+
+impl PgSession {
     /// Leaves the session as it was found — no transaction, no lock, no setting — and
     /// returns the connection to the pool; or, if that cannot be confirmed, abandons it,
     /// which releases everything on the server.
-    async fn end(self, ok: bool) -> Result<(), Error> {
+    async fn end_session(&mut self, ok: bool) -> Result<(), Error> {
+        let Some(armed) = self.armed.take() else {
+            return Ok(());
+        };
         let mut stmts = Vec::new();
         if !ok {
             // Ends a failed migration's transaction (a warning if there is none).
@@ -310,33 +403,19 @@ impl Session {
             stmts.push("RESET client_connection_check_interval".to_string());
         }
         if stmts.is_empty() {
-            self.armed.disarm().recycle();
+            armed.disarm().recycle();
             return Ok(());
         }
-        let res = self.armed.conn().query(&stmts.join("; ")).await;
-        let conn = self.armed.disarm();
+        let res = armed.conn().query(&stmts.join("; ")).await;
+        let conn = armed.disarm();
         match res {
-            Ok(rows) => {
-                let released =
-                    unlock_at.is_none_or(|i| first_value(&rows, i).as_deref() == Some("t"));
-                if released {
-                    conn.recycle();
-                    Ok(())
-                } else {
-                    conn.abandon();
-                    if ok {
-                        Err(Error::LockLost {
-                            reason: LossReason::ConnectionClosed {
-                                message: "the session no longer held the migration lock at \
-                                          the end of the run (a pooler between dblock and the \
-                                          server may have switched sessions)"
-                                    .into(),
-                            },
-                        })
-                    } else {
-                        Ok(())
-                    }
-                }
+            Ok(rows) if unlock_at.is_none_or(|i| first_value(&rows, i).as_deref() == Some("t")) => {
+                conn.recycle();
+                Ok(())
+            }
+            Ok(_) => {
+                conn.abandon();
+                if ok { Err(lock_gone()) } else { Ok(()) }
             }
             Err(e) => {
                 conn.abandon();
@@ -344,5 +423,16 @@ impl Session {
                 if ok { Err(e.into_error()) } else { Ok(()) }
             }
         }
+    }
+}
+
+/// The session no longer holds the migration lock.
+fn lock_gone() -> Error {
+    Error::LockLost {
+        reason: LossReason::ConnectionClosed {
+            message: "the session no longer held the migration lock (a pooler between dblock \
+                      and the server may have switched sessions)"
+                .into(),
+        },
     }
 }

@@ -1,6 +1,6 @@
 //! The backend's other SQL, beside the lock logic: fencing tokens (`fence`, and `token`,
-//! the statement that takes one), the migration runner (`migrate`, `bookkeeping`,
-//! `adopt`, `revert`), `status`, `setup`, the benchmark's floor (`floor`) and locks in
+//! the statement that takes one), the migration runner's store (`migrate`,
+//! `bookkeeping`, `adopt`), `status`, `setup`, the benchmark's floor (`floor`) and locks in
 //! the caller's own transaction (`xact`).
 
 pub(crate) mod adopt;
@@ -8,7 +8,6 @@ pub(crate) mod bookkeeping;
 pub(crate) mod fence;
 pub(crate) mod floor;
 pub(crate) mod migrate;
-pub(crate) mod revert;
 pub(crate) mod setup;
 pub(crate) mod status;
 pub(crate) mod token;

@@ -117,5 +117,24 @@ fn simple(f: &str, key: Key) -> AssertSqlSafe<String> {
 /// Maps an sqlx error to dblock's: SQLSTATEs by kind, broken connections to
 /// [`Error::ConnectionLost`].
 pub fn map_sqlx(e: sqlx::Error) -> Error {
-    Error::from_sqlx_postgres(e)
+    match e {
+        sqlx::Error::Database(db) => match db.code() {
+            Some(code) => Error::from_sqlstate(&code, db.message().to_string()),
+            None => Error::Database {
+                code: None,
+                message: db.message().to_string(),
+            },
+        },
+        sqlx::Error::Io(e) => Error::ConnectionLost {
+            message: e.to_string(),
+        },
+        sqlx::Error::PoolTimedOut => Error::Timeout {
+            waiting_for: crate::error::WaitingFor::SqlxPoolConnection,
+            after: None,
+        },
+        other => Error::Database {
+            code: None,
+            message: other.to_string(),
+        },
+    }
 }
