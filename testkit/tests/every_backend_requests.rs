@@ -6,70 +6,56 @@
 
 use std::time::Duration;
 
-use dblock::Error;
+use dblock::request::Take;
+use dblock::{Error, Request};
 use dblock_testkit::TestDb;
 use dblock_testkit::testdb::within;
 
+/// `req.try_lock_for(0)`, bounded; an error fails the test.
+async fn zero_wait<T: Take>(req: Request<'_, T>, what: &str) -> Option<T::Guard> {
+    within(10, what, req.try_lock_for(Duration::ZERO))
+        .await
+        .unwrap_or_else(|e| panic!("{what}: {e}"))
+}
+
 /// `try_lock_for(0)` is `try_lock`: granted when free, `None` (not an error, not "held")
 /// when held — for each kind of request, many times over (a zero deadline raced against
-/// the request's own round trip used to lose on a server: issue 22, item 4).
+/// the request's own round trip used to lose on a server: issue 22, item 4). Each grant
+/// is released and confirmed (a dropped guard's release may still be on its way).
 async fn a_zero_wait_tries_once_like_try_lock(db: &TestDb) {
     let locks = db.locks().await;
     let other = db.locks().await;
     for round in 0..20 {
-        let g = within(10, "one name", locks.try_lock_for("zero", Duration::ZERO))
-            .await
-            .unwrap_or_else(|e| panic!("round {round}: {e}"));
-        assert!(g.is_some(), "round {round}: a free lock is granted");
-        let held = within(
-            10,
-            "one name, held",
-            other.try_lock_for("zero", Duration::ZERO),
-        )
-        .await
-        .unwrap_or_else(|e| panic!("round {round}: {e}"));
-        assert!(held.is_none(), "round {round}: a held lock is not");
-        // Released and confirmed (a dropped guard's release may still be on its way).
-        g.unwrap().release().await.unwrap();
-
-        let slot = within(
-            10,
-            "a slot",
-            locks.semaphore("zero-sem", 1).try_lock_for(Duration::ZERO),
-        )
-        .await
-        .unwrap_or_else(|e| panic!("round {round}: {e}"));
-        assert!(slot.is_some(), "round {round}: a free slot is granted");
-        let none = within(
-            10,
-            "a slot, all held",
-            other.semaphore("zero-sem", 1).try_lock_for(Duration::ZERO),
-        )
-        .await
-        .unwrap_or_else(|e| panic!("round {round}: {e}"));
-        assert!(none.is_none(), "round {round}: no slot while all are held");
-        slot.unwrap().release().await.unwrap();
-
-        let set = within(
-            10,
-            "a set",
-            locks.try_lock_all_for(["zero-a", "zero-b"], Duration::ZERO),
-        )
-        .await
-        .unwrap_or_else(|e| panic!("round {round}: {e}"));
-        assert!(set.is_some(), "round {round}: a free set is granted");
-        let none = within(
-            10,
-            "a set, held",
-            other.try_lock_all_for(["zero-b", "zero-c"], Duration::ZERO),
-        )
-        .await
-        .unwrap_or_else(|e| panic!("round {round}: {e}"));
+        let what = format!("round {round}: a free lock");
+        let g = zero_wait(locks.request("zero"), &what).await.expect(&what);
+        let what = format!("round {round}: a held lock");
         assert!(
-            none.is_none(),
-            "round {round}: not while one of its names is held"
+            zero_wait(other.request("zero"), &what).await.is_none(),
+            "{what}"
         );
-        drop(set);
+        g.release().await.unwrap();
+
+        let what = format!("round {round}: a free slot");
+        let slot = zero_wait(locks.semaphore("zero-sem", 1), &what)
+            .await
+            .expect(&what);
+        let what = format!("round {round}: a slot while all are held");
+        assert!(
+            zero_wait(other.semaphore("zero-sem", 1), &what)
+                .await
+                .is_none(),
+            "{what}"
+        );
+        slot.release().await.unwrap();
+
+        let what = format!("round {round}: a free set");
+        let set = zero_wait(locks.request_all(["zero-a", "zero-b"]), &what)
+            .await
+            .expect(&what);
+        let what = format!("round {round}: a set while one of its names is held");
+        let none = zero_wait(other.request_all(["zero-b", "zero-c"]), &what).await;
+        assert!(none.is_none(), "{what}");
+        set.release().await.unwrap();
     }
 }
 
