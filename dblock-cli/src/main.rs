@@ -177,9 +177,9 @@ struct KeyArgs {
     #[arg(long, value_name = "NS", default_value = dblock::DEFAULT_NAMESPACE)]
     namespace: String,
 
-    /// A mysql:// or mariadb:// URL: print the named lock (GET_LOCK name) NAME is on
-    /// that URL's database instead of where pg_locks shows the key. Nothing is
-    /// connected to.
+    /// The database whose tools to show the key's lock in (a mysql:// URL: the named
+    /// lock, GET_LOCK's name, on that database); without it, where PostgreSQL's pg_locks
+    /// shows it. Nothing is connected to.
     #[arg(long, value_name = "URL")]
     db: Option<String>,
 
@@ -234,36 +234,23 @@ fn main() -> ExitCode {
 }
 
 fn key(args: &KeyArgs) -> u8 {
-    let database = match args.db.as_deref().map(dblock::mysql::database_of_url) {
-        None => None,
-        Some(Ok(db)) => Some(db),
-        Some(Err(e)) => {
-            errln!("dblock: {}", crate::one_line(&e));
-            return exit_code(&e);
-        }
-    };
     if let Some(limit) = args.limit {
-        return slot_keys(args, limit, database.as_deref());
+        return slot_keys(args, limit);
     }
-    match (dblock::Key::new(&args.namespace, &args.name), database) {
-        (Ok(key), Some(database)) => {
-            let name = dblock::mysql::lock_name(&database, key);
+    // Where the database (PostgreSQL's unless --db names another) shows the key's lock.
+    match dblock::Key::new(&args.namespace, &args.name)
+        .and_then(|k| Ok((k, k.shown_on(args.db.as_deref())?)))
+    {
+        Ok((key, shown)) => {
             outln!("key       {key}");
-            outln!("mysql     {name}   (database {database})");
-            outln!("query     SELECT IS_USED_LOCK('{name}');");
+            match &shown.context {
+                Some(c) => outln!("{:<9} {}   {c}", shown.listed_in, shown.id),
+                None => outln!("{:<9} {}", shown.listed_in, shown.id),
+            }
+            outln!("query     {}", shown.query);
             0
         }
-        (Ok(key), None) => {
-            let (classid, objid) = key.pg_locks_ids();
-            outln!("key       {key}");
-            outln!("pg_locks  classid={classid} objid={objid} objsubid=1");
-            outln!(
-                "query     SELECT * FROM pg_locks WHERE locktype = 'advisory' AND classid = {classid} \
-                 AND objid = {objid} AND objsubid = 1;"
-            );
-            0
-        }
-        (Err(e), _) => {
+        Err(e) => {
             errln!("dblock: {}", crate::one_line(&e));
             exit_code(&e)
         }
@@ -356,7 +343,7 @@ pub(crate) fn one_line(e: &dblock::Error) -> String {
 }
 
 /// `dblock key --limit N`: the semaphore's slot keys, one a line.
-fn slot_keys(args: &KeyArgs, limit: u32, database: Option<&str>) -> u8 {
+fn slot_keys(args: &KeyArgs, limit: u32) -> u8 {
     if !(1..=dblock::MAX_SEMAPHORE_LIMIT).contains(&limit) {
         errln!(
             "dblock: --limit must be between 1 and {}",
@@ -365,23 +352,17 @@ fn slot_keys(args: &KeyArgs, limit: u32, database: Option<&str>) -> u8 {
         return EXIT_USAGE;
     }
     for slot in 0..limit {
-        let key = match dblock::Key::slot(&args.namespace, &args.name, slot) {
-            Ok(k) => k,
+        let shown = dblock::Key::slot(&args.namespace, &args.name, slot)
+            .and_then(|k| Ok((k, k.shown_on(args.db.as_deref())?)));
+        match shown {
+            Ok((key, shown)) => outln!(
+                "slot {slot:<4} key {key:<20}  {} {}",
+                shown.listed_in,
+                shown.id
+            ),
             Err(e) => {
                 errln!("dblock: {}", crate::one_line(&e));
                 return exit_code(&e);
-            }
-        };
-        match database {
-            Some(db) => outln!(
-                "slot {slot:<4} key {key:<20}  mysql {}",
-                dblock::mysql::lock_name(db, key)
-            ),
-            None => {
-                let (classid, objid) = key.pg_locks_ids();
-                outln!(
-                    "slot {slot:<4} key {key:<20}  pg_locks classid={classid} objid={objid} objsubid=1"
-                );
             }
         }
     }

@@ -116,34 +116,20 @@ pub async fn run(args: RunArgs) -> u8 {
     };
 
     let left = move || deadline.map(|t| t.saturating_duration_since(tokio::time::Instant::now()));
-    // The guard, and the semaphore slot it holds (with --limit).
+    // The guard, and the semaphore slot it holds (with --limit): one request, whatever
+    // it takes; --no-wait is a wait of zero, which tries once.
     let take = |fenced: bool| {
-        let locks = &locks;
+        let (locks, opts) = (&locks, &args);
         async move {
-            if let Some(limit) = args.limit {
-                let mut req = locks.semaphore(name, limit);
-                if fenced {
-                    req = req.fenced();
-                }
-                let got = match (args.no_wait, left()) {
-                    (true, _) => req.try_lock().await,
-                    (false, Some(t)) => req.try_lock_for(t).await,
-                    (false, None) => req.lock().await.map(Some),
-                };
-                return got.map(|g| g.map(|g| (Some(g.slot()), g.into_lock_guard())));
-            }
-            let mut req = locks.request(name);
-            if args.shared {
-                req = req.shared();
-            } else if fenced {
-                req = req.fenced();
-            }
-            let got = match (args.no_wait, left()) {
-                (true, _) => req.try_lock().await,
-                (false, Some(t)) => req.try_lock_for(t).await,
-                (false, None) => req.lock().await.map(Some),
+            let wait = if args.no_wait {
+                Some(Duration::ZERO)
+            } else {
+                left()
             };
-            got.map(|g| g.map(|g| (None, g)))
+            match args.limit {
+                Some(limit) => take(locks.semaphore(name, limit), opts, fenced, wait).await,
+                None => take(locks.request(name), opts, fenced, wait).await,
+            }
         }
     };
     let held_by = match args.limit {
@@ -323,4 +309,44 @@ fn show(d: Duration) -> String {
     } else {
         format!("{}ms", d.as_millis())
     }
+}
+
+/// What `run` holds: a lock's guard, or a semaphore slot's (and which slot).
+trait Held {
+    fn split(self) -> (Option<u32>, dblock::LockGuard);
+}
+
+impl Held for dblock::LockGuard {
+    fn split(self) -> (Option<u32>, dblock::LockGuard) {
+        (None, self)
+    }
+}
+
+impl Held for dblock::SemaphoreGuard {
+    fn split(self) -> (Option<u32>, dblock::LockGuard) {
+        (Some(self.slot()), self.into_lock_guard())
+    }
+}
+
+/// Takes `req` with `run`'s options: shared or (`fenced`) with a token, waiting at most
+/// `wait` (`None`: until granted).
+async fn take<T: dblock::request::Take>(
+    req: dblock::Request<'_, T>,
+    args: &RunArgs,
+    fenced: bool,
+    wait: Option<Duration>,
+) -> Result<Option<(Option<u32>, dblock::LockGuard)>, dblock::Error>
+where
+    T::Guard: Held,
+{
+    let req = match (args.shared, fenced) {
+        (true, _) => req.shared(),
+        (false, true) => req.fenced(),
+        (false, false) => req,
+    };
+    let got = match wait {
+        Some(t) => req.try_lock_for(t).await,
+        None => req.lock().await.map(Some),
+    };
+    got.map(|g| g.map(Held::split))
 }

@@ -1,9 +1,9 @@
 //! `dblock setup`: the one-time setup, run by a schema's owner, for roles that may not
-//! create tables (see `dblock::postgres::setup`).
+//! create tables (see `dblock::Locks::setup`).
 
 use clap::Args;
 
-use crate::{EXIT_USAGE, exit_code, one_line};
+use crate::{exit_code, one_line};
 
 #[derive(Args, Debug)]
 pub struct SetupArgs {
@@ -30,14 +30,11 @@ pub async fn setup(args: SetupArgs) -> u8 {
             return exit_code(&e);
         }
     };
-    if locks.backend_name() != "postgres" {
-        errln!("dblock: setup is for PostgreSQL; the embedded backend needs none");
-        return EXIT_USAGE;
-    }
     let grant: Vec<&str> = args.grant.iter().map(String::as_str).collect();
-    match dblock::postgres::setup(&locks, &grant).await {
-        Ok(()) => {
-            outln!("{}.dblock_fencing ready", dblock::fencing::PG_SCHEMA);
+    // A backend with nothing to set up says so (Error::Unsupported, a usage error).
+    match locks.setup(&grant).await {
+        Ok(table) => {
+            outln!("{table} ready");
             for g in &grant {
                 outln!("granted to {g}");
             }

@@ -40,11 +40,12 @@
 //!
 //! # Fenced writes to the same database
 //!
-//! [`Fence::check_postgres`] and [`Fence::check_sqlite`], called in the transaction that
+//! [`Fence::check_postgres`], [`Fence::check_sqlite`] and [`Fence::check_mysql`] (each
+//! defined by its backend), called in the transaction that
 //! makes the protected writes, make it commit only while its token is still the latest
 //! grant of the name: they read the name's row and hold it against the next grant's
 //! increment until the transaction ends (PostgreSQL: `FOR SHARE`; SQLite: the database
-//! write lock). A stale holder's transaction fails with [`Error::StaleToken`]; a grant
+//! write lock). A stale holder's transaction fails with [`Error::StaleToken`](crate::Error::StaleToken); a grant
 //! that comes after a successful check waits for the checked transaction to commit, so
 //! the new holder's work is ordered after it.
 //!
@@ -75,137 +76,7 @@
 //! durable write costs on that database — typically well under a millisecond on
 //! PostgreSQL with fast storage, a few milliseconds of fsync on SQLite.
 
-use std::sync::Arc;
-
-use crate::error::Error;
-use crate::key::Key;
-
-/// A grant's fencing token, and what it takes to check it. Cheap to clone; it stays
-/// valid (and checkable) after the guard is dropped or the lock is lost.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Fence {
-    name: Arc<str>,
-    key: Key,
-    token: i64,
-    /// The fencing table as SQL may name it (schema-qualified on PostgreSQL).
-    table: Arc<str>,
-}
-
-impl Fence {
-    pub(crate) fn new(name: &str, key: Key, token: i64, table: Arc<str>) -> Fence {
-        Fence {
-            name: name.into(),
-            key,
-            token,
-            table,
-        }
-    }
-
-    /// The token: greater than every earlier fenced grant's token for the name (see the
-    /// [module](self) docs for its shape on each backend).
-    pub fn token(&self) -> i64 {
-        self.token
-    }
-
-    /// The lock name it was granted for.
-    pub fn name(&self) -> &str {
-        &self.name
-    }
-
-    /// The lock's key.
-    pub fn key(&self) -> Key {
-        self.key
-    }
-
-    fn stale(&self, latest: Option<i64>) -> Result<(), Error> {
-        match latest {
-            Some(l) if l == self.token => Ok(()),
-            Some(l) => Err(Error::StaleToken {
-                name: self.name.to_string(),
-                token: self.token,
-                latest: l,
-            }),
-            None => Err(Error::StaleToken {
-                name: self.name.to_string(),
-                token: self.token,
-                latest: 0,
-            }),
-        }
-    }
-
-    /// Checks, inside `tx`, that this is still the latest grant of the name, and holds
-    /// the name's fencing row until `tx` ends so that no newer grant can be made before
-    /// `tx` commits. Call it just before committing the writes it protects.
-    ///
-    /// It compares this token with the name's row in `public.dblock_fencing` of the
-    /// database `tx` runs on, and passes only if they are equal: after a failover, a
-    /// grant the promoted server never received (its row is older) fails as surely as one
-    /// a newer grant replaced.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::StaleToken`] when the row holds another token (roll `tx` back); database
-    /// errors.
-    ///
-    /// # Cancel safety
-    ///
-    /// If cancelled, `tx` may hold the row lock until it ends; nothing else changes.
-    #[cfg(feature = "postgres")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
-    pub async fn check_postgres(
-        &self,
-        tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
-    ) -> Result<(), Error> {
-        let latest = crate::postgres::fence::check(tx, &self.table, self.key).await?;
-        self.stale(latest)
-    }
-
-    /// Checks, inside `tx` on the embedded database file, that this is still the latest
-    /// grant of the name. Begin `tx` with `BEGIN IMMEDIATE` (sqlx:
-    /// `conn.begin_with("BEGIN IMMEDIATE")`) so it holds the database's write lock from
-    /// the start; in a deferred transaction a grant committed after the check makes the
-    /// first write fail with SQLITE_BUSY instead — also safe, less clear.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::StaleToken`] when a newer grant exists (roll `tx` back); database errors.
-    ///
-    /// # Cancel safety
-    ///
-    /// A read; cancelling it leaves `tx` as it was.
-    #[cfg(feature = "sqlite")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
-    pub async fn check_sqlite(
-        &self,
-        tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
-    ) -> Result<(), Error> {
-        let latest = crate::sqlite::fence::check(tx, self.key).await?;
-        self.stale(latest)
-    }
-
-    /// Checks, inside `tx` on MySQL or MariaDB, that this is still the latest grant of
-    /// the name, and holds the name's fencing row (`LOCK IN SHARE MODE`) until `tx`
-    /// ends, so that no newer grant can be made before `tx` commits. Call it just before
-    /// committing the writes it protects; `tx` must be on the database of the lock's
-    /// handle (the fencing table is `dblock_fencing` there).
-    ///
-    /// # Errors
-    ///
-    /// [`Error::StaleToken`] when a newer grant exists (roll `tx` back); database errors.
-    ///
-    /// # Cancel safety
-    ///
-    /// If cancelled, `tx` may hold the row lock until it ends; nothing else changes.
-    #[cfg(feature = "mysql")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
-    pub async fn check_mysql(
-        &self,
-        tx: &mut sqlx::Transaction<'_, sqlx::MySql>,
-    ) -> Result<(), Error> {
-        let latest = crate::mysql::fence::latest_locked(tx, self.key).await?;
-        self.stale(latest)
-    }
-}
+pub use crate::raw::Fence;
 
 /// The table that keeps the latest token of every fenced name: on PostgreSQL in the
 /// schema [`PG_SCHEMA`], in the database file on SQLite.

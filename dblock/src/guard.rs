@@ -42,6 +42,7 @@ impl fmt::Debug for LockGuard {
 }
 
 impl LockGuard {
+    #[inline]
     pub(crate) fn new(tally: Tally, grant: Grant) -> LockGuard {
         let key = tally.key();
         LockGuard::keyed(tally, key, grant)
@@ -49,6 +50,7 @@ impl LockGuard {
 
     /// A guard whose fencing token is kept under `fence_key` (a semaphore's slot, whose
     /// token is its name's).
+    #[inline]
     pub(crate) fn keyed(tally: Tally, fence_key: Key, grant: Grant) -> LockGuard {
         LockGuard {
             fence: grant

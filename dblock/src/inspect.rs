@@ -1,23 +1,15 @@
-//! What a handle can tell an operator: who holds and awaits locks
-//! ([`Locks::status`]), and breaking a lock by ending its holder's session
-//! ([`Locks::terminate_holders`]). Written once over the backends'
-//! [`StatusSource`](crate::raw::StatusSource).
+//! What a handle can do for an operator: tell who holds and awaits locks
+//! ([`Locks::status`]), break a lock by ending its holder's session
+//! ([`Locks::terminate_holders`]), and the one-time setup of dblock's tables for roles
+//! that may not create them ([`Locks::setup`]). Written once over the raw interface
+//! ([`StatusSource`](crate::raw::StatusSource), [`RawLocks::setup`](crate::raw::RawLocks::setup)).
 
 use crate::error::Error;
 use crate::key::{Key, check_name};
 use crate::locks::Locks;
-use crate::raw::{Asked, LockStatus, Party, StatusSource};
+use crate::raw::{Asked, LockStatus, Party};
 
 impl Locks {
-    fn status_source(&self) -> Result<&dyn StatusSource, Error> {
-        self.inner.backend.status().ok_or_else(|| {
-            Error::Unsupported(format!(
-                "the {} backend cannot list lock holders",
-                self.backend_name()
-            ))
-        })
-    }
-
     /// Who holds and who awaits locks in the database: the locks named in `names`
     /// (keyed in the handle's namespace), or with `names` empty every lock the backend
     /// can list. Each row has the lock's key and, when known, its name; its holders and
@@ -36,8 +28,8 @@ impl Locks {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidName`] for a bad name; [`Error::Unsupported`] on a backend that
-    /// cannot tell; the backend's errors when the database cannot be read.
+    /// [`Error::InvalidName`] for a bad name; the backend's errors when the database
+    /// cannot be read.
     ///
     /// # Cancel safety
     ///
@@ -49,7 +41,7 @@ impl Locks {
             check_name(n)?;
             asked.push((ns, n, Key::derive(ns, n)));
         }
-        let mut rows = self.status_source()?.status(&asked).await?;
+        let mut rows = self.inner.backend.status(&asked).await?;
         // A name asked for is known even where the server could not show it.
         for r in &mut rows {
             if let Some((ns, name, _)) = asked.iter().find(|a| a.2 == r.key) {
@@ -83,8 +75,52 @@ impl Locks {
     pub async fn terminate_holders(&self, name: &str) -> Result<Vec<Party>, Error> {
         check_name(name)?;
         let ns = self.namespace();
-        self.status_source()?
+        self.inner
+            .backend
             .terminate((ns, name, Key::derive(ns, name)))
             .await
+    }
+
+    /// The one-time setup for roles that may not create dblock's tables: creates the
+    /// fencing table and grants the roles in `grant_to` what fenced locks (and leader
+    /// election) need on it; returns the table, as SQL names it. Idempotent. Run it as a
+    /// role that may create the table and grant on it. `dblock setup --db URL --grant
+    /// ROLE` runs it.
+    ///
+    /// On PostgreSQL the table is `public.dblock_fencing` (one per database; on
+    /// PostgreSQL 15 and later only a schema's owner may create in it, `public`
+    /// included), and the grants are `USAGE` on the schema and `SELECT`, `INSERT`,
+    /// `UPDATE` on the table; `PUBLIC` is a valid grantee. The equivalent SQL, run by the
+    /// owner:
+    ///
+    /// ```sql
+    /// CREATE TABLE IF NOT EXISTS public.dblock_fencing (
+    ///     key bigint PRIMARY KEY, namespace text NOT NULL, name text NOT NULL,
+    ///     token bigint NOT NULL, holder text NOT NULL, granted_at timestamptz NOT NULL);
+    /// GRANT USAGE ON SCHEMA public TO app_user;
+    /// GRANT SELECT, INSERT, UPDATE ON public.dblock_fencing TO app_user;
+    /// ```
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), dblock::Error> {
+    /// let owner = dblock::Locks::connect("postgres://owner@db/app").await?;
+    /// let table = owner.setup(&["app_user"]).await?;
+    /// println!("{table} ready");
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::PermissionDenied`] when this role may not create the table or grant on it
+    /// (checked: PostgreSQL only warns when a grant gives nothing); [`Error::Unsupported`]
+    /// on a backend with nothing to set up (the embedded backend and MySQL/MariaDB create
+    /// their tables on first use); connection and server errors.
+    ///
+    /// # Cancel safety
+    ///
+    /// The table is created in a transaction of its own, and each grant is a statement of
+    /// its own: cancelled, the setup is partly done, and running it again completes it.
+    pub async fn setup(&self, grant_to: &[&str]) -> Result<String, Error> {
+        self.inner.backend.setup(grant_to).await
     }
 }

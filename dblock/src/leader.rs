@@ -199,13 +199,8 @@ impl Election {
     /// A read; cancelling it has no effect.
     pub async fn leader(&self) -> Result<Option<LeaderInfo>, Error> {
         let key = self.locks.key(&self.name)?;
-        let Some(store) = self.locks.inner.backend.fencing() else {
-            return Err(Error::Unsupported(format!(
-                "the {} backend keeps no fencing tokens to read the leader from",
-                self.locks.backend_name()
-            )));
-        };
-        Ok(store.latest_grant(key).await?.map(|g| LeaderInfo {
+        let latest = self.locks.inner.backend.latest_grant(key).await?;
+        Ok(latest.map(|g| LeaderInfo {
             holder: g.holder,
             token: g.token,
             elected_at: g.granted_at,

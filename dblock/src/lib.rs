@@ -92,6 +92,7 @@ pub mod parsers;
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub mod postgres;
 mod raw;
+pub mod request;
 mod semaphore;
 #[cfg(feature = "sqlite")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
@@ -104,8 +105,9 @@ pub use fencing::Fence;
 pub use guard::LockGuard;
 pub use key::{DEFAULT_NAMESPACE, Key, MAX_NAME_LEN, MAX_NAMESPACE_LEN, NAMESPACE_SETTING};
 pub use lock_set::{LockSet, LockSetRequest};
-pub use locks::{Builder, Locks, Request};
+pub use locks::{Builder, Locks};
 pub use raw::{LockStatus, Mode, Party, Scope};
+pub use request::Request;
 pub use semaphore::{MAX_SEMAPHORE_LIMIT, SemaphoreGuard, SemaphoreRequest};
 pub use target::{URL_ENV_VARS, default_sqlite_path, url_from_env};
 

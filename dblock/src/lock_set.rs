@@ -12,31 +12,30 @@ use std::fmt;
 use std::future::Future;
 use std::time::Duration;
 
-use tokio::time::Instant;
-
-use crate::error::{Error, LossReason, WaitingFor};
+use crate::error::{Error, LossReason};
+use crate::guard::LockGuard;
 use crate::key::{Key, check_name};
 use crate::locks::Locks;
-use crate::observe::{Attempt, Tally};
-use crate::raw::{Mode, RawHeld, Req, Scope, Wait};
+use crate::raw::{BoxFuture, Grant, Mode};
+use crate::request::sealed::{Call, Observed, Sealed};
+use crate::request::{AllOf, Request};
 
 impl Locks {
     /// A request for every one of `names` at once, to set a mode, scope or lease before
-    /// taking them. Finish it with [`lock`](LockSetRequest::lock),
-    /// [`try_lock`](LockSetRequest::try_lock) or
-    /// [`try_lock_for`](LockSetRequest::try_lock_for).
+    /// taking them. Finish it with [`lock`](Request::lock), [`try_lock`](Request::try_lock)
+    /// or [`try_lock_for`](Request::try_lock_for). A fencing token is refused: see
+    /// [`AllOf`].
     pub fn request_all<I, S>(&self, names: I) -> LockSetRequest<'_>
     where
         I: IntoIterator<Item = S>,
         S: Into<String>,
     {
-        LockSetRequest {
-            locks: self,
-            names: names.into_iter().map(Into::into).collect(),
-            mode: Mode::Exclusive,
-            scope: self.inner.scope,
-            lease: None,
-        }
+        Request::new(
+            self,
+            AllOf {
+                names: names.into_iter().map(Into::into).collect(),
+            },
+        )
     }
 
     /// Waits for the exclusive locks of every one of `names` — all or none — and
@@ -109,150 +108,91 @@ impl Locks {
 }
 
 /// A request for several names at once being set up: created by
-/// [`Locks::request_all`], finished by [`lock`](LockSetRequest::lock),
-/// [`try_lock`](LockSetRequest::try_lock) or [`try_lock_for`](LockSetRequest::try_lock_for).
-#[derive(Debug, Clone)]
-#[must_use = "a request does nothing until lock, try_lock or try_lock_for is awaited"]
-pub struct LockSetRequest<'a> {
-    locks: &'a Locks,
-    names: Vec<String>,
-    mode: Mode,
-    scope: Scope,
-    lease: Option<Duration>,
+/// [`Locks::request_all`], finished by [`lock`](Request::lock),
+/// [`try_lock`](Request::try_lock) or [`try_lock_for`](Request::try_lock_for), which give
+/// a [`LockSet`]. The one [`Request`] type, for every name of a set.
+pub type LockSetRequest<'a> = Request<'a, AllOf>;
+
+/// A set's names checked, keyed and put in the canonical order: ascending by key, each key
+/// once.
+pub struct Set {
+    /// (key, name), ascending by key.
+    named: Vec<(Key, String)>,
+    /// The keys alone, as the backend takes them.
+    keys: Vec<Key>,
 }
 
-impl LockSetRequest<'_> {
-    /// Asks for shared (reader) locks on every name.
-    pub fn shared(mut self) -> Self {
-        self.mode = Mode::Shared;
-        self
-    }
+impl Sealed for AllOf {
+    type Guard = LockSet;
+    type Prepared = Set;
+    type Granted = Grant;
 
-    /// Asks for the given mode on every name.
-    pub fn mode(mut self, mode: Mode) -> Self {
-        self.mode = mode;
-        self
-    }
-
-    /// Asks for the given PostgreSQL scope (the handle's default otherwise).
-    pub fn scope(mut self, scope: Scope) -> Self {
-        self.scope = scope;
-        self
-    }
-
-    /// Bounds how long the locks outlive a holder that falls silent, as
-    /// [`Request::lease`](crate::Request::lease) does for one lock.
-    pub fn lease(mut self, lease: Duration) -> Self {
-        self.lease = Some(lease);
-        self
-    }
-
-    /// Waits until every name is granted.
-    ///
-    /// # Errors
-    ///
-    /// As [`Locks::lock_all`].
-    ///
-    /// # Cancel safety
-    ///
-    /// As [`Locks::lock_all`].
-    pub async fn lock(self) -> Result<LockSet, Error> {
-        match self.acquire(Wait::Forever).await? {
-            Some(set) => Ok(set),
-            None => Err(Error::Timeout {
-                waiting_for: WaitingFor::LockServerLockTimeout,
-                after: None,
-            }),
+    fn refuse(_: Mode, fenced: bool) -> Result<(), Error> {
+        match fenced {
+            false => Ok(()),
+            true => Err(Error::Unsupported(
+                "a lock set carries no fencing token: a token belongs to one name and a \
+                 guard carries one, where a set would need one per name (fence the set's \
+                 work under a name of its own)"
+                    .into(),
+            )),
         }
     }
 
-    /// Takes every name if all are free now; `Ok(None)`, holding none, if not.
-    ///
-    /// # Errors
-    ///
-    /// As [`Locks::lock_all`].
-    ///
-    /// # Cancel safety
-    ///
-    /// As [`Locks::lock_all`].
-    pub async fn try_lock(self) -> Result<Option<LockSet>, Error> {
-        self.acquire(Wait::Try).await
-    }
-
-    /// Waits at most `timeout` for every name; `Ok(None)`, holding none, if they were
-    /// not all granted in time.
-    ///
-    /// # Errors
-    ///
-    /// As [`Locks::lock_all`].
-    ///
-    /// # Cancel safety
-    ///
-    /// As [`Locks::lock_all`].
-    pub async fn try_lock_for(self, timeout: Duration) -> Result<Option<LockSet>, Error> {
-        let wait = match Instant::now().checked_add(timeout) {
-            Some(t) => Wait::Until(t),
-            None => Wait::Forever,
-        };
-        self.acquire(wait).await
-    }
-
-    async fn acquire(self, wait: Wait) -> Result<Option<LockSet>, Error> {
-        let inner = &self.locks.inner;
+    fn prepare(self, namespace: &str) -> Result<Set, Error> {
         let mut named = Vec::with_capacity(self.names.len());
         for name in self.names {
             check_name(&name)?;
-            named.push((Key::derive(&inner.namespace, &name), name));
+            named.push((Key::derive(namespace, &name), name));
         }
-        // The canonical order: by key, each key once.
         named.sort_unstable_by_key(|(k, _)| k.as_i64());
         named.dedup_by_key(|(k, _)| *k);
-        let keys: Vec<Key> = named.iter().map(|(k, _)| *k).collect();
-        let Some(&(first, ref first_name)) = named.first() else {
-            return Ok(Some(LockSet {
-                names: Vec::new(),
-                mode: self.mode,
-                held: None,
-            }));
-        };
-        let req = Req {
-            namespace: &inner.namespace,
-            name: first_name,
-            key: first,
-            mode: self.mode,
-            scope: self.scope,
-            wait,
-            fenced: false,
-            lease: self.lease,
-            fence_key: None,
-        };
+        let keys = named.iter().map(|(k, _)| *k).collect();
+        Ok(Set { named, keys })
+    }
+
+    fn named(p: &Set) -> Option<(&str, Key)> {
         // Observed as one request under its first name (by key): one acquisition, one
         // held lock in the gauge, whatever the set's size (docs/observability.md).
-        let backend = inner.backend.name();
-        let attempt = Attempt::wanted().then(|| Attempt::start(&req, backend, inner.metrics));
-        let acquire = inner.backend.acquire_all(&req, &keys);
-        let Some((g, attempt)) = Attempt::run(attempt, req.wait, acquire).await? else {
-            return Ok(None);
-        };
-        let tally = Attempt::tally(attempt, &req, backend, None);
-        Ok(Some(LockSet {
-            names: named,
-            mode: self.mode,
-            held: Some((g.held, tally)),
-        }))
+        p.named.first().map(|(k, n)| (n.as_str(), *k))
+    }
+
+    fn acquire<'r>(p: &'r Set, call: Call<'r>) -> BoxFuture<'r, Result<Option<Grant>, Error>> {
+        call.backend.acquire_all(call.req, &p.keys)
+    }
+
+    fn granted(_: &Set, g: Grant, _: &str, key: Key) -> Result<(Grant, Key, u32), Error> {
+        Ok((g, key, 0))
+    }
+
+    fn guard(p: Set, grant: Grant, tally: Observed, _: Key, _: u32) -> LockSet {
+        LockSet {
+            mode: tally.0.mode(),
+            set: p,
+            guard: Some(LockGuard::new(tally.0, grant)),
+        }
+    }
+
+    fn nothing(p: Set, mode: Mode) -> Option<LockSet> {
+        Some(LockSet {
+            set: p,
+            mode,
+            guard: None,
+        })
     }
 }
 
-/// Every lock of a [`Locks::lock_all`] request. Dropping it releases them all at once;
+/// Every lock of a [`Locks::lock_all`] request: a [`LockGuard`] of them all (named for
+/// the first name by key) plus the names. Dropping it releases them all at once;
 /// [`release`](LockSet::release) does the same and reports errors.
 #[must_use = "if unused the locks are released immediately"]
 #[clippy::has_significant_drop]
 pub struct LockSet {
-    /// (key, name), in the order taken: ascending keys.
-    names: Vec<(Key, String)>,
+    /// The keys and names, in the order taken: ascending keys.
+    set: Set,
     mode: Mode,
-    /// `None` for an empty set; with what tracing and metrics are told of it.
-    held: Option<(Box<dyn RawHeld>, Tally)>,
+    /// `None` for an empty set.
+    guard: Option<LockGuard>,
 }
 
 impl fmt::Debug for LockSet {
@@ -267,22 +207,22 @@ impl fmt::Debug for LockSet {
 impl LockSet {
     /// The names held, each once, in the order they were taken (by key).
     pub fn names(&self) -> impl Iterator<Item = &str> {
-        self.names.iter().map(|(_, n)| n.as_str())
+        self.set.named.iter().map(|(_, n)| n.as_str())
     }
 
     /// The keys held, ascending.
     pub fn keys(&self) -> impl Iterator<Item = Key> + '_ {
-        self.names.iter().map(|(k, _)| *k)
+        self.set.keys.iter().copied()
     }
 
     /// How many names are held.
     pub fn len(&self) -> usize {
-        self.names.len()
+        self.set.keys.len()
     }
 
     /// Whether the set holds no names (`lock_all` of none).
     pub fn is_empty(&self) -> bool {
-        self.names.is_empty()
+        self.set.keys.is_empty()
     }
 
     /// Exclusive or shared.
@@ -291,38 +231,22 @@ impl LockSet {
     }
 
     /// Whether every lock is still held as far as this process knows (see
-    /// [`LockGuard::is_held`](crate::LockGuard::is_held)).
+    /// [`LockGuard::is_held`]).
     pub fn is_held(&self) -> bool {
-        let Some((h, tally)) = &self.held else {
-            return true;
-        };
-        match h.loss() {
-            None => true,
-            Some(reason) => {
-                tally.saw_loss(&reason);
-                false
-            }
-        }
+        self.guard.as_ref().is_none_or(LockGuard::is_held)
     }
 
     /// A future that resolves, with the reason, when any of the locks is lost (see
-    /// [`LockGuard::lost`](crate::LockGuard::lost)); it does not borrow the set.
+    /// [`LockGuard::lost`]); it does not borrow the set.
     ///
     /// # Cancel safety
     ///
     /// Dropping the future has no effect on the locks.
     pub fn lost(&self) -> impl Future<Output = LossReason> + Send + 'static {
-        let lost = self
-            .held
-            .as_ref()
-            .map(|(h, tally)| (h.lost(), tally.loss_reporter()));
+        let lost = self.guard.as_ref().map(LockGuard::lost);
         async move {
             match lost {
-                Some((f, reporter)) => {
-                    let reason = f.await;
-                    reporter.report(&reason);
-                    reason
-                }
+                Some(f) => f.await,
                 None => std::future::pending().await,
             }
         }
@@ -336,17 +260,12 @@ impl LockSet {
     ///
     /// # Cancel safety
     ///
-    /// Cancelling the check has no effect on the locks (as
-    /// [`LockGuard::check`](crate::LockGuard::check)).
+    /// Cancelling the check has no effect on the locks (as [`LockGuard::check`]).
     pub async fn check(&mut self) -> Result<(), Error> {
-        let Some((h, tally)) = self.held.as_mut() else {
-            return Ok(());
-        };
-        let r = h.check().await;
-        if let Err(Error::LockLost { reason }) = &r {
-            tally.saw_loss(reason);
+        match self.guard.as_mut() {
+            Some(g) => g.check().await,
+            None => Ok(()),
         }
-        r
     }
 
     /// Releases every lock now and waits for the database to confirm it.
@@ -358,19 +277,12 @@ impl LockSet {
     ///
     /// # Cancel safety
     ///
-    /// Cancelling the release still releases (as
-    /// [`LockGuard::release`](crate::LockGuard::release)).
+    /// Cancelling the release still releases (as [`LockGuard::release`]).
     pub async fn release(self) -> Result<(), Error> {
-        let Some((held, tally)) = self.held else {
-            return Ok(());
-        };
-        tally.closing();
-        let r = held.release().await;
-        if let Err(Error::LockLost { reason }) = &r {
-            tally.saw_loss(reason);
+        match self.guard {
+            Some(g) => g.release().await,
+            None => Ok(()),
         }
-        drop(tally);
-        r
     }
 }
 

@@ -1,15 +1,13 @@
-//! The handle, its builder, and lock requests.
+//! The handle and its builder.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::time::Instant;
-
-use crate::error::{Error, WaitingFor};
-use crate::guard::LockGuard;
+use crate::error::Error;
 use crate::key::{Key, check_name, check_namespace};
-use crate::observe::{Attempt, MetricsConfig, Tally};
-use crate::raw::{Mode, Options, RawLocks, Req, Scope, Wait};
+use crate::observe::MetricsConfig;
+use crate::raw::{Options, RawLocks, Scope};
+use crate::target::{self, Pool};
 
 pub(crate) struct Inner {
     pub(crate) backend: Box<dyn RawLocks>,
@@ -150,7 +148,7 @@ impl Locks {
     /// embedded backend.
     #[cfg(feature = "postgres")]
     #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
-    pub fn pooler(&self) -> crate::postgres::Pooler {
+    pub fn pooler(&self) -> crate::raw::Pooler {
         self.inner.backend.pooler()
     }
 
@@ -168,242 +166,14 @@ impl Locks {
         check_name(name)?;
         Ok(Key::derive(&self.inner.namespace, name))
     }
-
-    /// A request for the lock `name`, to set a mode, scope or fencing before taking it.
-    ///
-    /// ```no_run
-    /// # async fn demo(locks: dblock::Locks) -> Result<(), dblock::Error> {
-    /// use std::time::Duration;
-    /// if let Some(reader) = locks.request("report").shared().try_lock_for(Duration::from_secs(5)).await? {
-    ///     // … read while no writer holds "report" …
-    ///     drop(reader);
-    /// }
-    /// # Ok(()) }
-    /// ```
-    pub fn request<'a>(&'a self, name: &'a str) -> Request<'a> {
-        Request {
-            locks: self,
-            name,
-            mode: Mode::Exclusive,
-            scope: self.inner.scope,
-            fenced: false,
-            lease: None,
-        }
-    }
-
-    /// Waits for the exclusive lock `name` and returns its guard.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::InvalidName`] for a bad name; connection and server errors.
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancelling the wait gives up the place in line; no lock is left held, on the
-    /// server or anywhere else, once the future is dropped.
-    pub async fn lock(&self, name: &str) -> Result<LockGuard, Error> {
-        self.request(name).lock().await
-    }
-
-    /// Takes the exclusive lock `name` if it is free now; `Ok(None)` if someone else
-    /// holds it.
-    ///
-    /// # Errors
-    ///
-    /// As [`Locks::lock`].
-    ///
-    /// # Cancel safety
-    ///
-    /// As [`Locks::lock`].
-    pub async fn try_lock(&self, name: &str) -> Result<Option<LockGuard>, Error> {
-        self.request(name).try_lock().await
-    }
-
-    /// Waits at most `timeout` for the exclusive lock `name`; `Ok(None)` if it was not
-    /// granted in time.
-    ///
-    /// # Errors
-    ///
-    /// As [`Locks::lock`].
-    ///
-    /// # Cancel safety
-    ///
-    /// As [`Locks::lock`].
-    pub async fn try_lock_for(
-        &self,
-        name: &str,
-        timeout: Duration,
-    ) -> Result<Option<LockGuard>, Error> {
-        self.request(name).try_lock_for(timeout).await
-    }
-}
-
-/// A lock request being set up: created by [`Locks::request`], finished by
-/// [`lock`](Request::lock), [`try_lock`](Request::try_lock) or
-/// [`try_lock_for`](Request::try_lock_for).
-#[derive(Debug, Clone)]
-#[must_use = "a request does nothing until lock, try_lock or try_lock_for is awaited"]
-pub struct Request<'a> {
-    locks: &'a Locks,
-    name: &'a str,
-    mode: Mode,
-    scope: Scope,
-    fenced: bool,
-    lease: Option<Duration>,
-}
-
-impl<'a> Request<'a> {
-    /// Asks for a shared (reader) lock.
-    pub fn shared(mut self) -> Self {
-        self.mode = Mode::Shared;
-        self
-    }
-
-    /// Asks for the given mode.
-    pub fn mode(mut self, mode: Mode) -> Self {
-        self.mode = mode;
-        self
-    }
-
-    /// Asks for the given PostgreSQL scope (the handle's default otherwise).
-    pub fn scope(mut self, scope: Scope) -> Self {
-        self.scope = scope;
-        self
-    }
-
-    /// Asks for a fencing token with the grant (exclusive locks only): see
-    /// [`fencing`](crate::fencing) for what it costs and guarantees.
-    pub fn fenced(mut self) -> Self {
-        self.fenced = true;
-        self
-    }
-
-    /// Bounds how long the lock outlives a holder that falls silent (its host cut off,
-    /// its process paused): the server ends the holder's session, and so frees the lock,
-    /// once the session has been idle for `lease`. A live holder never is: its
-    /// connection is checked every [`check_interval`](Builder::check_interval), which
-    /// keeps the session busy. PostgreSQL only (the embedded backend's locks end with
-    /// their process).
-    ///
-    /// A holder cut off from the server must learn that it lost the lock before the
-    /// server can grant it to anyone else, so `lease` must be at least
-    /// `2 × check_interval + check_timeout`, plus a tenth of that (7.7 s with the
-    /// defaults; see
-    /// [`Builder::check_interval`] and [`Builder::check_timeout`]); a shorter lease is
-    /// refused with [`Error::Unsupported`]. Leases beyond the server's limit for its idle
-    /// timeouts (2³¹ − 1 ms, about 24.8 days) are capped to it.
-    ///
-    /// Implemented with the server's own idle timeouts for the lock's session
-    /// (`idle_in_transaction_session_timeout` for a transaction-scoped lock,
-    /// `idle_session_timeout`, PostgreSQL 14+, for a session-scoped one), so it holds
-    /// even when the holder's host is gone.
-    pub fn lease(mut self, lease: Duration) -> Self {
-        self.lease = Some(lease);
-        self
-    }
-
-    /// Waits until the lock is granted.
-    ///
-    /// # Errors
-    ///
-    /// As [`Locks::lock`].
-    ///
-    /// # Cancel safety
-    ///
-    /// As [`Locks::lock`].
-    pub async fn lock(self) -> Result<LockGuard, Error> {
-        match self.acquire(Wait::Forever).await? {
-            Some(guard) => Ok(guard),
-            // Not expected: dblock sets lock_timeout for each slice of the wait and asks
-            // again when it ends; kept for a server that answers otherwise.
-            None => Err(Error::Timeout {
-                waiting_for: WaitingFor::LockServerLockTimeout,
-                after: None,
-            }),
-        }
-    }
-
-    /// Takes the lock if it is free now; `Ok(None)` if not.
-    ///
-    /// # Errors
-    ///
-    /// As [`Locks::lock`].
-    ///
-    /// # Cancel safety
-    ///
-    /// As [`Locks::lock`].
-    pub async fn try_lock(self) -> Result<Option<LockGuard>, Error> {
-        self.acquire(Wait::Try).await
-    }
-
-    /// Waits at most `timeout`; `Ok(None)` if the lock was not granted in time. The wait
-    /// ends on the server too (PostgreSQL's `lock_timeout`), not only in this process.
-    /// Every other wait dblock makes for the request ends by then as well: for a pooled
-    /// connection, and for the migration lock under which a fenced request's first use
-    /// creates the fencing table.
-    ///
-    /// # Errors
-    ///
-    /// As [`Locks::lock`]; [`Error::Timeout`] when the deadline passed in one of those
-    /// other waits.
-    ///
-    /// # Cancel safety
-    ///
-    /// As [`Locks::lock`].
-    pub async fn try_lock_for(self, timeout: Duration) -> Result<Option<LockGuard>, Error> {
-        let wait = match Instant::now().checked_add(timeout) {
-            Some(t) => Wait::Until(t),
-            None => Wait::Forever,
-        };
-        self.acquire(wait).await
-    }
-
-    async fn acquire(self, wait: Wait) -> Result<Option<LockGuard>, Error> {
-        let inner = &self.locks.inner;
-        check_name(self.name)?;
-        if self.fenced && self.mode == Mode::Shared {
-            return Err(Error::Unsupported(
-                "fencing tokens are granted to exclusive locks only".into(),
-            ));
-        }
-        let req = Req {
-            namespace: &inner.namespace,
-            name: self.name,
-            key: Key::derive(&inner.namespace, self.name),
-            mode: self.mode,
-            scope: self.scope,
-            wait,
-            fenced: self.fenced,
-            lease: self.lease,
-            fence_key: None,
-        };
-        let backend = inner.backend.name();
-        if !Attempt::wanted() {
-            // Nobody listens (no subscriber, no logger, no metrics feature): nothing to
-            // time or report but a loss, and nothing spent on it.
-            let grant = inner.backend.acquire(&req).await?;
-            return Ok(grant.map(|g| LockGuard::new(Tally::unobserved(&req, backend), g)));
-        }
-        let attempt = Attempt::start(&req, backend, inner.metrics);
-        let acquire = inner.backend.acquire(&req);
-        Ok(Attempt::run(Some(attempt), req.wait, acquire)
-            .await?
-            .map(|(g, attempt)| {
-                let token = g.fence.as_ref().map(|f| f.0);
-                let tally = Attempt::tally(attempt, &req, backend, token);
-                LockGuard::new(tally, g)
-            }))
-    }
 }
 
 /// Options for a [`Locks`] handle.
 #[derive(Clone)]
 pub struct Builder {
     url: Option<String>,
-    #[cfg(feature = "postgres")]
-    sqlx_pool: Option<sqlx::PgPool>,
-    #[cfg(feature = "mysql")]
-    sqlx_mysql_pool: Option<sqlx::MySqlPool>,
+    /// A caller's sqlx pool, which wins over the URL.
+    pool: Option<Pool>,
     namespace: Option<String>,
     scope: Scope,
     opts: Options,
@@ -414,12 +184,9 @@ pub struct Builder {
 impl std::fmt::Debug for Builder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let mut d = f.debug_struct("Builder");
-        d.field("url", &self.url.as_deref().map(crate::error::redact_url));
-        #[cfg(feature = "postgres")]
-        d.field("sqlx_pool", &self.sqlx_pool);
-        #[cfg(feature = "mysql")]
-        d.field("sqlx_mysql_pool", &self.sqlx_mysql_pool);
-        d.field("namespace", &self.namespace)
+        d.field("url", &self.url.as_deref().map(crate::error::redact_url))
+            .field("pool", &self.pool)
+            .field("namespace", &self.namespace)
             .field("scope", &self.scope)
             .field("max_connections", &self.opts.max_connections)
             .field("acquire_timeout", &self.opts.acquire_timeout)
@@ -429,8 +196,7 @@ impl std::fmt::Debug for Builder {
                 "allow_network_filesystem",
                 &self.opts.allow_network_filesystem,
             )
-            .field("multiplex", &self.opts.multiplex)
-            .field("pooler", &self.opts.pooler)
+            .field("settings", &self.opts.settings)
             .finish()
     }
 }
@@ -439,10 +205,7 @@ impl Default for Builder {
     fn default() -> Self {
         Builder {
             url: None,
-            #[cfg(feature = "postgres")]
-            sqlx_pool: None,
-            #[cfg(feature = "mysql")]
-            sqlx_mysql_pool: None,
+            pool: None,
             namespace: None,
             scope: Scope::Transaction,
             opts: Options::default(),
@@ -464,7 +227,7 @@ impl Builder {
     #[cfg(feature = "postgres")]
     #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
     pub fn sqlx_pool(mut self, pool: sqlx::PgPool) -> Self {
-        self.sqlx_pool = Some(pool);
+        self.pool = Some(Pool::Postgres(pool));
         self
     }
 
@@ -473,7 +236,7 @@ impl Builder {
     #[cfg(feature = "mysql")]
     #[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
     pub fn sqlx_mysql_pool(mut self, pool: sqlx::MySqlPool) -> Self {
-        self.sqlx_mysql_pool = Some(pool);
+        self.pool = Some(Pool::MySql(pool));
         self
     }
 
@@ -505,7 +268,7 @@ impl Builder {
     /// How long a request waits for one of dblock's connections to come free when all
     /// [`max_connections`](Builder::max_connections) are in use: 30 seconds unless set,
     /// then [`Error::Timeout`]. This bounds the wait for a *connection*; the wait for the
-    /// lock itself is the request's (see [`Request::try_lock_for`]), and a request with a
+    /// lock itself is the request's (see [`Request::try_lock_for`](crate::Request::try_lock_for)), and a request with a
     /// deadline of its own waits for a connection no longer than that either (a
     /// `try_lock` not at all). A handle on an sqlx pool uses that pool's
     /// `acquire_timeout` instead.
@@ -515,7 +278,7 @@ impl Builder {
     }
 
     /// How often a held PostgreSQL lock's connection is checked, so that a silently
-    /// broken connection is noticed ([`LockGuard::lost`]); one second unless set. On
+    /// broken connection is noticed ([`LockGuard::lost`](crate::LockGuard::lost)); one second unless set. On
     /// dblock's own connections a connection the server closes is noticed at once
     /// regardless; on connections borrowed from an sqlx pool, at the next check.
     pub fn check_interval(mut self, interval: Duration) -> Self {
@@ -553,7 +316,8 @@ impl Builder {
     /// # Ok(()) }
     /// ```
     pub fn multiplex(mut self, n: usize) -> Self {
-        self.opts.multiplex = n.min(64);
+        // Read by name by the backend that has it (PostgreSQL), like the URL's settings.
+        self.opts.set("multiplex", n.min(64).to_string());
         self
     }
 
@@ -573,8 +337,8 @@ impl Builder {
     /// [`Error::BehindPooler`].
     #[cfg(feature = "postgres")]
     #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
-    pub fn pooler(mut self, pooler: crate::postgres::Pooler) -> Self {
-        self.opts.pooler = pooler;
+    pub fn pooler(mut self, pooler: crate::raw::Pooler) -> Self {
+        self.opts.set("pooler", pooler.as_str());
         self
     }
 
@@ -607,7 +371,7 @@ impl Builder {
     /// `program[pid]@host`). Not applied to a borrowed sqlx pool, whose options are the
     /// caller's.
     pub fn application_name(mut self, name: impl Into<String>) -> Self {
-        self.opts.application_name = Some(name.into());
+        self.opts.set("application_name", name);
         self
     }
 
@@ -624,28 +388,8 @@ impl Builder {
         if let Some(ns) = &self.namespace {
             check_namespace(ns)?;
         }
-        #[cfg(feature = "postgres")]
-        if let Some(pool) = self.sqlx_pool.clone() {
-            let (b, ns) = crate::postgres::from_sqlx(pool, &self.opts).await?;
-            return self.finish(b, ns);
-        }
-        #[cfg(feature = "mysql")]
-        if let Some(pool) = self.sqlx_mysql_pool.clone() {
-            let (b, ns) = crate::mysql::from_sqlx(pool, &self.opts).await?;
-            return self.finish(b, ns);
-        }
-        let (backend, namespace) = match self.url.clone().or_else(crate::target::url_from_env) {
-            Some(url) => crate::target::open(&url, &self.opts).await?,
-            #[cfg(feature = "sqlite")]
-            None => crate::target::open_default(&self.opts)?,
-            #[cfg(not(feature = "sqlite"))]
-            None => {
-                return Err(Error::InvalidUrl {
-                    url: String::new(),
-                    reason: "no database URL given, and this build has no embedded default".into(),
-                });
-            }
-        };
+        let (backend, namespace) =
+            target::open_source(self.pool.clone(), self.url.as_deref(), &self.opts).await?;
         self.finish(backend, namespace)
     }
 

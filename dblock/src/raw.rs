@@ -3,16 +3,21 @@
 //! [`LockGuard`](crate::LockGuard), [`Election`](crate::leader::Election),
 //! [`Fence`](crate::Fence), the migration runner) is written on once.
 //!
-//! In the manner of parking_lot's `lock_api`: a small core every backend has —
-//! [`RawLocks::acquire`] (with a [`Wait`]) returning a [`RawHeld`] that releases on drop,
-//! releases and waits with [`RawHeld::release`], checks with [`RawHeld::check`] and
-//! reports loss ([`RawHeld::loss`], [`RawHeld::lost`]) — and extension interfaces for
-//! what only some backends offer, reached through [`RawLocks`]'s accessors:
-//! [`FencingStore`], [`MigrationStore`], [`BenchFloor`]. Multiplexing is a PostgreSQL
-//! detail behind `acquire` (nothing outside the backend calls it).
+//! In the manner of parking_lot's `lock_api`: what every backend does is required by
+//! [`RawLocks`] and its supertraits — [`RawLocks::acquire`] (with a [`Wait`]) returning a
+//! [`RawHeld`] that releases on drop, releases and waits with [`RawHeld::release`], checks
+//! with [`RawHeld::check`] and reports loss ([`RawHeld::loss`], [`RawHeld::lost`]); the
+//! latest fenced grant of a key ([`FencingStore`]); who holds and awaits locks, and ending
+//! a holder ([`StatusSource`]); the benchmark's floor ([`RawLocks::bench_floor`]). What
+//! only some backends do has a default that says so ([`RawLocks::setup`],
+//! [`RawLocks::has_leases`], [`RawLocks::pooler`]). Multiplexing is a PostgreSQL detail
+//! behind `acquire` (nothing outside the backend calls it), and settings only one backend
+//! reads reach it by name ([`Options::setting`]).
 //!
 //! A backend is one module that implements these and names none of the modules above
-//! it; the handle holds it as `Box<dyn RawLocks>`.
+//! it; the handle holds it as `Box<dyn RawLocks>`, made in `target.rs`. A fenced grant's
+//! [`Fence`] is defined here too, so that each backend adds its own check to it
+//! (`Fence::check_postgres` in the PostgreSQL backend, and so on).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -65,6 +70,19 @@ pub(crate) enum Wait {
 }
 
 impl Wait {
+    /// The wait of a request that waits at most `timeout`: none at all for zero (a
+    /// `try_lock_for(0)` tries once, as `try_lock` does, rather than racing a deadline
+    /// that has passed before the request is sent), for ever past the clock's range.
+    pub(crate) fn within(timeout: Duration) -> Wait {
+        if timeout.is_zero() {
+            return Wait::Try;
+        }
+        match Instant::now().checked_add(timeout) {
+            Some(t) => Wait::Until(t),
+            None => Wait::Forever,
+        }
+    }
+
     /// The instant after which to give up, if any.
     pub(crate) fn deadline(self) -> Option<Instant> {
         match self {
@@ -98,8 +116,66 @@ impl Req<'_> {
     }
 }
 
+/// A grant's fencing token, and what it takes to check it. Cheap to clone; it stays
+/// valid (and checkable) after the guard is dropped or the lock is lost. See
+/// [`fencing`](crate::fencing) for what it guarantees; each backend adds the check of
+/// writes to its own database (`Fence::check_postgres`, `check_sqlite`, `check_mysql`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fence {
+    name: Arc<str>,
+    key: Key,
+    token: i64,
+    /// The fencing table as SQL may name it (schema-qualified on PostgreSQL).
+    table: Arc<str>,
+}
+
+impl Fence {
+    pub(crate) fn new(name: &str, key: Key, token: i64, table: Arc<str>) -> Fence {
+        Fence {
+            name: name.into(),
+            key,
+            token,
+            table,
+        }
+    }
+
+    /// The token: greater than every earlier fenced grant's token for the name (see
+    /// [`fencing`](crate::fencing) for its shape on each backend).
+    pub fn token(&self) -> i64 {
+        self.token
+    }
+
+    /// The lock name it was granted for.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The lock's key.
+    pub fn key(&self) -> Key {
+        self.key
+    }
+
+    /// The fencing table as the backend's SQL names it.
+    pub(crate) fn table(&self) -> &str {
+        &self.table
+    }
+
+    /// The check's verdict, given the name's latest token as the fencing table has it
+    /// (`None`: no row).
+    pub(crate) fn stale(&self, latest: Option<i64>) -> Result<(), Error> {
+        match latest {
+            Some(l) if l == self.token => Ok(()),
+            latest => Err(Error::StaleToken {
+                name: self.name.to_string(),
+                token: self.token,
+                latest: latest.unwrap_or(0),
+            }),
+        }
+    }
+}
+
 /// A grant as a backend returns it.
-pub(crate) struct Grant {
+pub struct Grant {
     pub(crate) held: Box<dyn RawHeld>,
     /// The fencing token, and the fencing table as SQL names it.
     pub(crate) fence: Option<(i64, Arc<str>)>,
@@ -160,11 +236,27 @@ pub(crate) struct Options {
     pub(crate) check_interval: Duration,
     pub(crate) check_timeout: Duration,
     pub(crate) allow_network_filesystem: bool,
-    pub(crate) multiplex: usize,
-    /// What lies between dblock and PostgreSQL, as declared (or to detect).
-    pub(crate) pooler: Pooler,
-    /// The `application_name` dblock's own connections give, if the builder named one.
-    pub(crate) application_name: Option<String>,
+    /// Settings only some backends read, by name, as they read their URL's parameters:
+    /// the builder's `pooler`, `multiplex` and `application_name` (PostgreSQL's). The core
+    /// passes them on without knowing what they mean; a backend reads the ones it has.
+    pub(crate) settings: Vec<(&'static str, String)>,
+}
+
+impl Options {
+    /// The setting `name`, as last set.
+    pub(crate) fn setting(&self, name: &str) -> Option<&str> {
+        self.settings
+            .iter()
+            .rev()
+            .find(|(n, _)| *n == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// Sets `name` to `value` (a later value wins).
+    pub(crate) fn set(&mut self, name: &'static str, value: impl Into<String>) {
+        self.settings.retain(|(n, _)| *n != name);
+        self.settings.push((name, value.into()));
+    }
 }
 
 impl Default for Options {
@@ -175,15 +267,14 @@ impl Default for Options {
             check_interval: Duration::from_secs(1),
             check_timeout: Duration::from_secs(5),
             allow_network_filesystem: false,
-            multiplex: 0,
-            pooler: Pooler::Detect,
-            application_name: None,
+            settings: Vec::new(),
         }
     }
 }
 
-/// The lock core of a backend: what every backend offers.
-pub(crate) trait RawLocks: Send + Sync + 'static {
+/// A backend: what every backend does (its supertraits included); the few defaults are
+/// what only some backends have.
+pub(crate) trait RawLocks: FencingStore + StatusSource + Send + Sync + 'static {
     /// `"postgres"`, `"sqlite"`: what [`Locks::backend_name`](crate::Locks::backend_name)
     /// says.
     fn name(&self) -> &'static str;
@@ -230,30 +321,25 @@ pub(crate) trait RawLocks: Send + Sync + 'static {
         Pooler::None
     }
 
-    /// The backend itself, for the few calls (PostgreSQL's `setup`) that need its own
-    /// type; `None` where there are none.
-    fn as_any(&self) -> Option<&dyn std::any::Any> {
-        None
-    }
+    /// The benchmark's floor on this backend: a fresh set of raw connections (or
+    /// descriptors) each call. [`Error::Unsupported`] for a handle that cannot open raw
+    /// connections of its own (one on a caller's sqlx pool).
+    fn bench_floor(&self) -> Result<Arc<dyn BenchFloor>, Error>;
 
-    /// Where this backend keeps fencing tokens, if it can read them back.
-    fn fencing(&self) -> Option<&dyn FencingStore> {
-        None
+    /// The one-time setup for roles that may not create dblock's tables: creates them and
+    /// grants `grant_to` what fenced locks need; what was made ready, as SQL names it. By
+    /// default refused: a backend that creates its tables on first use has none to do.
+    fn setup<'a>(&'a self, grant_to: &'a [&'a str]) -> BoxFuture<'a, Result<String, Error>> {
+        let _ = grant_to;
+        Box::pin(std::future::ready(Err(Error::Unsupported(format!(
+            "the {} backend has no setup to do: it creates its tables on first use \
+             (setup is for PostgreSQL roles that may not create tables)",
+            self.name()
+        )))))
     }
 
     /// The migration runner's store on this backend (`migrate::store`), if it has one.
     fn migrations(&self) -> Option<&dyn MigrationStore> {
-        None
-    }
-
-    /// Who holds and awaits locks on this backend, if it can tell (`dblock status`).
-    fn status(&self) -> Option<&dyn StatusSource> {
-        None
-    }
-
-    /// The benchmark's floor on this backend, if it has one: a fresh set of raw
-    /// connections (or descriptors) each call.
-    fn bench_floor(&self) -> Option<Result<Arc<dyn BenchFloor>, Error>> {
         None
     }
 }
@@ -451,8 +537,9 @@ pub struct Party {
 /// A name asked about: namespace, name and its key.
 pub(crate) type Asked<'a> = (&'a str, &'a str, Key);
 
-/// A backend that can say who holds and awaits locks, and end a holder's session
-/// (`dblock status`, `dblock release --force`).
+/// Who holds and awaits locks, and ending a holder's session (`dblock status`, `dblock
+/// release --force`): every backend can tell (on the embedded backend, ending a holder is
+/// refused: its locks belong to the holding process).
 pub(crate) trait StatusSource: Send + Sync {
     /// The locks of `asked` (held or awaited), or with `asked` empty every lock the
     /// backend can list.
@@ -473,7 +560,8 @@ pub(crate) struct LatestGrant {
     pub(crate) granted_at: String,
 }
 
-/// A backend that keeps fencing tokens in a table it can read back (leader queries).
+/// Where a backend keeps fencing tokens, read back (leader queries): every backend has a
+/// fencing table.
 pub(crate) trait FencingStore: Send + Sync {
     /// The latest fenced grant of `key`, if any.
     fn latest_grant(&self, key: Key) -> BoxFuture<'_, Result<Option<LatestGrant>, Error>>;

@@ -6,16 +6,14 @@
 //! every backend: see `docs/semaphores.md` for the guarantees and their limits.
 
 use std::ops::{Deref, DerefMut};
-use std::time::Duration;
 
-use tokio::time::Instant;
-
-use crate::error::{Error, WaitingFor};
+use crate::error::Error;
 use crate::guard::LockGuard;
 use crate::key::{Key, check_name};
 use crate::locks::Locks;
-use crate::observe::Attempt;
-use crate::raw::{Mode, Req, Scope, Wait};
+use crate::raw::{BoxFuture, Grant, Mode};
+use crate::request::sealed::{Call, Observed, Sealed};
+use crate::request::{AnyOf, Request};
 
 /// The largest limit a semaphore may have.
 pub const MAX_SEMAPHORE_LIMIT: u32 = 1024;
@@ -23,8 +21,8 @@ pub const MAX_SEMAPHORE_LIMIT: u32 = 1024;
 impl Locks {
     /// A request for one of `limit` slots of the semaphore `name`: at most `limit`
     /// holders of the name at once, across processes. Finish it with
-    /// [`lock`](SemaphoreRequest::lock), [`try_lock`](SemaphoreRequest::try_lock) or
-    /// [`try_lock_for`](SemaphoreRequest::try_lock_for).
+    /// [`lock`](Request::lock), [`try_lock`](Request::try_lock) or
+    /// [`try_lock_for`](Request::try_lock_for).
     ///
     /// ```no_run
     /// # async fn demo(locks: dblock::Locks) -> Result<(), dblock::Error> {
@@ -37,15 +35,10 @@ impl Locks {
     /// Every process using a name should give it the same limit: a holder with limit
     /// `m` takes one of the first `m` slots, so at any moment at most `m` holders whose
     /// limit is `m` or less hold the name (see `docs/semaphores.md`).
+    ///
+    /// Shared mode is refused: see [`AnyOf`].
     pub fn semaphore<'a>(&'a self, name: &'a str, limit: u32) -> SemaphoreRequest<'a> {
-        SemaphoreRequest {
-            locks: self,
-            name,
-            limit,
-            scope: self.inner.scope,
-            fenced: false,
-            lease: None,
-        }
+        Request::new(self, AnyOf { name, limit })
     }
 
     /// The keys of the `limit` slots of the semaphore `name`, slot 0 first.
@@ -78,126 +71,97 @@ fn slot_keys(namespace: &str, name: &str, limit: u32) -> Vec<Key> {
 }
 
 /// A semaphore request being set up: created by [`Locks::semaphore`], finished by
-/// [`lock`](SemaphoreRequest::lock), [`try_lock`](SemaphoreRequest::try_lock) or
-/// [`try_lock_for`](SemaphoreRequest::try_lock_for).
-#[derive(Debug, Clone)]
-#[must_use = "a request does nothing until lock, try_lock or try_lock_for is awaited"]
-pub struct SemaphoreRequest<'a> {
-    locks: &'a Locks,
+/// [`lock`](Request::lock), [`try_lock`](Request::try_lock) or
+/// [`try_lock_for`](Request::try_lock_for), which give a [`SemaphoreGuard`]. The one
+/// [`Request`] type, for any one of a semaphore's slots.
+pub type SemaphoreRequest<'a> = Request<'a, AnyOf<'a>>;
+
+/// A semaphore's slots checked and keyed.
+pub struct Slots<'a> {
     name: &'a str,
+    /// The name's own key: a fenced grant's token row.
+    key: Key,
+    /// The slots' keys, slot 0 first.
+    keys: Vec<Key>,
     limit: u32,
-    scope: Scope,
-    fenced: bool,
-    lease: Option<Duration>,
 }
 
-impl SemaphoreRequest<'_> {
-    /// Asks for the given PostgreSQL scope (the handle's default otherwise).
-    pub fn scope(mut self, scope: Scope) -> Self {
-        self.scope = scope;
-        self
+impl<'a> Sealed for AnyOf<'a> {
+    type Guard = SemaphoreGuard;
+    type Prepared = Slots<'a>;
+    type Granted = (usize, Grant);
+
+    fn refuse(mode: Mode, _: bool) -> Result<(), Error> {
+        match mode {
+            Mode::Exclusive => Ok(()),
+            Mode::Shared => Err(Error::Unsupported(
+                "a semaphore's slots are taken exclusively: a slot held by one holder at a \
+                 time is what bounds the holders to the limit, and shared holders of a slot \
+                 would not exclude each other"
+                    .into(),
+            )),
+        }
     }
 
-    /// Asks for a fencing token with the grant: greater than every earlier fenced
-    /// grant's token for this *name*, whichever slot it was. Slots are then taken one
-    /// request at a time (see `docs/semaphores.md`).
-    pub fn fenced(mut self) -> Self {
-        self.fenced = true;
-        self
+    fn prepare(self, namespace: &str) -> Result<Slots<'a>, Error> {
+        check_name(self.name)?;
+        check_limit(self.limit)?;
+        Ok(Slots {
+            name: self.name,
+            key: Key::derive(namespace, self.name),
+            keys: slot_keys(namespace, self.name, self.limit),
+            limit: self.limit,
+        })
     }
 
-    /// Bounds how long a slot outlives a holder that falls silent, as
-    /// [`Request::lease`](crate::Request::lease) does for a lock.
-    pub fn lease(mut self, lease: Duration) -> Self {
-        self.lease = Some(lease);
-        self
+    fn named<'p>(p: &'p Slots<'a>) -> Option<(&'p str, Key)> {
+        // Observed as a lock on the name; its guard's key is the granted slot's.
+        Some((p.name, p.key))
     }
 
-    /// Waits until a slot is granted.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::InvalidName`] for a bad name; [`Error::Unsupported`] for a limit of 0
-    /// or above [`MAX_SEMAPHORE_LIMIT`]; connection and server errors.
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancelling the wait gives up the place in line; no slot is left held, on the
-    /// server or anywhere else, once the future is dropped.
-    pub async fn lock(self) -> Result<SemaphoreGuard, Error> {
-        match self.acquire(Wait::Forever).await? {
-            Some(guard) => Ok(guard),
-            None => Err(Error::Timeout {
-                waiting_for: WaitingFor::LockServerLockTimeout,
-                after: None,
+    fn acquire<'r>(
+        p: &'r Slots<'a>,
+        call: Call<'r>,
+    ) -> BoxFuture<'r, Result<Option<(usize, Grant)>, Error>> {
+        call.backend.acquire_any(call.req, &p.keys)
+    }
+
+    fn granted(
+        p: &Slots<'a>,
+        (slot, grant): (usize, Grant),
+        name: &str,
+        _: Key,
+    ) -> Result<(Grant, Key, u32), Error> {
+        match (p.keys.get(slot), u32::try_from(slot)) {
+            (Some(&key), Ok(index)) => Ok((grant, key, index)),
+            // Dropping the grant releases it: a backend's answer dblock cannot map is an
+            // error, never "not obtained".
+            _ => Err(Error::Database {
+                code: None,
+                message: format!(
+                    "granted slot {slot} of semaphore {:?}, whose limit is {}",
+                    name, p.limit
+                ),
             }),
         }
     }
 
-    /// Takes a slot if one is free now; `Ok(None)` if all `limit` are held.
-    ///
-    /// # Errors
-    ///
-    /// As [`SemaphoreRequest::lock`].
-    ///
-    /// # Cancel safety
-    ///
-    /// As [`SemaphoreRequest::lock`].
-    pub async fn try_lock(self) -> Result<Option<SemaphoreGuard>, Error> {
-        self.acquire(Wait::Try).await
+    fn guard(
+        p: Slots<'a>,
+        grant: Grant,
+        tally: Observed,
+        name_key: Key,
+        index: u32,
+    ) -> SemaphoreGuard {
+        SemaphoreGuard {
+            guard: LockGuard::keyed(tally.0, name_key, grant),
+            slot: index,
+            limit: p.limit,
+        }
     }
 
-    /// Waits at most `timeout` for a slot; `Ok(None)` if none was granted in time.
-    ///
-    /// # Errors
-    ///
-    /// As [`SemaphoreRequest::lock`].
-    ///
-    /// # Cancel safety
-    ///
-    /// As [`SemaphoreRequest::lock`].
-    pub async fn try_lock_for(self, timeout: Duration) -> Result<Option<SemaphoreGuard>, Error> {
-        let wait = match Instant::now().checked_add(timeout) {
-            Some(t) => Wait::Until(t),
-            None => Wait::Forever,
-        };
-        self.acquire(wait).await
-    }
-
-    async fn acquire(self, wait: Wait) -> Result<Option<SemaphoreGuard>, Error> {
-        let inner = &self.locks.inner;
-        check_name(self.name)?;
-        check_limit(self.limit)?;
-        let keys = slot_keys(&inner.namespace, self.name, self.limit);
-        let req = Req {
-            namespace: &inner.namespace,
-            name: self.name,
-            key: Key::derive(&inner.namespace, self.name),
-            mode: Mode::Exclusive,
-            scope: self.scope,
-            wait,
-            fenced: self.fenced,
-            lease: self.lease,
-            fence_key: None,
-        };
-        // Observed as a lock on the name (its key the granted slot's): see `Request::acquire`.
-        let backend = inner.backend.name();
-        let attempt = Attempt::wanted().then(|| Attempt::start(&req, backend, inner.metrics));
-        let acquire = inner.backend.acquire_any(&req, &keys);
-        let Some(((slot, grant), attempt)) = Attempt::run(attempt, req.wait, acquire).await? else {
-            return Ok(None);
-        };
-        let Some(&key) = keys.get(slot) else {
-            return Ok(None);
-        };
-        let slot_req = Req { key, ..req.clone() };
-        let token = grant.fence.as_ref().map(|f| f.0);
-        let tally = Attempt::tally(attempt, &slot_req, backend, token);
-        Ok(Some(SemaphoreGuard {
-            guard: LockGuard::keyed(tally, req.key, grant),
-            slot: slot as u32,
-            limit: self.limit,
-        }))
+    fn nothing(_: Slots<'a>, _: Mode) -> Option<SemaphoreGuard> {
+        None
     }
 }
 

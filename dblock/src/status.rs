@@ -63,6 +63,21 @@ impl LockStatus {
     }
 }
 
+/// How a database shows the lock of a key to someone looking for it with its own tools:
+/// what `dblock key` prints, from [`Key::shown_on`](crate::Key::shown_on).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ShownAs {
+    /// Where the server lists it: `"pg_locks"` (PostgreSQL), `"mysql"` (a named lock).
+    pub listed_in: &'static str,
+    /// What identifies it there: `classid=… objid=… objsubid=1`, or the lock's name.
+    pub id: String,
+    /// What the identity depends on, if anything: `(database app)`.
+    pub context: Option<String>,
+    /// A query that shows it (and who holds it) on that server.
+    pub query: String,
+}
+
 /// The stable JSON shape of `dblock status --json` (documented in `docs/status.md`):
 /// `{"version":1,"backend":…,"now_ms":…,"locks":[…]}`, times in milliseconds since the
 /// Unix epoch and ages (`for_ms`) against `now`.

@@ -1,10 +1,48 @@
-//! Which database a URL names, and where the embedded default lives: the one place
-//! that knows every backend (one line each in [`open`]).
+//! Which backend a handle opens — on a URL, or on a caller's sqlx pool — and where the
+//! embedded default lives: the one place that names the backends (an arm each in
+//! [`open`], and in [`open_source`] for the pools).
 
 use std::path::PathBuf;
 
 use crate::error::{Error, redact_url};
 use crate::raw::{Options, RawLocks};
+
+/// A caller's sqlx pool a handle borrows connections from (see
+/// [`Builder::sqlx_pool`](crate::Builder::sqlx_pool)).
+#[derive(Clone, Debug)]
+pub(crate) enum Pool {
+    #[cfg(feature = "postgres")]
+    Postgres(sqlx::PgPool),
+    #[cfg(feature = "mysql")]
+    MySql(sqlx::MySqlPool),
+}
+
+/// Opens the backend of a handle: on the caller's pool if there is one, else on `url`,
+/// else on the URL of the environment ([`URL_ENV_VARS`]), else on the embedded default.
+/// The default namespace it brings with it.
+pub(crate) async fn open_source(
+    pool: Option<Pool>,
+    url: Option<&str>,
+    opts: &Options,
+) -> Result<(Box<dyn RawLocks>, String), Error> {
+    match pool {
+        #[cfg(feature = "postgres")]
+        Some(Pool::Postgres(pool)) => return crate::postgres::from_sqlx(pool, opts).await,
+        #[cfg(feature = "mysql")]
+        Some(Pool::MySql(pool)) => return crate::mysql::from_sqlx(pool, opts).await,
+        None => {}
+    }
+    match url.map(str::to_string).or_else(url_from_env) {
+        Some(url) => open(&url, opts).await,
+        #[cfg(feature = "sqlite")]
+        None => open_default(opts),
+        #[cfg(not(feature = "sqlite"))]
+        None => Err(Error::InvalidUrl {
+            url: String::new(),
+            reason: "no database URL given, and this build has no embedded default".into(),
+        }),
+    }
+}
 
 /// The environment variables read, in order, by [`Locks::from_env`](crate::Locks::from_env)
 /// and the command-line program when no URL is given.
@@ -49,6 +87,65 @@ pub(crate) async fn open(url: &str, opts: &Options) -> Result<(Box<dyn RawLocks>
             "unknown scheme {other:?}: expected postgres://…, postgresql://…, mysql://…, \
              mariadb://… or sqlite:PATH"
         ))),
+    }
+}
+
+impl crate::Key {
+    /// How the database `url` names (PostgreSQL's, when `None`) shows this key's lock to
+    /// its own tools: where it is listed, as what, and a query that shows it. What `dblock
+    /// key` prints.
+    ///
+    /// ```
+    /// let key = dblock::Key::new("public", "autoland:7")?;
+    /// let shown = key.shown_on(None)?;
+    /// assert_eq!(shown.listed_in, "pg_locks");
+    /// let shown = key.shown_on(Some("mysql://app@db/app"))?;
+    /// assert_eq!(shown.id, dblock::mysql::lock_name("app", key));
+    /// # Ok::<(), dblock::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidUrl`] for a URL dblock cannot read, or whose backend this build
+    /// lacks; [`Error::Unsupported`] for the embedded backend, whose locks are byte ranges
+    /// of its lock file (see `dblock status`).
+    pub fn shown_on(&self, url: Option<&str>) -> Result<crate::status::ShownAs, Error> {
+        let Some(url) = url else {
+            #[cfg(feature = "postgres")]
+            return Ok(crate::postgres::shown_as(*self));
+            #[cfg(not(feature = "postgres"))]
+            return Err(Error::InvalidUrl {
+                url: String::new(),
+                reason: "no database URL given, and this build has no PostgreSQL support".into(),
+            });
+        };
+        let invalid = |reason: String| Error::InvalidUrl {
+            url: redact_url(url),
+            reason,
+        };
+        #[cfg(feature = "postgres")]
+        if crate::conninfo::is_key_value(url) {
+            return Ok(crate::postgres::shown_as(*self));
+        }
+        let scheme = url
+            .split(':')
+            .next()
+            .unwrap_or_default()
+            .to_ascii_lowercase();
+        match scheme.as_str() {
+            #[cfg(feature = "postgres")]
+            "postgres" | "postgresql" => Ok(crate::postgres::shown_as(*self)),
+            #[cfg(feature = "mysql")]
+            "mysql" | "mariadb" => crate::mysql::shown_as(url, *self),
+            "sqlite" => Err(Error::Unsupported(
+                "the embedded backend's locks are byte ranges of its lock file, not rows a query \
+                 shows: see dblock status"
+                    .into(),
+            )),
+            other => Err(invalid(format!(
+                "no backend of this build opens {other:?} URLs"
+            ))),
+        }
     }
 }
 

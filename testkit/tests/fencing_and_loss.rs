@@ -1,5 +1,6 @@
-//! Losing a lock on PostgreSQL — a restarted server, a silent backend, a session-scoped
-//! lease. (Fencing, leases and elections on every backend: every_backend_fencing.rs.)
+//! Losing a lock on PostgreSQL — a restarted server, a silent backend (noticed by `lost()`,
+//! and a `release()` that returns within the bound), a session-scoped lease, a lease behind a
+//! network that falls silent, a guard that outlives its runtime. (Fencing, leases and elections on every backend: every_backend_fencing.rs.)
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::process::Stdio;
@@ -7,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use dblock::{Error, Locks, LossReason, Scope};
 use dblock_testkit::cluster::TempCluster;
+use dblock_testkit::testdb::within;
 use dblock_testkit::{PgSchema, signal};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::Command;
@@ -142,4 +144,218 @@ async fn a_lease_frees_a_paused_holders_lock() {
         let _ = holder.start_kill();
         let _ = holder.wait().await;
     }
+}
+
+/// release() on a server that stops answering returns within check_timeout, reporting
+/// the loss, instead of waiting for TCP to give up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_on_a_silent_server_is_bounded() {
+    let s = PgSchema::new("silent_release").await;
+    let locks = Locks::builder()
+        .url(&s.url)
+        .check_interval(Duration::from_millis(100))
+        .check_timeout(Duration::from_millis(300))
+        .build()
+        .await
+        .unwrap();
+    let g = locks.lock("w").await.unwrap();
+    let pid = s.advisory(g.key()).await[0].0;
+    signal(pid, "-STOP");
+    let t = Instant::now();
+    let r = tokio::time::timeout(Duration::from_secs(4), g.release()).await;
+    signal(pid, "-CONT");
+    let r = r.expect("release returned");
+    assert!(
+        matches!(
+            r,
+            Err(Error::LockLost {
+                reason: LossReason::Unresponsive { .. }
+            })
+        ),
+        "{r:?}"
+    );
+    assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+}
+
+/// A guard whose connection's runtime has shut down reports the lock lost:
+/// `is_held()` false, `lost()` resolves, `check()` says LockLost.
+#[test]
+fn a_guard_outliving_its_runtime_reports_the_lock_lost() {
+    let main = tokio::runtime::Runtime::new().unwrap();
+    let s = main.block_on(PgSchema::new("rt_gone"));
+    for sqlx in [false, true] {
+        let name = format!("held-{sqlx}");
+        let first = tokio::runtime::Runtime::new().unwrap();
+        let mut guard = first.block_on(async {
+            let locks = if sqlx {
+                let pool = sqlx::PgPool::connect(&s.url).await.unwrap();
+                Locks::builder()
+                    .sqlx_pool(pool)
+                    .namespace(&s.name)
+                    .build()
+                    .await
+                    .unwrap()
+            } else {
+                Locks::connect(&s.url).await.unwrap()
+            };
+            within(10, "lock", locks.lock(&name)).await.unwrap()
+        });
+        assert!(guard.is_held());
+        drop(first);
+        main.block_on(async {
+            // The session went with the runtime: another handle is granted the name.
+            let other = Locks::connect(&s.url).await.unwrap();
+            let g = within(
+                20,
+                "the name, once the first runtime is gone",
+                other.try_lock_for(&name, Duration::from_secs(15)),
+            )
+            .await
+            .unwrap();
+            assert!(g.is_some(), "sqlx={sqlx}: the server freed the lock");
+            assert!(
+                !guard.is_held(),
+                "sqlx={sqlx}: the old guard must not say it holds a lock another has"
+            );
+            let reason = within(5, "lost()", guard.lost()).await;
+            eprintln!("sqlx={sqlx}: lost: {reason}");
+            let r = within(5, "check()", guard.check()).await;
+            assert!(matches!(r, Err(Error::LockLost { .. })), "{r:?}");
+            drop(g);
+        });
+        drop(guard);
+    }
+}
+
+/// Behind a proxy that falls silent, when does the holder learn of the loss, and when
+/// is another handle granted the lock? Returns (learned, granted), measured from the
+/// moment of silence. `free` frees the lock on the server (None: the lease does).
+async fn silent_holder_race(
+    s: &PgSchema,
+    holder: &Locks,
+    guard: dblock::LockGuard,
+    proxy: &dblock_testkit::SilentProxy,
+    name: &str,
+    terminate: bool,
+) -> (Duration, Duration) {
+    let lost = guard.lost();
+    let lost = tokio::spawn(async move {
+        lost.await;
+        tokio::time::Instant::now()
+    });
+    let key = holder.key(name).unwrap();
+    let silent_at = tokio::time::Instant::now();
+    proxy.silence();
+    if terminate {
+        assert_eq!(s.terminate_holders(key).await, 1);
+    }
+    let other = Locks::connect(&s.url).await.unwrap();
+    let g = within(60, "the lock, for another handle", other.lock(name))
+        .await
+        .unwrap();
+    let granted = tokio::time::Instant::now() - silent_at;
+    let learned = within(60, "the silent holder's lost()", lost)
+        .await
+        .unwrap()
+        - silent_at;
+    drop(g);
+    drop(guard);
+    (learned, granted)
+}
+
+/// With a lease, a holder cut off by a silent network learns that it lost the
+/// lock before the server can grant it to another. A lease too short for that (2 s
+/// with the default checks, as in the report) is refused; an accepted one is proved
+/// behind a proxy that stops forwarding without closing. The control shows the
+/// detector catching a holder that believes it holds a lock another has.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_holder_learns_of_the_loss_before_anyone_else_is_granted_the_lock() {
+    let s = PgSchema::new("silent_lease").await;
+    let target = dblock_testkit::tcp_host_port(&s.url);
+    for scope in [Scope::Transaction, Scope::Session] {
+        // The report's configuration: lease(2s), checks every 1 s, 5 s to answer.
+        let proxy = dblock_testkit::SilentProxy::start(target.clone()).await;
+        let via = dblock_testkit::with_host_port(&s.url, "127.0.0.1", proxy.port);
+        let holder = within(10, "connect", Locks::connect(&via)).await.unwrap();
+        let name = format!("report-{scope:?}");
+        let r = within(
+            10,
+            "lease 2s",
+            holder
+                .request(&name)
+                .scope(scope)
+                .lease(Duration::from_secs(2))
+                .lock(),
+        )
+        .await;
+        match r {
+            Err(Error::Unsupported(why)) => assert!(why.contains("lease"), "{why}"),
+            Ok(g) => {
+                let (learned, granted) =
+                    silent_holder_race(&s, &holder, g, &proxy, &name, false).await;
+                panic!(
+                    "{scope:?}: lease(2s) with the default checks was accepted: the holder \
+                     learned of the loss {learned:?} after the silence, another was granted \
+                     the lock after {granted:?}"
+                );
+            }
+            Err(e) => panic!("{scope:?}: {e}"),
+        }
+
+        // An accepted configuration: checks every 200 ms, 1 s to answer, lease 2 s.
+        let holder = within(
+            10,
+            "connect",
+            Locks::builder()
+                .url(&via)
+                .check_interval(Duration::from_millis(200))
+                .check_timeout(Duration::from_secs(1))
+                .build(),
+        )
+        .await
+        .unwrap();
+        let g = within(
+            10,
+            "lease 2s",
+            holder
+                .request(&name)
+                .scope(scope)
+                .lease(Duration::from_secs(2))
+                .lock(),
+        )
+        .await
+        .unwrap();
+        let (learned, granted) = silent_holder_race(&s, &holder, g, &proxy, &name, false).await;
+        eprintln!("{scope:?}: learned {learned:?}, granted {granted:?}");
+        assert!(
+            learned < granted,
+            "{scope:?}: the holder learned of the loss after {learned:?}, another was \
+             granted the lock after {granted:?}"
+        );
+        drop(proxy);
+    }
+
+    // Control: the same detector, with the lock freed on the server at once (the
+    // holder's backend terminated) while the holder is cut off, sees the holder learn
+    // late — the race the lease bound prevents.
+    let proxy = dblock_testkit::SilentProxy::start(target.clone()).await;
+    let via = dblock_testkit::with_host_port(&s.url, "127.0.0.1", proxy.port);
+    let holder = within(
+        10,
+        "connect",
+        Locks::builder()
+            .url(&via)
+            .check_interval(Duration::from_millis(200))
+            .check_timeout(Duration::from_secs(1))
+            .build(),
+    )
+    .await
+    .unwrap();
+    let g = within(10, "lock", holder.lock("control")).await.unwrap();
+    let (learned, granted) = silent_holder_race(&s, &holder, g, &proxy, "control", true).await;
+    eprintln!("control: learned {learned:?}, granted {granted:?}");
+    assert!(
+        learned > granted,
+        "control: the detector must see a holder that learns late ({learned:?} vs {granted:?})"
+    );
 }

@@ -1,6 +1,7 @@
-//! Connection health: a peer that goes silent without a FIN, simulated by a small TCP
-//! proxy in the test that stops forwarding on the connections it has (keeping their
-//! sockets open) while new connections pass as usual.
+//! Connection health on PostgreSQL: a peer that goes silent without a FIN, simulated by a
+//! small TCP proxy in the test that stops forwarding on the connections it has (keeping
+//! their sockets open) while new connections pass as usual; and a held lock's check, cut
+//! off mid-way, on every kind of connection.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::sync::Arc;
@@ -8,6 +9,8 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use dblock::{Locks, Scope};
+use dblock_testkit::testdb::within;
 use dblock_testkit::{PgSchema, pg_url};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -131,4 +134,76 @@ async fn an_idle_connection_gone_silent_is_checked_before_it_carries_a_request()
     eprintln!("granted on a new connection after {took:?} (check timeout 500 ms)");
     assert_eq!(s.advisory(locks.key("a").unwrap()).await.len(), 1);
     g.release().await.unwrap();
+}
+
+/// Cancelling `check` leaves the lock held, on every kind of connection alike.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelling_a_check_keeps_the_lock() {
+    let s = PgSchema::new("check_cancel").await;
+    let pool = sqlx::PgPool::connect(&s.url).await.unwrap();
+    let handles = [
+        ("pinned", Locks::connect(&s.url).await.unwrap()),
+        (
+            "sqlx",
+            Locks::builder()
+                .sqlx_pool(pool)
+                .namespace(&s.name)
+                .build()
+                .await
+                .unwrap(),
+        ),
+        (
+            "multiplexed",
+            Locks::builder()
+                .url(&s.url)
+                .scope(Scope::Session)
+                .multiplex(2)
+                .build()
+                .await
+                .unwrap(),
+        ),
+    ];
+    let other = Locks::connect(&s.url).await.unwrap();
+    for (kind, locks) in &handles {
+        let name = format!("checked-{kind}");
+        let mut g = within(10, "lock", locks.lock(&name)).await.unwrap();
+        let mut cut_off = 0;
+        for round in 0..5 {
+            // Polled once (the check is sent), then dropped before its reply.
+            let mut check = Box::pin(g.check());
+            match futures_poll_once(check.as_mut()).await {
+                None => cut_off += 1,
+                // Answered within the one poll (a fast server, another worker thread
+                // driving the connection): not a cancellation, but it must be an answer.
+                Some(r) => r.unwrap_or_else(|e| panic!("{kind}, round {round}: {e}")),
+            }
+            drop(check);
+            assert!(
+                g.is_held(),
+                "{kind}, round {round}: still held after a cancelled check"
+            );
+            within(10, "check", g.check())
+                .await
+                .unwrap_or_else(|e| panic!("{kind}, round {round}: {e}"));
+            let r = within(10, "try_lock elsewhere", other.try_lock(&name))
+                .await
+                .unwrap();
+            assert!(r.is_none(), "{kind}, round {round}: nobody else gets it");
+        }
+        assert!(cut_off > 0, "{kind}: no check was cut off mid-way");
+        within(10, "release", g.release())
+            .await
+            .unwrap_or_else(|e| panic!("{kind}: {e}"));
+    }
+}
+
+/// Polls `f` once: `Some(output)` if it finished at once.
+async fn futures_poll_once<F: std::future::Future + Unpin>(mut f: F) -> Option<F::Output> {
+    std::future::poll_fn(|cx| {
+        std::task::Poll::Ready(match std::pin::Pin::new(&mut f).poll(cx) {
+            std::task::Poll::Ready(v) => Some(v),
+            std::task::Poll::Pending => None,
+        })
+    })
+    .await
 }

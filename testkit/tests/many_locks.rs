@@ -1,4 +1,5 @@
-//! Thousands of locks held at once over a few multiplexed connections.
+//! Thousands of locks held at once over a few multiplexed connections, and what a
+//! multiplexed handle must still do (two shared holders of one name).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::time::Duration;
@@ -202,4 +203,25 @@ async fn a_full_lock_table_fails_the_request_and_keeps_every_held_lock() {
     ));
     guards.pop().unwrap().release().await.unwrap();
     assert!(locks.try_lock("one-more").await.unwrap().is_some());
+}
+
+/// Multiplexed: a second shared holder of the same process is granted, as it would be
+/// from any other session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_shared_holder_is_granted_on_a_multiplexed_handle() {
+    let s = PgSchema::new("mux_shared").await;
+    let locks = Locks::builder()
+        .url(&s.url)
+        .scope(Scope::Session)
+        .multiplex(2)
+        .build()
+        .await
+        .unwrap();
+    let a = locks.request("z").shared().try_lock().await.unwrap();
+    let b = locks.request("z").shared().try_lock().await.unwrap();
+    assert!(a.is_some() && b.is_some(), "two shared holders");
+    assert!(
+        locks.try_lock("z").await.unwrap().is_none(),
+        "no exclusive one meanwhile"
+    );
 }

@@ -5,7 +5,10 @@
 use std::time::{Duration, Instant};
 
 use dblock::{Error, Key, Locks, Mode, Scope};
+use dblock_testkit::testdb::within;
+use dblock_testkit::{PgDatabase, pg_url, with_params};
 use dblock_testkit::{PgSchema, eventually, semantics};
+use tokio::time::timeout;
 
 /// The hub seed's test in the session scope (the default scope, and the other
 /// backends: every_backend_locks.rs).
@@ -805,4 +808,269 @@ async fn an_exhausted_pool_is_a_typed_timeout() {
         })
         .await
     );
+}
+
+/// A server-side lock_timeout ending a wait without a deadline is a lock-wait timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_lock_timeout_is_a_lock_wait_timeout() {
+    let s = PgSchema::new("server_lt").await;
+    let holder = s.locks().await;
+    let _g = holder.lock("t").await.unwrap();
+    let admin = s.admin();
+    // A role whose sessions have lock_timeout set, as an administrator might.
+    let role = format!("r_{}", s.name);
+    admin.batch_execute(&format!("CREATE ROLE \"{role}\" LOGIN; ALTER ROLE \"{role}\" SET lock_timeout = '200ms'; GRANT ALL ON SCHEMA \"{}\" TO \"{role}\"", s.name)).await.unwrap();
+    // The role put into the URL structurally, whoever DATABASE_URL's user is.
+    let url = dblock_testkit::with_user(&s.url, &role);
+    let waiter = Locks::connect(&url).await.unwrap();
+    let r = tokio::time::timeout(Duration::from_secs(10), waiter.lock("t"))
+        .await
+        .expect("the role's lock_timeout ends the wait");
+    let e = r.unwrap_err();
+    assert!(e.is_lock_wait_timeout(), "{e:?}");
+    drop(waiter);
+    drop(_g);
+    admin
+        .batch_execute(&format!("DROP OWNED BY \"{role}\"; DROP ROLE \"{role}\""))
+        .await
+        .unwrap();
+}
+
+/// A deadline or lease longer than the server's largest timeout (2³¹ − 1 ms,
+/// about 24.8 days) works; before, the server refused the setting.
+#[tokio::test]
+async fn waits_and_leases_beyond_the_servers_timeout_limit_work() {
+    let s = PgSchema::new("long_waits").await;
+    let locks = within(10, "connect", Locks::connect(&s.url)).await.unwrap();
+    let long = Duration::from_secs(597 * 3600);
+    for scope in [Scope::Transaction, Scope::Session] {
+        let g = within(
+            10,
+            "try_lock_for 597h",
+            locks.request("free").scope(scope).try_lock_for(long),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{scope:?}: {e}"));
+        assert!(g.is_some(), "{scope:?}: a free lock is granted");
+        drop(g);
+        let g = within(
+            10,
+            "lease 597h",
+            locks.request("free").scope(scope).lease(long).lock(),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{scope:?}: {e}"));
+        drop(g);
+        let g = within(
+            10,
+            "fenced try_lock_for 597h",
+            locks
+                .request("fenced")
+                .scope(scope)
+                .fenced()
+                .try_lock_for(long),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{scope:?}: {e}"));
+        assert!(g.is_some());
+    }
+    // A long wait that must actually wait is granted when the holder lets go.
+    let other = within(10, "connect", Locks::connect(&s.url)).await.unwrap();
+    let held = within(10, "lock", other.lock("busy")).await.unwrap();
+    let key = locks.key("busy").unwrap();
+    let waiter = tokio::spawn({
+        let locks = locks.clone();
+        async move { locks.try_lock_for("busy", long).await }
+    });
+    assert!(
+        s.eventually(10, || async { s.advisory(key).await.iter().any(|r| !r.2) })
+            .await,
+        "the waiter queues on the server"
+    );
+    drop(held);
+    let got = within(10, "the long waiter", waiter)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(got.is_some());
+}
+
+/// The default namespace does not depend on search_path or on which schemas
+/// exist: two processes of one database that name no namespace exclude each other.
+#[tokio::test]
+async fn handles_with_different_search_paths_key_a_name_alike() {
+    let a = PgSchema::new("sp_a").await;
+    let b = PgSchema::new("sp_b").await;
+    // Plain URLs: no dblock.namespace, only search_path differs (and with "$user", as
+    // by default, whether a schema named after the role exists).
+    let url_a = with_params(
+        &pg_url(),
+        &[("options", &format!("-c search_path={}", a.name))],
+    );
+    let url_b = with_params(
+        &pg_url(),
+        &[("options", &format!("-c search_path=\"$user\",{}", b.name))],
+    );
+    let la = within(10, "connect", Locks::connect(&url_a)).await.unwrap();
+    let lb = within(10, "connect", Locks::connect(&url_b)).await.unwrap();
+    assert_eq!(la.namespace(), dblock::DEFAULT_NAMESPACE);
+    assert_eq!(la.namespace(), lb.namespace());
+    // A name of this test's own in the shared default namespace.
+    let name = format!("{}-deploy", a.name);
+    let g = within(10, "lock", la.lock(&name)).await.unwrap();
+    let r = within(10, "try_lock", lb.try_lock(&name)).await.unwrap();
+    assert!(r.is_none(), "both handles mean the same lock");
+    drop(g);
+    let r = within(
+        10,
+        "try_lock",
+        lb.try_lock_for(&name, Duration::from_secs(5)),
+    )
+    .await
+    .unwrap();
+    assert!(r.is_some(), "control: free once released");
+
+    // The setting dblock.namespace names it explicitly, from the URL (or database/role).
+    let set = within(10, "connect", Locks::connect(&a.url)).await.unwrap();
+    assert_eq!(set.namespace(), a.name);
+    let url_ns = with_params(&pg_url(), &[("options", "-c dblock.namespace=billing")]);
+    let billing = within(10, "connect", Locks::connect(&url_ns))
+        .await
+        .unwrap();
+    assert_eq!(billing.namespace(), "billing");
+    // The builder's namespace wins over the setting.
+    let built = Locks::builder()
+        .url(&url_ns)
+        .namespace("other")
+        .build()
+        .await
+        .unwrap();
+    assert_eq!(built.namespace(), "other");
+}
+
+const WORKER: &str = env!("CARGO_BIN_EXE_dblock-worker");
+
+/// Waits (bounded) until `n` sessions wait for advisory key `key` in database `db`.
+async fn until_waiting(admin: &tokio_postgres::Client, key: dblock::Key, n: usize) {
+    let (classid, objid) = key.pg_locks_ids();
+    let waiting = || async {
+        let rows = admin
+            .query(
+                "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND NOT granted \
+                 AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
+                 AND classid = $1::int8::oid AND objid = $2::int8::oid AND objsubid = 1",
+                &[&(classid as i64), &(objid as i64)],
+            )
+            .await
+            .unwrap();
+        rows.len() == n
+    };
+    let mut waiting = waiting;
+    assert!(
+        dblock_testkit::eventually(20, &mut waiting).await,
+        "{n} waiters queued on the server"
+    );
+}
+
+/// A process holds `startup` and migrates with CREATE INDEX CONCURRENTLY while
+/// four other processes wait for `startup`. The waiters must not hold the index build
+/// up for good (they used to: each blocked inside pg_advisory_xact_lock holds a snapshot
+/// the build waits for, while they wait for the lock its process holds). Control: the
+/// same with four plain `SELECT pg_advisory_lock` waiters deadlocks until cancelled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cic_migration_under_a_lock_that_others_wait_for_finishes() {
+    let db = PgDatabase::new("cic").await;
+    let admin = db.admin().await;
+    admin
+        .batch_execute(
+            "CREATE TABLE notes (id int, x int); \
+             INSERT INTO notes SELECT g, g FROM generate_series(1, 1000) g",
+        )
+        .await
+        .unwrap();
+    let locks = within(10, "connect", Locks::connect(&db.url))
+        .await
+        .unwrap();
+    let key = locks.key("startup").unwrap();
+
+    // Control: plain waiters (no dblock) deadlock the index build, until it is cut off.
+    let startup = within(10, "startup", locks.lock("startup")).await.unwrap();
+    let mut plain = Vec::new();
+    for _ in 0..4 {
+        let c = dblock_testkit::admin_connect(&db.url).await;
+        let wait = tokio::spawn(async move {
+            let r = c
+                .batch_execute(&format!("SELECT pg_advisory_lock({})", key.as_i64()))
+                .await;
+            drop(c);
+            r
+        });
+        plain.push(wait);
+    }
+    until_waiting(&admin, key, 4).await;
+    let builder = dblock_testkit::admin_connect(&db.url).await;
+    builder
+        .batch_execute("SET statement_timeout = '6s'")
+        .await
+        .unwrap();
+    let r = within(
+        30,
+        "the control's index build",
+        builder.batch_execute("CREATE INDEX CONCURRENTLY notes_ctrl ON notes (x)"),
+    )
+    .await;
+    let code = r.as_ref().err().and_then(|e| e.code()).cloned();
+    assert_eq!(
+        code,
+        Some(tokio_postgres::error::SqlState::QUERY_CANCELED),
+        "control: with plain waiters the build waits for them until cut off: {r:?}"
+    );
+    drop(startup);
+    for w in plain {
+        within(10, "a plain waiter", w).await.unwrap().unwrap();
+    }
+    admin
+        .batch_execute("DROP INDEX IF EXISTS notes_ctrl")
+        .await
+        .unwrap();
+
+    // The scenario: dblock's waiters, in processes of their own.
+    let startup = within(10, "startup", locks.lock("startup")).await.unwrap();
+    let mut waiters = Vec::new();
+    for _ in 0..4 {
+        let child = tokio::process::Command::new(WORKER)
+            .args(["wait", &db.url, "startup"])
+            .stdout(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        waiters.push(child);
+    }
+    until_waiting(&admin, key, 4).await;
+    let dir = dblock_testkit::migrations::MigrationDir::new(&[(
+        "0001_index_x.sql",
+        "-- dblock:no-transaction\nCREATE INDEX CONCURRENTLY notes_x ON notes (x);\n",
+    )]);
+    let set = dir.set();
+    let started = std::time::Instant::now();
+    let report = match timeout(Duration::from_secs(30), set.run(&locks)).await {
+        Ok(r) => r.unwrap(),
+        Err(_) => panic!(
+            "the CIC migration is still waiting after 30 s for the snapshots of the \
+             processes waiting for the lock its own process holds"
+        ),
+    };
+    eprintln!(
+        "CIC migration under a held lock with 4 waiting processes: {:?}",
+        started.elapsed()
+    );
+    assert_eq!(report.applied.len(), 1);
+    drop(startup);
+    for w in waiters {
+        let out = within(20, "a waiting process", w.wait_with_output())
+            .await
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "acquired");
+    }
 }

@@ -5,6 +5,7 @@ use sqlx::{MySql, MySqlConnection, MySqlPool};
 use super::map_sqlx;
 use crate::error::Error;
 use crate::key::Key;
+use crate::raw::Fence;
 use crate::raw::LatestGrant;
 
 /// The DDL of the fencing table (InnoDB: transactional, so a check's shared row lock
@@ -59,6 +60,32 @@ pub(crate) async fn latest_locked(
         .fetch_optional(conn)
         .await
         .map_err(map_sqlx)
+}
+
+// The check of writes to this backend's database, on the token every backend's grant
+// carries: defined here, so that the friendly layer names no backend.
+impl Fence {
+    #[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
+    /// Checks, inside `tx` on MySQL or MariaDB, that this is still the latest grant of
+    /// the name, and holds the name's fencing row (`LOCK IN SHARE MODE`) until `tx`
+    /// ends, so that no newer grant can be made before `tx` commits. Call it just before
+    /// committing the writes it protects; `tx` must be on the database of the lock's
+    /// handle (the fencing table is `dblock_fencing` there).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::StaleToken`] when a newer grant exists (roll `tx` back); database errors.
+    ///
+    /// # Cancel safety
+    ///
+    /// If cancelled, `tx` may hold the row lock until it ends; nothing else changes.
+    pub async fn check_mysql(
+        &self,
+        tx: &mut sqlx::Transaction<'_, sqlx::MySql>,
+    ) -> Result<(), Error> {
+        let latest = latest_locked(tx, self.key()).await?;
+        self.stale(latest)
+    }
 }
 
 /// The latest fenced grant of `key`, if any.

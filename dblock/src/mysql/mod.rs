@@ -140,6 +140,18 @@ pub fn lock_name(database: &str, key: Key) -> String {
     name_in(&name_prefix(database), key)
 }
 
+/// How MySQL/MariaDB shows the lock of `key` on the database of `url`: a named lock.
+pub(crate) fn shown_as(url: &str, key: Key) -> Result<crate::status::ShownAs, Error> {
+    let database = database_of_url(url)?;
+    let name = lock_name(&database, key);
+    Ok(crate::status::ShownAs {
+        listed_in: "mysql",
+        query: format!("SELECT IS_USED_LOCK('{name}');"),
+        id: name,
+        context: Some(format!("(database {database})")),
+    })
+}
+
 /// `dblock:<first 8 hex digits of SHA-256(database)>:`, the part of [`lock_name`] that
 /// depends on the database only.
 pub(crate) fn name_prefix(database: &str) -> String {
@@ -388,20 +400,12 @@ impl RawLocks for MyBackend {
         true
     }
 
-    fn fencing(&self) -> Option<&dyn FencingStore> {
-        Some(self)
-    }
-
     fn migrations(&self) -> Option<&dyn crate::migrate::store::MigrationStore> {
         Some(self)
     }
 
-    fn status(&self) -> Option<&dyn crate::raw::StatusSource> {
-        Some(self)
-    }
-
-    fn bench_floor(&self) -> Option<Result<Arc<dyn BenchFloor>, Error>> {
-        Some(match self.own {
+    fn bench_floor(&self) -> Result<Arc<dyn BenchFloor>, Error> {
+        match self.own {
             true => Ok(self
                 .floor
                 .get_or_init(|| {
@@ -414,7 +418,7 @@ impl RawLocks for MyBackend {
             false => Err(Error::Unsupported(
                 "the benchmark needs a mysql:// URL, not an sqlx pool".into(),
             )),
-        })
+        }
     }
 }
 

@@ -1,6 +1,6 @@
 //! What dblock tells `tracing` subscribers and (with the `metrics` feature) metrics
 //! recorders about each lock: requested, granted or not, released, lost. Written once in
-//! the friendly layer — [`Request`](crate::Request) makes an [`Attempt`], a granted
+//! the friendly layer — a [`Request`](crate::Request) makes an [`Attempt`], a granted
 //! attempt becomes the guard's [`Tally`] — so every backend reports alike. The names,
 //! fields and labels are documented in `docs/observability.md`.
 //!
@@ -167,17 +167,20 @@ impl Attempt {
         }
     }
 
-    /// The tally of a grant of `req`: from its attempt ([`Attempt::granted`]), or
+    /// The tally of a grant of `req`, its guard reported under `key` (a semaphore's
+    /// slot's; else `req.key`): from its attempt ([`Attempt::granted`]), or
     /// [unobserved](Tally::unobserved) when there was none.
+    #[inline]
     pub(crate) fn tally(
         attempt: Option<Attempt>,
         req: &Req<'_>,
+        key: Key,
         backend: &'static str,
         token: Option<i64>,
     ) -> Tally {
         match attempt {
-            Some(a) => a.granted(req, backend, token),
-            None => Tally::unobserved(req, backend),
+            Some(a) => a.granted(req, key, backend, token),
+            None => Tally::unobserved(req, key, backend),
         }
     }
 
@@ -195,6 +198,7 @@ impl Attempt {
     pub(crate) fn granted(
         mut self,
         req: &Req<'_>,
+        key: Key,
         backend: &'static str,
         token: Option<i64>,
     ) -> Tally {
@@ -209,7 +213,7 @@ impl Attempt {
         Tally {
             info: Info {
                 name: req.name.into(),
-                key: req.key,
+                key,
                 mode: req.mode,
                 backend,
                 granted: now,
@@ -333,11 +337,11 @@ pub(crate) struct Tally {
 impl Tally {
     /// The tally of a grant no one was listening for: it still reports a loss (a WARN)
     /// and, if a subscriber arrived meanwhile, the release.
-    pub(crate) fn unobserved(req: &Req<'_>, backend: &'static str) -> Tally {
+    pub(crate) fn unobserved(req: &Req<'_>, key: Key, backend: &'static str) -> Tally {
         Tally {
             info: Info {
                 name: req.name.into(),
-                key: req.key,
+                key,
                 mode: req.mode,
                 backend,
                 granted: None,

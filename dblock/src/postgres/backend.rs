@@ -15,12 +15,13 @@ use super::conn::{Armed, Conn};
 use super::lock::held::Pinned;
 use super::lock::mux;
 use super::lock::plan::{Any, Plan};
+use super::settings::PgSettings;
 use super::sql::first_value;
 use crate::error::{Error, WaitingFor};
 use crate::key::{DEFAULT_NAMESPACE, Key, NAMESPACE_SETTING};
 use crate::raw::{
-    BenchFloor, BoxFuture, FencingStore, Grant, Options, RawLocks, Req, Scope, Wait,
-    acquire_any_in_turn, any_start,
+    BenchFloor, BoxFuture, Grant, Options, RawLocks, Req, Scope, Wait, acquire_any_in_turn,
+    any_start,
 };
 
 /// Where a backend's connections come from.
@@ -96,6 +97,7 @@ impl PgBackend {
         tls: Connector,
         opts: &Options,
     ) -> Result<(PgBackend, String), Error> {
+        let pg = PgSettings::of(opts)?;
         let pool = Pool::new(
             config,
             shown,
@@ -104,9 +106,9 @@ impl PgBackend {
             opts.acquire_timeout,
             opts.check_interval,
             opts.check_timeout,
-            opts.pooler,
+            pg.pooler,
         );
-        let mux = (opts.multiplex > 0).then(|| mux::Mux::new(pool.clone(), opts.multiplex));
+        let mux = (pg.multiplex > 0).then(|| mux::Mux::new(pool.clone(), pg.multiplex));
         let (mut b, ns) = PgBackend::finish_open(Source::Native(pool.clone()), false, opts).await?;
         if mux.is_some() {
             // A multiplexing handle keeps to its shared connections until it must wait.
@@ -129,15 +131,16 @@ impl PgBackend {
             check_interval: opts.check_interval,
             check_timeout: opts.check_timeout,
         });
-        if opts.multiplex > 0 {
+        let pg = PgSettings::of(opts)?;
+        if pg.multiplex > 0 {
             return Err(Error::Unsupported(
                 "multiplexing needs dblock's own connections (a postgres:// URL), not an sqlx pool"
                     .into(),
             ));
         }
         let (mut b, ns) = PgBackend::finish_open(source, true, opts).await?;
-        if opts.pooler != Pooler::Detect {
-            b.set_pooler((opts.pooler, Known::Declared));
+        if pg.pooler != Pooler::Detect {
+            b.set_pooler((pg.pooler, Known::Declared));
         } else if b.server_port.is_some_and(|p| Some(p) != b.sqlx_port()) {
             b.set_pooler((Pooler::Transaction, Known::Port));
         }
@@ -544,24 +547,12 @@ impl RawLocks for PgBackend {
         self.pooler.0
     }
 
-    fn as_any(&self) -> Option<&dyn std::any::Any> {
-        Some(self)
-    }
-
-    fn fencing(&self) -> Option<&dyn FencingStore> {
-        Some(self)
-    }
-
     fn migrations(&self) -> Option<&dyn crate::migrate::store::MigrationStore> {
         Some(self)
     }
 
-    fn status(&self) -> Option<&dyn crate::raw::StatusSource> {
-        Some(self)
-    }
-
-    fn bench_floor(&self) -> Option<Result<Arc<dyn BenchFloor>, Error>> {
-        Some(match &self.source {
+    fn bench_floor(&self) -> Result<Arc<dyn BenchFloor>, Error> {
+        match &self.source {
             Source::Native(p) => Ok(Arc::new(super::store::floor::Floor::new(
                 p.config().clone(),
                 p.tls().clone(),
@@ -570,6 +561,10 @@ impl RawLocks for PgBackend {
             Source::Sqlx(_) => Err(Error::Unsupported(
                 "the benchmark needs a postgres:// URL, not an sqlx pool".into(),
             )),
-        })
+        }
+    }
+
+    fn setup<'a>(&'a self, grant_to: &'a [&'a str]) -> BoxFuture<'a, Result<String, Error>> {
+        Box::pin(self.setup_tables(grant_to))
     }
 }

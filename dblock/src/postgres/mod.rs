@@ -43,6 +43,7 @@
 mod backend;
 mod conn;
 mod lock;
+mod settings;
 mod sql;
 mod store;
 mod url;
@@ -52,10 +53,22 @@ use crate::raw::{Options, RawLocks};
 
 pub use conn::health;
 pub use conn::pooler::{self, Pooler};
-pub(crate) use store::fence;
-pub use store::setup::setup;
 pub use store::xact;
 pub(crate) use url::{open, read as read_connection_string};
+
+/// How PostgreSQL shows the advisory lock of `key`: a row of `pg_locks`.
+pub(crate) fn shown_as(key: crate::Key) -> crate::status::ShownAs {
+    let (classid, objid) = key.pg_locks_ids();
+    crate::status::ShownAs {
+        listed_in: "pg_locks",
+        id: format!("classid={classid} objid={objid} objsubid=1"),
+        context: None,
+        query: format!(
+            "SELECT * FROM pg_locks WHERE locktype = 'advisory' AND classid = {classid} \
+             AND objid = {objid} AND objsubid = 1;"
+        ),
+    }
+}
 
 /// Opens the backend on the caller's sqlx pool; the default namespace with it.
 pub(crate) async fn from_sqlx(

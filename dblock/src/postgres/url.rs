@@ -14,12 +14,12 @@ pub(crate) async fn open(url: &str, opts: &Options) -> Result<(Box<dyn RawLocks>
     let (parsed, declared) = read(url, &process_env)?;
     let tls = Connector::new(&parsed.tls).map_err(|reason| invalid(url, reason))?;
     let mut config = parsed.config;
-    if let Some(name) = &opts.application_name {
+    if let Some(name) = opts.setting(super::settings::APPLICATION_NAME) {
         config.application_name(name);
     }
     let mut opts = opts.clone();
     if let Some(p) = declared {
-        opts.pooler = p;
+        opts.set(super::settings::POOLER, p.as_str());
     }
     let (b, ns) = PgBackend::open(config, parsed.shown, tls, &opts).await?;
     Ok((Box::new(b), ns))

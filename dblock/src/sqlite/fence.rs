@@ -5,6 +5,7 @@
 use super::{Shared, SqliteBackend};
 use crate::error::Error;
 use crate::key::Key;
+use crate::raw::Fence;
 use crate::raw::{BoxFuture, FencingStore, LatestGrant, Req, holder_id};
 
 impl FencingStore for SqliteBackend {
@@ -28,6 +29,32 @@ pub(crate) async fn check(
             code: None,
             message: format!("fencing check: {e}"),
         })
+}
+
+// The check of writes to this backend's database, on the token every backend's grant
+// carries: defined here, so that the friendly layer names no backend.
+impl Fence {
+    #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
+    /// Checks, inside `tx` on the embedded database file, that this is still the latest
+    /// grant of the name. Begin `tx` with `BEGIN IMMEDIATE` (sqlx:
+    /// `conn.begin_with("BEGIN IMMEDIATE")`) so it holds the database's write lock from
+    /// the start; in a deferred transaction a grant committed after the check makes the
+    /// first write fail with SQLITE_BUSY instead — also safe, less clear.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::StaleToken`] when a newer grant exists (roll `tx` back); database errors.
+    ///
+    /// # Cancel safety
+    ///
+    /// A read; cancelling it leaves `tx` as it was.
+    pub async fn check_sqlite(
+        &self,
+        tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
+    ) -> Result<(), Error> {
+        let latest = check(tx, self.key()).await?;
+        self.stale(latest)
+    }
 }
 
 /// The next token for `req`'s name in the embedded database, committed before it is

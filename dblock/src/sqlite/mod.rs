@@ -135,8 +135,7 @@ use std::time::{Duration, Instant};
 
 use crate::error::{Error, LossReason};
 use crate::raw::{
-    BenchFloor, BoxFuture, FENCING_TABLE, FencingStore, Grant, Mode, Options, RawHeld, RawLocks,
-    Req, Wait,
+    BenchFloor, BoxFuture, FENCING_TABLE, Grant, Mode, Options, RawHeld, RawLocks, Req, Wait,
 };
 
 pub(crate) use file::lock_file_path;
@@ -419,22 +418,12 @@ impl RawLocks for SqliteBackend {
         Box::pin(SqliteBackend::acquire(self, req))
     }
 
-    fn fencing(&self) -> Option<&dyn FencingStore> {
-        Some(self)
-    }
-
     fn migrations(&self) -> Option<&dyn crate::migrate::store::MigrationStore> {
         Some(self)
     }
 
-    fn status(&self) -> Option<&dyn crate::raw::StatusSource> {
-        Some(self)
-    }
-
-    fn bench_floor(&self) -> Option<Result<Arc<dyn BenchFloor>, Error>> {
-        Some(Ok(Arc::new(floor::Floor::new(
-            self.shared.lock.path.clone(),
-        ))))
+    fn bench_floor(&self) -> Result<Arc<dyn BenchFloor>, Error> {
+        Ok(Arc::new(floor::Floor::new(self.shared.lock.path.clone())))
     }
 }
 

@@ -17,6 +17,7 @@ use crate::postgres::backend::{BACKSTOP, PgBackend};
 use crate::postgres::conn::Armed;
 use crate::postgres::conn::wire::QueryError;
 use crate::postgres::sql::{first_value, quote_ident, quote_literal};
+use crate::raw::Fence;
 use crate::raw::{
     BoxFuture, FENCING_TABLE, FencingStore, LatestGrant, PG_FENCING_SCHEMA as PG_SCHEMA,
 };
@@ -171,5 +172,35 @@ pub(crate) async fn check(
     match row {
         Some(r) => Ok(Some(r.try_get(0).map_err(map_sqlx)?)),
         None => Ok(None),
+    }
+}
+
+// The check of writes to this backend's database, on the token every backend's grant
+// carries: defined here, so that the friendly layer names no backend.
+impl Fence {
+    #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+    /// Checks, inside `tx`, that this is still the latest grant of the name, and holds
+    /// the name's fencing row until `tx` ends so that no newer grant can be made before
+    /// `tx` commits. Call it just before committing the writes it protects.
+    ///
+    /// It compares this token with the name's row in `public.dblock_fencing` of the
+    /// database `tx` runs on, and passes only if they are equal: after a failover, a
+    /// grant the promoted server never received (its row is older) fails as surely as one
+    /// a newer grant replaced.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::StaleToken`] when the row holds another token (roll `tx` back); database
+    /// errors.
+    ///
+    /// # Cancel safety
+    ///
+    /// If cancelled, `tx` may hold the row lock until it ends; nothing else changes.
+    pub async fn check_postgres(
+        &self,
+        tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+    ) -> Result<(), Error> {
+        let latest = check(tx, self.table(), self.key()).await?;
+        self.stale(latest)
     }
 }

@@ -11,7 +11,8 @@
 //! dblock setup --db postgres://owner@db/app --grant app_user
 //! ```
 //!
-//! or, from code, [`setup`]; or the equivalent SQL, run by the owner:
+//! or, from code, [`Locks::setup`](crate::Locks::setup); or the equivalent SQL, run by the
+//! owner:
 //!
 //! ```sql
 //! CREATE TABLE IF NOT EXISTS public.dblock_fencing (
@@ -26,7 +27,6 @@
 
 use super::bookkeeping::own_ddl;
 use crate::error::Error;
-use crate::locks::Locks;
 use crate::postgres::backend::PgBackend;
 use crate::postgres::conn::Armed;
 use crate::postgres::conn::wire::QueryError;
@@ -38,30 +38,12 @@ pub(crate) const INSUFFICIENT_PRIVILEGE: &str = "42501";
 
 /// Creates dblock's fencing table (`public.dblock_fencing`, one per database) and grants
 /// the roles in `grant_to` what fenced locks need on it (`USAGE` on the schema;
-/// `SELECT`, `INSERT`, `UPDATE` on the table). Idempotent; run it as a role that may
-/// create tables in `public` and grant on them (its owner). `PUBLIC` is a valid grantee.
-///
-/// # Errors
-///
-/// [`Error::PermissionDenied`] when this role may not create the table or grant on it
-/// (checked: PostgreSQL only warns when a grant gives nothing); [`Error::Unsupported`]
-/// on the embedded backend, which needs no setup; connection and server errors.
-///
-/// # Cancel safety
+/// `SELECT`, `INSERT`, `UPDATE` on the table), as [`Locks::setup`](crate::Locks::setup)
+/// documents; the table, as SQL names it.
 ///
 /// The table is created in a transaction of its own, and each grant is a statement of
 /// its own: cancelled, the setup is partly done, and running it again completes it.
-pub async fn setup(locks: &Locks, grant_to: &[&str]) -> Result<(), Error> {
-    let Some(b) = locks
-        .inner
-        .backend
-        .as_any()
-        .and_then(|b| b.downcast_ref::<PgBackend>())
-    else {
-        return Err(Error::Unsupported(
-            "the embedded backend needs no setup: its tables are created in the lock file".into(),
-        ));
-    };
+async fn setup(b: &PgBackend, grant_to: &[&str]) -> Result<String, Error> {
     let schema = PG_FENCING_SCHEMA;
     let table = format!("{}.{}", quote_ident(schema), FENCING_TABLE);
     let armed = Armed::new(b.pinned().await?);
@@ -102,14 +84,14 @@ pub async fn setup(locks: &Locks, grant_to: &[&str]) -> Result<(), Error> {
         }
     }
     armed.disarm().recycle();
-    Ok(())
+    Ok(format!("{schema}.{FENCING_TABLE}"))
 }
 
 /// The command that creates and grants the fencing table for `role`.
 pub(crate) fn setup_command(role: &str) -> String {
     format!(
         "have a role that may create tables in schema {:?} (its owner) run once: \
-         dblock setup --db URL --grant {role} (or the SQL in the dblock::postgres::setup docs)",
+         dblock setup --db URL --grant {role} (or the SQL in the docs of dblock::Locks::setup)",
         PG_FENCING_SCHEMA
     )
 }
@@ -129,6 +111,11 @@ pub(crate) fn owner_needed(e: Error, fix: &str) -> Error {
 }
 
 impl PgBackend {
+    /// [`RawLocks::setup`](crate::raw::RawLocks::setup) on PostgreSQL: see [`setup`].
+    pub(crate) async fn setup_tables(&self, grant_to: &[&str]) -> Result<String, Error> {
+        setup(self, grant_to).await
+    }
+
     /// A permission error met while taking a fenced lock, with the command that fixes
     /// it; other errors unchanged.
     pub(crate) fn fencing_permission(&self, e: Error) -> Error {

@@ -1,0 +1,43 @@
+//! PostgreSQL's own settings of a handle — the builder's `pooler`, `multiplex` and
+//! `application_name` — read by name from the handle's options, which carry them for this
+//! backend without knowing what they mean.
+
+use super::conn::pooler::Pooler;
+use crate::error::Error;
+use crate::raw::Options;
+
+/// The builder's `multiplex(n)`, as the options carry it.
+pub(crate) const MULTIPLEX: &str = "multiplex";
+/// The builder's `pooler(p)` (or the URL's `pooler=`), as the options carry it.
+pub(crate) const POOLER: &str = "pooler";
+/// The builder's `application_name(name)`, as the options carry it.
+pub(crate) const APPLICATION_NAME: &str = "application_name";
+
+/// What this backend reads of a handle's options beyond what every backend does.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct PgSettings {
+    /// What lies between dblock and PostgreSQL, as declared (or to detect).
+    pub(crate) pooler: Pooler,
+    /// How many shared connections session locks are multiplexed on (0: none).
+    pub(crate) multiplex: usize,
+}
+
+impl PgSettings {
+    /// The settings `opts` carries.
+    pub(crate) fn of(opts: &Options) -> Result<PgSettings, Error> {
+        let invalid = |name: &str, value: &str, why: String| {
+            Error::Unsupported(format!("{name} = {value:?}: {why}"))
+        };
+        let pooler = match opts.setting(POOLER) {
+            Some(v) => Pooler::parse(v).map_err(|why| invalid(POOLER, v, why))?,
+            None => Pooler::Detect,
+        };
+        let multiplex = match opts.setting(MULTIPLEX) {
+            Some(v) => v
+                .parse()
+                .map_err(|e| invalid(MULTIPLEX, v, format!("{e}")))?,
+            None => 0,
+        };
+        Ok(PgSettings { pooler, multiplex })
+    }
+}

@@ -1,0 +1,181 @@
+//! Fencing tokens on PostgreSQL's own terms: one counter per (namespace, name) whatever
+//! schema a handle uses, the fencing table created under the migration lock within a
+//! request's deadline, and a fenced request that fails leaving no lock behind. (Fencing
+//! on every backend: `every_backend_fencing.rs`; across a failover: `failover.rs`.)
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::time::Duration;
+
+use dblock::{Error, Locks};
+use dblock_testkit::testdb::within;
+use dblock_testkit::{PgDatabase, PgSchema, eventually};
+
+async fn side_conn(url: &str) -> tokio_postgres::Client {
+    let (c, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    c
+}
+
+/// A fenced transaction-scoped request that fails after its bridging session lock was
+/// granted (here: its deadline passes while it waits for a previous holder's fenced
+/// write to commit) must not leave that session lock on a pooled connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_fenced_request_leaves_no_lock_behind() {
+    let s = PgSchema::new("fenced_leak").await;
+    let locks = s.locks().await;
+    let key = locks.key("x").unwrap();
+    locks
+        .request("x")
+        .fenced()
+        .lock()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    for attempt in ["deadline", "try"] {
+        // A previous holder's fenced write, not yet committed: FOR SHARE on the row.
+        let side = side_conn(&s.url).await;
+        side.batch_execute(&format!(
+            "BEGIN; SELECT token FROM \"{}\".dblock_fencing WHERE key = {} FOR SHARE",
+            dblock::fencing::PG_SCHEMA,
+            key.as_i64()
+        ))
+        .await
+        .unwrap();
+        let r = match attempt {
+            "deadline" => {
+                locks
+                    .request("x")
+                    .fenced()
+                    .try_lock_for(Duration::from_millis(300))
+                    .await
+            }
+            _ => locks.request("x").fenced().try_lock().await,
+        };
+        assert!(
+            matches!(r, Ok(None)),
+            "{attempt}: not obtained while the row is held: {r:?}"
+        );
+        side.batch_execute("COMMIT").await.unwrap();
+        let clean = eventually(5, &mut || async { s.advisory(key).await.is_empty() }).await;
+        assert!(
+            clean,
+            "{attempt}: lock left behind: {:?}",
+            s.advisory(key).await
+        );
+        let other = s.locks().await;
+        assert!(other.try_lock("x").await.unwrap().is_some(), "{attempt}");
+    }
+}
+
+/// One namespace used through handles whose schemas differ keeps one counter
+/// per name: a later grant's token is greater, and the earlier holder's fence is stale.
+#[tokio::test]
+async fn one_namespace_used_from_two_schemas_has_one_token_counter() {
+    let a = PgSchema::new("fence_a").await;
+    let b = PgSchema::new("fence_b").await;
+    // One namespace, set on both handles; each handle's schema in use is its own.
+    let ns = format!("{}_shared", a.name);
+    let la = Locks::builder().url(&a.url).namespace(&ns).build();
+    let lb = Locks::builder().url(&b.url).namespace(&ns).build();
+    let la = within(10, "connect a", la).await.unwrap();
+    let lb = within(10, "connect b", lb).await.unwrap();
+
+    let ga = within(10, "fenced lock a", la.request("ledger").fenced().lock())
+        .await
+        .unwrap();
+    let fence_a = ga.fence().unwrap().clone();
+    drop(ga);
+    let gb = within(10, "fenced lock b", lb.request("ledger").fenced().lock())
+        .await
+        .unwrap();
+    let fence_b = gb.fence().unwrap().clone();
+    assert!(
+        fence_b.token() > fence_a.token(),
+        "tokens must rise per (namespace, name) whatever the schema: {} then {}",
+        fence_a.token(),
+        fence_b.token()
+    );
+
+    // The stale holder's check fails, wherever its connection's search_path points.
+    let pool = sqlx::PgPool::connect(&a.url).await.unwrap();
+    let mut tx = within(10, "begin", pool.begin()).await.unwrap();
+    let r = within(10, "check stale", fence_a.check_postgres(&mut tx)).await;
+    assert!(
+        matches!(r, Err(Error::StaleToken { .. })),
+        "a's token {} after b's grant {}: {r:?}",
+        fence_a.token(),
+        fence_b.token()
+    );
+    drop(tx);
+    let mut tx = within(10, "begin", pool.begin()).await.unwrap();
+    within(10, "check fresh", fence_b.check_postgres(&mut tx))
+        .await
+        .unwrap();
+    drop(tx);
+    drop(gb);
+    pool.close().await;
+}
+
+/// Creating the fencing table waits for the database-wide migration lock; a
+/// fenced try_lock must not wait for it past its own deadline (here: none at all).
+#[tokio::test]
+async fn a_fenced_try_lock_gives_up_at_its_deadline_behind_a_running_migration() {
+    let db = PgDatabase::new("fence_migr").await;
+    // A "migration" holds the migration lock, in this database only.
+    let migrator = db.admin().await;
+    migrator
+        .batch_execute(&format!(
+            "SELECT pg_advisory_lock({})",
+            dblock::migrate::MIGRATION_LOCK_KEY
+        ))
+        .await
+        .unwrap();
+    let locks = within(10, "connect", Locks::connect(&db.url))
+        .await
+        .unwrap();
+    let started = std::time::Instant::now();
+    let r = within(
+        10,
+        "a fenced try_lock behind a running migration",
+        locks.request("job").fenced().try_lock(),
+    )
+    .await;
+    assert!(
+        matches!(r, Err(Error::Timeout { .. })),
+        "a fenced try_lock that cannot create the fencing table says so: {r:?}"
+    );
+    // A deadline of its own is honoured too: it waits about that long, not forever.
+    let r = within(
+        10,
+        "a fenced try_lock_for behind a running migration",
+        locks
+            .request("job")
+            .fenced()
+            .try_lock_for(Duration::from_millis(500)),
+    )
+    .await;
+    assert!(matches!(r, Err(Error::Timeout { .. })), "{r:?}");
+    assert!(started.elapsed() >= Duration::from_millis(500));
+    // Control: once the migration ends, the same request succeeds.
+    migrator
+        .batch_execute(&format!(
+            "SELECT pg_advisory_unlock({})",
+            dblock::migrate::MIGRATION_LOCK_KEY
+        ))
+        .await
+        .unwrap();
+    let g = within(
+        10,
+        "fenced try_lock",
+        locks.request("job").fenced().try_lock(),
+    )
+    .await
+    .unwrap()
+    .expect("free");
+    // The first grant of the name on this timeline (a token is timeline × 2⁴⁰ + n).
+    assert_eq!(g.fencing_token().map(|t| t % (1 << 40)), Some(1));
+}
