@@ -124,7 +124,8 @@ struct BenchArgs {
 
 #[derive(Args, Debug)]
 struct RunArgs {
-    /// Database URL: postgres://…, postgresql://…, a libpq key=value string, sqlite:PATH.
+    /// Database URL: postgres://…, postgresql://…, a libpq key=value string, mysql://…,
+    /// mariadb://…, sqlite:PATH (its directory must exist).
     /// Default: $DBLOCK_DATABASE_URL, then $DATABASE_URL, then the host-local file
     /// $XDG_STATE_HOME/dblock/locks.db (~/.local/state/dblock/locks.db), with a note on
     /// stderr (DBLOCK_NO_DEFAULT_NOTICE=1 silences it).
@@ -334,12 +335,12 @@ async fn bench(args: BenchArgs) -> u8 {
     0
 }
 
-/// An error as one line, whatever the server put in its detail.
+/// An error as one line, whatever the server put in its detail, and without a
+/// terminal escape from a name or a server's message in it.
 pub(crate) fn one_line(e: &dblock::Error) -> String {
-    e.to_string()
-        .split_whitespace()
-        .collect::<Vec<_>>()
-        .join(" ")
+    let text = e.to_string();
+    let words = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    status::shown(&words).into_owned()
 }
 
 /// `dblock key --limit N`: the semaphore's slot keys, one a line.

@@ -20,7 +20,7 @@ pub(crate) fn embedded_default(db: Option<&str>) {
             "dblock: note: no database URL (--db, DBLOCK_DATABASE_URL, DATABASE_URL); locking \
              on the host-local file {}, which excludes processes on this host only \
              (set {QUIET_VAR}=1 to silence this)",
-            path.display()
+            crate::status::shown(&path.display().to_string())
         );
     }
 }

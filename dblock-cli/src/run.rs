@@ -17,6 +17,12 @@ const FORWARDED: [i32; 6] = [
     libc::SIGUSR2,
 ];
 
+/// How long connecting may run past the end of a `--wait`: a wait shorter than opening
+/// the handle takes still tries the lock once, while a handle stuck opening (behind a
+/// saturated pooler, dblock's first statement waits in its queue) gives up soon after
+/// the wait.
+const CONNECT_ALLOWANCE: Duration = Duration::from_secs(1);
+
 /// A signal dblock received, and whether the kernel generated it for the terminal's
 /// foreground process group (Ctrl-C, Ctrl-\, a hangup) rather than a process sending
 /// it.
@@ -62,6 +68,8 @@ async fn next_signal(rx: &mut tokio::sync::mpsc::UnboundedReceiver<Received>) ->
 
 pub async fn run(args: RunArgs) -> u8 {
     let name = args.name.as_str();
+    // The name as printed: escaped, since any client of the database may have chosen it.
+    let shown = crate::status::quoted(name);
     // Bad input is a usage error before anything is opened.
     if let Err(e) = dblock::Key::new(args.namespace.as_deref().unwrap_or("x"), name) {
         errln!("dblock: {}", crate::one_line(&e));
@@ -84,18 +92,23 @@ pub async fn run(args: RunArgs) -> u8 {
     if let Some(ns) = &args.namespace {
         builder = builder.namespace(ns);
     }
-    // `--wait` bounds everything before the lock is held, opening the handle included:
-    // behind a saturated pooler even that waits in the pooler's queue.
+    // `--wait D` counts from here, connecting included (behind a saturated pooler even
+    // opening the handle waits, in the pooler's queue), but connecting may run
+    // CONNECT_ALLOWANCE past D, so that a wait shorter than a connection takes still
+    // tries the lock once. `--wait 0s` is `--no-wait`: connect, then try once.
     let deadline = match (args.no_wait, args.wait) {
-        (false, Some(d)) => tokio::time::Instant::now().checked_add(d),
+        (false, Some(d)) if !d.is_zero() => tokio::time::Instant::now().checked_add(d),
         _ => None,
     };
     let build = async {
         match deadline {
-            Some(t) => tokio::time::timeout_at(t, builder.build()).await.ok(),
+            Some(t) => tokio::time::timeout_at(t + CONNECT_ALLOWANCE, builder.build())
+                .await
+                .ok(),
             None => Some(builder.build().await),
         }
     };
+    let started = std::time::Instant::now();
     let locks = tokio::select! {
         r = build => match r {
             Some(Ok(l)) => l,
@@ -105,23 +118,25 @@ pub async fn run(args: RunArgs) -> u8 {
             }
             None => {
                 errln!(
-                    "dblock: lock {name:?} not obtained within {} (the database did not \
-                     answer in time)",
-                    show(args.wait.unwrap_or_default())
+                    "dblock: lock {shown} not obtained within {}: still connecting to the \
+                     database after {} (a slow network, or a pooler queueing dblock's first \
+                     statement)",
+                    show(args.wait.unwrap_or_default()),
+                    show(started.elapsed())
                 );
                 return EXIT_NOT_OBTAINED;
             }
         },
         r = next_signal(&mut signals) => return 128 + r.signal as u8,
     };
-
+    let try_once = args.no_wait || args.wait.is_some_and(|d| d.is_zero());
     let left = move || deadline.map(|t| t.saturating_duration_since(tokio::time::Instant::now()));
     // The guard, and the semaphore slot it holds (with --limit): one request, whatever
     // it takes; --no-wait is a wait of zero, which tries once.
     let take = |fenced: bool| {
         let (locks, opts) = (&locks, &args);
         async move {
-            let wait = if args.no_wait {
+            let wait = if try_once {
                 Some(Duration::ZERO)
             } else {
                 left()
@@ -159,45 +174,45 @@ pub async fn run(args: RunArgs) -> u8 {
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
         match args.limit {
-            Some(n) => errln!("dblock: waiting for a slot of {name:?}: all {n} held"),
+            Some(n) => errln!("dblock: waiting for a slot of {shown}: all {n} held"),
             None => {
-                let who = crate::status::holders_of(&locks, name).await;
+                let who = crate::status::holders_of(&locks, name, false).await;
                 errln!(
-                    "dblock: waiting for lock {name:?}, held by {}",
+                    "dblock: waiting for lock {shown}, held by {}",
                     who.as_deref().unwrap_or("another process")
                 );
             }
         }
         std::future::pending::<()>().await
     };
-    let (slot, guard) = tokio::select! {
+    let (slot, mut guard) = tokio::select! {
         () = notice => return EXIT_UNAVAILABLE,
         r = acquire => match r {
             Ok(Some(g)) => g,
             Ok(None) => {
                 let held_by = match args.limit {
                     Some(_) => held_by,
-                    None => match crate::status::holders_of(&locks, name).await {
+                    None => match crate::status::holders_of(&locks, name, false).await {
                         Some(who) => format!("held by {who}"),
                         None => held_by,
                     },
                 };
                 match args.wait {
                     Some(d) if !args.no_wait => errln!(
-                        "dblock: lock {name:?} not obtained within {} ({})",
+                        "dblock: lock {shown} not obtained within {} ({})",
                         show(d),
                         held_by
                     ),
                     _ if args.limit.is_some() => {
-                        errln!("dblock: lock {name:?}: {held_by} (--no-wait)")
+                        errln!("dblock: lock {shown}: {held_by} (--no-wait)")
                     }
-                    _ => errln!("dblock: lock {name:?} is {held_by} (--no-wait)"),
+                    _ => errln!("dblock: lock {shown} is {held_by} (--no-wait)"),
                 }
                 return EXIT_NOT_OBTAINED;
             }
             // The server's own lock_timeout ended a wait without a deadline: not obtained.
             Err(e) if e.is_lock_wait_timeout() => {
-                errln!("dblock: lock {name:?} not obtained: {}", one_line(&e));
+                errln!("dblock: lock {shown} not obtained: {}", one_line(&e));
                 return EXIT_NOT_OBTAINED;
             }
             Err(e) => {
@@ -219,11 +234,27 @@ pub async fn run(args: RunArgs) -> u8 {
         Some(t) => cmd.env("DBLOCK_FENCING_TOKEN", t.to_string()),
         None => cmd.env_remove("DBLOCK_FENCING_TOKEN"),
     };
+    // COMMAND holds the lock too: it inherits the descriptor that keeps the lock alive,
+    // so that if dblock dies, by any signal, the lock stays held until COMMAND (and
+    // whatever it started that kept the descriptor) has exited as well.
+    match share_lock(&mut guard, &mut cmd, &shown).await {
+        Ok(()) => {}
+        Err(code) => {
+            let _ = guard.release().await;
+            return code;
+        }
+    }
     sys::kill_child_with_parent(&mut cmd);
-    let mut child = match cmd.spawn() {
+    let spawned = cmd.spawn();
+    // This process's copies of the shared descriptors go with `cmd`.
+    drop(cmd);
+    let mut child = match spawned {
         Ok(c) => c,
         Err(e) => {
-            errln!("dblock: cannot run {}: {e}", program.to_string_lossy());
+            errln!(
+                "dblock: cannot run {}: {e}",
+                crate::status::shown(&program.to_string_lossy())
+            );
             let _ = guard.release().await;
             return match e.kind() {
                 std::io::ErrorKind::NotFound => 127,
@@ -247,7 +278,7 @@ pub async fn run(args: RunArgs) -> u8 {
             }
             reason = &mut lost => {
                 errln!(
-                    "dblock: lock {name:?} lost while the command ran ({reason}); stopping it"
+                    "dblock: lock {shown} lost while the command ran ({reason}); stopping it"
                 );
                 sys::send_signal(pid, libc::SIGTERM);
                 if tokio::time::timeout(args.grace, child.wait()).await.is_err() {
@@ -271,14 +302,58 @@ pub async fn run(args: RunArgs) -> u8 {
         // have run partly outside the lock.
         Err(e @ dblock::Error::LockLost { .. }) => {
             errln!(
-                "dblock: lock {name:?} lost while the command ran ({}); the command exited with {code}",
+                "dblock: lock {shown} lost while the command ran ({}); the command exited with {code}",
                 one_line(&e)
             );
             EXIT_LOST
         }
         Err(e) => {
-            errln!("dblock: warning: releasing lock {name:?}: {}", one_line(&e));
+            errln!("dblock: warning: releasing lock {shown}: {}", one_line(&e));
             code
+        }
+    }
+}
+
+/// Set (to anything but empty or `0`) and COMMAND does not inherit the lock's descriptor:
+/// the behaviour before it did, for the tests that show the race it closes (a killed
+/// dblock's lock freed a moment before its COMMAND is stopped), and to silence the note
+/// where the lock cannot be shared.
+pub(crate) const NO_INHERIT_VAR: &str = "DBLOCK_RUN_NO_INHERIT";
+
+/// Makes COMMAND inherit the lock's descriptor (`DBLOCK_LOCK_FD` names it); where the
+/// lock cannot be shared, says so once and goes on with the parent-death signal alone.
+/// `Err(exit code)` when the lock was lost before COMMAND could start.
+async fn share_lock(
+    guard: &mut dblock::LockGuard,
+    cmd: &mut tokio::process::Command,
+    shown: &str,
+) -> Result<(), u8> {
+    if std::env::var_os(NO_INHERIT_VAR).is_some_and(|v| !v.is_empty() && v != "0") {
+        cmd.env_remove("DBLOCK_LOCK_FD");
+        return Ok(());
+    }
+    match guard.share_with_child(cmd.as_std_mut()).await {
+        Ok(fds) => {
+            let list: Vec<String> = fds.iter().map(i32::to_string).collect();
+            cmd.env("DBLOCK_LOCK_FD", list.join(","));
+            Ok(())
+        }
+        Err(e @ dblock::Error::LockLost { .. }) => {
+            errln!(
+                "dblock: lock {shown} lost before the command started ({}); not running it",
+                one_line(&e)
+            );
+            Err(EXIT_LOST)
+        }
+        Err(e) => {
+            errln!(
+                "dblock: note: the command does not hold lock {shown} itself ({}): if dblock \
+                 is killed, the lock may be freed a moment before the command is stopped \
+                 ({NO_INHERIT_VAR}=1 silences this)",
+                one_line(&e)
+            );
+            cmd.env_remove("DBLOCK_LOCK_FD");
+            Ok(())
         }
     }
 }

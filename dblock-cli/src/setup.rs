@@ -36,7 +36,7 @@ pub async fn setup(args: SetupArgs) -> u8 {
         Ok(table) => {
             outln!("{table} ready");
             for g in &grant {
-                outln!("granted to {g}");
+                outln!("granted to {}", crate::status::shown(g));
             }
             0
         }

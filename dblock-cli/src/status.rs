@@ -9,6 +9,44 @@ use dblock::status::{LockStatus, Party, age, mode_str, scope_str};
 
 use crate::{EXIT_USAGE, exit_code, one_line};
 
+/// `s` as it may reach an operator's terminal: control characters (a newline, an
+/// escape sequence's ESC, C1 controls), line and paragraph separators and the
+/// invisible or reordering format characters (bidirectional overrides, zero-width
+/// characters) are written `\u{..}`, and a backslash `\\`, so a name chosen by any
+/// client of the database prints as one line that shows what it is.
+pub(crate) fn shown(s: &str) -> std::borrow::Cow<'_, str> {
+    fn hidden(c: char) -> bool {
+        c.is_control()
+            || matches!(
+                c,
+                '\\'
+                    | '\u{061c}'
+                    | '\u{200b}'..='\u{200f}'
+                    | '\u{2028}'..='\u{202e}'
+                    | '\u{2060}'..='\u{206f}'
+                    | '\u{feff}'
+                    | '\u{fff9}'..='\u{fffb}'
+            )
+    }
+    if !s.chars().any(hidden) {
+        return std::borrow::Cow::Borrowed(s);
+    }
+    let mut out = String::with_capacity(s.len() + 8);
+    for c in s.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            c if hidden(c) => out.push_str(&format!("\\u{{{:x}}}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
+/// [`shown`], quoted: `"name"` (a quote inside written `\"`).
+pub(crate) fn quoted(s: &str) -> String {
+    format!("\"{}\"", shown(s).replace('"', "\\\""))
+}
+
 #[derive(Args, Debug)]
 pub struct StatusArgs {
     /// Database URL (as for `run`).
@@ -106,14 +144,7 @@ fn print_text(rows: &[LockStatus], now: SystemTime) {
         return;
     }
     for l in rows {
-        match (&l.name, &l.namespace) {
-            (Some(n), Some(ns)) => outln!("{n}  (namespace {ns}, key {})", l.key),
-            (Some(n), None) => outln!("{n}  (key {})", l.key),
-            _ => outln!(
-                "key {}  (name unknown: not taken by dblock, or not shown)",
-                l.key
-            ),
-        }
+        outln!("{}", lock_line(l));
         for h in &l.holders {
             outln!("  held by   {}", party_line(h, now));
         }
@@ -123,11 +154,33 @@ fn print_text(rows: &[LockStatus], now: SystemTime) {
     }
 }
 
-/// `program[pid]@host (connection N), exclusive, transaction, for 12s`.
+/// `exports (slot 1 of a semaphore)  (namespace public, key K)`; every name escaped.
+fn lock_line(l: &LockStatus) -> String {
+    let slot = match l.slot {
+        Some(i) => format!(" (slot {i} of a semaphore)"),
+        None => String::new(),
+    };
+    match (&l.name, &l.namespace) {
+        (Some(n), Some(ns)) => format!(
+            "{}{slot}  (namespace {}, key {})",
+            shown(n),
+            shown(ns),
+            l.key
+        ),
+        (Some(n), None) => format!("{}{slot}  (key {})", shown(n), l.key),
+        _ => format!(
+            "key {}  (name unknown: not taken by dblock, or not shown)",
+            l.key
+        ),
+    }
+}
+
+/// `program[pid]@host (connection N) from ADDR, exclusive, transaction, for 12s`, what
+/// the server reported escaped.
 fn party_line(p: &Party, now: SystemTime) -> String {
-    let mut s = p.describe();
+    let mut s = shown(&p.describe()).into_owned();
     if let Some(c) = &p.client {
-        s.push_str(&format!(" from {c}"));
+        s.push_str(&format!(" from {}", shown(c)));
     }
     s.push_str(&format!(", {}", mode_str(p.mode)));
     if let Some(scope) = p.scope {
@@ -148,9 +201,10 @@ fn show_age(d: Duration) -> String {
     }
 }
 
-/// Who holds `name`, as one phrase (`dblock[42]@ci-7 (connection 9), for 3.0s`), if
-/// the backend can tell within a second.
-pub async fn holders_of(locks: &dblock::Locks, name: &str) -> Option<String> {
+/// Who holds `name` — its slots, for a `semaphore` — as one phrase
+/// (`dblock[42]@ci-7 (connection 9), for 3.0s`), escaped, if the backend can tell within
+/// a second.
+pub async fn holders_of(locks: &dblock::Locks, name: &str, semaphore: bool) -> Option<String> {
     let rows = tokio::time::timeout(Duration::from_secs(1), locks.status(&[name]))
         .await
         .ok()?
@@ -158,9 +212,10 @@ pub async fn holders_of(locks: &dblock::Locks, name: &str) -> Option<String> {
     let now = SystemTime::now();
     let held: Vec<String> = rows
         .iter()
+        .filter(|l| l.slot.is_some() == semaphore)
         .flat_map(|l| l.holders.iter())
         .map(|h| {
-            let mut s = h.describe();
+            let mut s = shown(&h.describe()).into_owned();
             if let Some(t) = h.since {
                 s.push_str(&format!(", for {}", show_age(age(t, now))));
             }
@@ -171,12 +226,14 @@ pub async fn holders_of(locks: &dblock::Locks, name: &str) -> Option<String> {
 }
 
 pub async fn release(args: ReleaseArgs) -> u8 {
+    let name = quoted(&args.name);
     if !args.force {
+        // The hint is a command to paste: the name as the shell needs it.
         errln!(
-            "dblock: release {name:?} would end the database session of whoever holds it, \
+            "dblock: release {name} would end the database session of whoever holds it, \
              which loses the lock mid-work; pass --force if that is what you mean \
-             (`dblock status {name}` shows the holder)",
-            name = args.name
+             (`dblock status {}` shows the holder)",
+            shell_word(&args.name)
         );
         return EXIT_USAGE;
     }
@@ -184,17 +241,33 @@ pub async fn release(args: ReleaseArgs) -> u8 {
         Ok(l) => l,
         Err(code) => return code,
     };
+    // What each session held before it is ended: the slot of a semaphore of this name,
+    // and how many locks in all (a lock set is one session on PostgreSQL).
+    let before = locks.status(&[]).await.unwrap_or_default();
+    let slots = locks.status(&[&args.name]).await.unwrap_or_default();
     match locks.terminate_holders(&args.name).await {
         Ok(ended) if ended.is_empty() => {
-            outln!("lock {:?} is not held: nothing ended", args.name);
+            outln!("lock {name} is not held: nothing ended");
             0
         }
         Ok(ended) => {
             for p in &ended {
+                let held = |l: &&LockStatus| {
+                    p.connection.is_some() && l.holders.iter().any(|h| h.connection == p.connection)
+                };
+                let what = match slots.iter().filter(held).find_map(|l| l.slot) {
+                    Some(i) => format!("slot {i} of semaphore {name}"),
+                    None => format!("lock {name}"),
+                };
+                let others = before.iter().filter(held).count().saturating_sub(1);
+                let others = match others {
+                    0 => String::new(),
+                    1 => " and 1 other lock".to_string(),
+                    n => format!(" and {n} other locks"),
+                };
                 outln!(
-                    "ended {}, which held lock {:?}",
-                    party_line(p, SystemTime::now()),
-                    args.name
+                    "ended {}, which held {what}{others}",
+                    party_line(p, SystemTime::now())
                 );
             }
             0
@@ -203,5 +276,115 @@ pub async fn release(args: ReleaseArgs) -> u8 {
             errln!("dblock: {}", one_line(&e));
             exit_code(&e)
         }
+    }
+}
+
+/// `s` as one shell word: as it is when it is plain, else in single quotes (a quote
+/// inside written `'\''`), escaped for the terminal either way.
+fn shell_word(s: &str) -> String {
+    let plain = !s.is_empty()
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_.:/@+=,%".contains(c));
+    match plain {
+        true => s.to_string(),
+        false => format!("'{}'", shown(s).replace('\'', "'\\''")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A character a terminal might act on, or that hides or reorders text.
+    fn unsafe_char(c: char) -> bool {
+        c.is_control()
+            || matches!(
+                c,
+                '\u{061c}'
+                    | '\u{200b}'..='\u{200f}'
+                    | '\u{2028}'..='\u{202e}'
+                    | '\u{2060}'..='\u{206f}'
+                    | '\u{feff}'
+                    | '\u{fff9}'..='\u{fffb}'
+            )
+    }
+
+    /// Undoes [`shown`]: what an operator reads is exactly the name.
+    fn unshown(s: &str) -> String {
+        let mut out = String::new();
+        let mut it = s.chars().peekable();
+        while let Some(c) = it.next() {
+            if c != '\\' {
+                out.push(c);
+                continue;
+            }
+            match it.next() {
+                Some('\\') => out.push('\\'),
+                Some('u') => {
+                    assert_eq!(it.next(), Some('{'), "{s}");
+                    let hex: String = it.by_ref().take_while(|&c| c != '}').collect();
+                    let n = u32::from_str_radix(&hex, 16).unwrap_or(u32::MAX);
+                    out.push(char::from_u32(n).unwrap_or('\u{fffd}'));
+                }
+                other => panic!("a lone backslash before {other:?} in {s:?}"),
+            }
+        }
+        out
+    }
+
+    fn random_text(rng: &mut fastrand::Rng) -> String {
+        const NASTY: &[char] = &[
+            '\n', '\r', '\t', '\x1b', '\x07', '\x08', '\x7f', '\u{85}', '\u{9b}', '\u{202e}',
+            '\u{2028}', '\u{2029}', '\u{200b}', '\u{2066}', '\u{feff}', '\\', '"', '\'', ' ', '[',
+            ']', '@', ';', '*', '/', '%', 'é', '✓', '👀',
+        ];
+        let len = rng.usize(1..40);
+        (0..len)
+            .map(|_| match rng.u8(0..4) {
+                0 => NASTY[rng.usize(..NASTY.len())],
+                1 => rng.char('\u{1}'..='\u{7f}'),
+                2 => rng.char(..),
+                _ => rng.alphanumeric(),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn any_text_is_shown_as_one_safe_line_that_reads_back() {
+        let seed = std::env::var("DBLOCK_FUZZ_SEED")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| fastrand::u64(..));
+        let mut rng = fastrand::Rng::with_seed(seed);
+        for case in 0..50_000 {
+            let name = random_text(&mut rng);
+            for out in [shown(&name).into_owned(), quoted(&name), shell_word(&name)] {
+                assert!(
+                    !out.chars().any(unsafe_char),
+                    "seed {seed} case {case}: {name:?} printed as {out:?}"
+                );
+            }
+            assert_eq!(unshown(&shown(&name)), name, "seed {seed} case {case}");
+            let mut p = Party::default();
+            p.program = Some(name.clone());
+            p.host = Some(name.clone());
+            p.client = Some(name.clone());
+            let line = party_line(&p, SystemTime::now());
+            assert!(
+                !line.chars().any(unsafe_char),
+                "seed {seed} case {case}: {line:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn plain_names_print_as_they_are() {
+        for n in ["autoland:7", "exports", "ünï ✓", "a b"] {
+            assert_eq!(shown(n), n);
+        }
+        assert_eq!(shown("a\nb\x1b[2J"), "a\\u{a}b\\u{1b}[2J");
+        assert_eq!(quoted("say \"hi\""), "\"say \\\"hi\\\"\"");
+        assert_eq!(shell_word("nightly-report"), "nightly-report");
+        assert_eq!(shell_word("it's"), "'it'\\''s'");
     }
 }

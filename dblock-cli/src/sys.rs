@@ -6,9 +6,12 @@
 use std::io;
 
 /// Arranges for the command `cmd` starts to receive SIGKILL if dblock dies, however it
-/// dies (Linux `PR_SET_PDEATHSIG`), so it never runs on outside the lock. The signal
-/// follows the *thread* that forked: dblock spawns from its main thread, which lives
-/// as long as the process.
+/// dies (Linux `PR_SET_PDEATHSIG`), so that it does not run on for long without its
+/// dblock. The signal comes after the dying process's descriptors close, so on its own
+/// it leaves a moment in which the lock is free and COMMAND runs; what closes that
+/// moment is COMMAND's inherited copy of the lock's descriptor (`run.rs`). The signal
+/// follows the *thread* that forked: dblock spawns from its main thread, which lives as
+/// long as the process.
 ///
 /// Other platforms have no parent-death signal: there a command outlives a dblock
 /// killed with SIGKILL (signals dblock receives are still passed on).

@@ -568,7 +568,10 @@ async fn run_key_and_bench_work_with_a_mysql_url() {
         &db.url,
         state.path(),
         "visible",
-        "echo token=$DBLOCK_FENCING_TOKEN; sleep 100",
+        // `exec`: the command itself sleeps, so killing dblock (its parent-death signal)
+        // ends the command and frees the lock; a `sleep` in the background would keep
+        // the lock's descriptor, and so the lock, until it ended.
+        "echo token=$DBLOCK_FENCING_TOKEN; exec sleep 100",
     )
     .await;
     assert_eq!(first, "token=1");

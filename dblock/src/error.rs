@@ -318,11 +318,11 @@ pub enum WaitingFor {
     PoolConnection,
     /// A connection from the caller's sqlx pool (its `acquire_timeout`).
     SqlxPoolConnection,
-    /// The fencing table to be created (under the migration lock), within a fenced
-    /// request's deadline.
+    /// The fencing table to be created by another process, which held dblock's own
+    /// set-up lock longer than that set-up's bound (30 s) — whatever the request's
+    /// deadline, which dblock's set-up does not use.
     FencingTable,
-    /// The migration lock, under which dblock creates its fencing table, within a
-    /// fenced request's deadline.
+    /// The migration lock (a migration runner waiting within a deadline).
     MigrationLock,
 }
 
@@ -360,10 +360,8 @@ impl fmt::Display for WaitingFor {
                 "a free connection in dblock's pool (raise max_connections)"
             }
             WaitingFor::SqlxPoolConnection => "a connection from the sqlx pool",
-            WaitingFor::FencingTable => "the fencing table to be created",
-            WaitingFor::MigrationLock => {
-                "the migration lock (dblock creates its fencing table under it)"
-            }
+            WaitingFor::FencingTable => "another process to finish creating dblock's fencing table",
+            WaitingFor::MigrationLock => "the migration lock",
         })
     }
 }

@@ -163,6 +163,67 @@ impl LockGuard {
         r
     }
 
+    /// Makes the process `cmd` starts hold this lock too: it inherits a descriptor that
+    /// keeps the lock held for as long as any copy of it is open — the lock's
+    /// connection's socket on PostgreSQL (dblock's own connections) and MySQL/MariaDB,
+    /// the lock file's open file description on the embedded backend (OFD locks). So if
+    /// this process dies, by any signal, the server (or the kernel) keeps the lock until
+    /// the child, and every process the child started that kept the descriptor, has
+    /// exited too: the child never runs outside the lock, however late it learns of the
+    /// death. Returns the descriptor numbers the child gets (open across `exec`; tell it
+    /// to leave them alone, e.g. in an environment variable, as `dblock run` does with
+    /// `DBLOCK_LOCK_FD`).
+    ///
+    /// Works with a `tokio::process::Command` too, through its `as_std_mut()`. Call it
+    /// just before spawning, and drop `cmd` once spawned: until then `cmd` holds this
+    /// process's copies of the descriptors.
+    ///
+    /// From this call on the lock's connection is not reused: when the lock ends
+    /// (released, dropped, or lost) it is shut down (`shutdown(2)`), which ends the
+    /// connection — and the lock — for every copy, the child's included. Releasing the
+    /// lock while the child runs therefore ends the child's hold on it too.
+    ///
+    /// Limits: a child that closes every descriptor it did not open (many daemons, or
+    /// `closefrom`) gives the protection up, as does one that passes the socket to
+    /// something that writes on it (the child must not use it). A lock lost while the
+    /// child runs may stay held on the server, behind the child's copy, until this
+    /// process notices the loss (then the connection is shut down) or the child exits.
+    /// Not on a connection borrowed from an sqlx pool on PostgreSQL, nor where the
+    /// socket cannot be told from others (behind a pooler or proxy that the server sees
+    /// instead of this process, on MySQL over a Unix socket), nor with the embedded
+    /// backend's POSIX record locks (macOS, the BSDs, `DBLOCK_FILE_LOCKS=posix`), which
+    /// belong to the process: [`Error::Unsupported`] there, saying why.
+    ///
+    /// ```no_run
+    /// # async fn demo(locks: dblock::Locks) -> Result<(), Box<dyn std::error::Error>> {
+    /// let mut guard = locks.lock("nightly-report").await?;
+    /// let mut cmd = std::process::Command::new("./report.sh");
+    /// let fds = guard.share_with_child(&mut cmd).await?;
+    /// cmd.env("REPORT_LOCK_FDS", format!("{fds:?}"));
+    /// let mut child = cmd.spawn()?;
+    /// drop(cmd);
+    /// child.wait()?;
+    /// guard.release().await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Unsupported`] as above; [`Error::LockLost`] when the lock is no longer
+    /// held; connection errors while asking the server which connection is the lock's.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancelling it leaves the lock held and `cmd` unchanged; the connection may
+    /// already be marked not to be reused.
+    pub async fn share_with_child(
+        &mut self,
+        cmd: &mut std::process::Command,
+    ) -> Result<Vec<std::os::fd::RawFd>, Error> {
+        let fds = self.held.share().await?;
+        Ok(crate::sys::inherit(cmd, fds))
+    }
+
     /// Releases the lock now and waits for the database to confirm it.
     ///
     /// # Errors

@@ -11,8 +11,10 @@ use crate::raw::{Asked, LockStatus, Party};
 
 impl Locks {
     /// Who holds and who awaits locks in the database: the locks named in `names`
-    /// (keyed in the handle's namespace), or with `names` empty every lock the backend
-    /// can list. Each row has the lock's key and, when known, its name; its holders and
+    /// (keyed in the handle's namespace) — a name's own lock and, if it is a
+    /// [semaphore](Locks::semaphore), its slots (rows with [`LockStatus::slot`] set,
+    /// under the semaphore's name) — or with `names` empty every lock the backend can
+    /// list. Each row has the lock's key and, when known, its name; its holders and
     /// waiters with their process (host, pid, program), their connection, and since
     /// when they hold or wait. What each backend can show is in `docs/status.md`.
     ///
@@ -36,23 +38,36 @@ impl Locks {
     /// Cancel safe: it only reads, and takes nothing that outlives it.
     pub async fn status(&self, names: &[&str]) -> Result<Vec<LockStatus>, Error> {
         let ns = self.namespace();
-        let mut asked: Vec<Asked<'_>> = Vec::with_capacity(names.len());
+        // Each name's key, then the keys of every slot a semaphore of that name may
+        // have (the limit is the holders' to choose, so all of them are asked for).
+        let slots = crate::MAX_SEMAPHORE_LIMIT as usize;
+        let mut asked: Vec<Asked<'_>> = Vec::with_capacity(names.len() * (1 + slots));
+        let mut slot_of = std::collections::HashMap::new();
         for n in names {
             check_name(n)?;
             asked.push((ns, n, Key::derive(ns, n)));
         }
+        for n in names {
+            for i in 0..crate::MAX_SEMAPHORE_LIMIT {
+                let key = Key::derive_slot(ns, n, i);
+                slot_of.insert(key, i);
+                asked.push((ns, n, key));
+            }
+        }
         let mut rows = self.inner.backend.status(&asked).await?;
         // A name asked for is known even where the server could not show it.
         for r in &mut rows {
-            if let Some((ns, name, _)) = asked.iter().find(|a| a.2 == r.key) {
+            if let Some((ns, name, key)) = asked.iter().find(|a| a.2 == r.key) {
                 r.namespace = Some(ns.to_string());
                 r.name = Some(name.to_string());
+                r.slot = slot_of.get(key).copied();
             }
         }
         Ok(rows)
     }
 
-    /// Breaks lock `name` by ending the sessions that hold it (PostgreSQL
+    /// Breaks lock `name` — and, if `name` is a [semaphore](Locks::semaphore), each of
+    /// its held slots — by ending the sessions that hold it (PostgreSQL
     /// `pg_terminate_backend`, MySQL `KILL`): the server frees the lock at once, and a
     /// dblock holder learns it lost the lock ([`LockGuard::lost`](crate::LockGuard::lost)
     /// resolves; its fencing token is then stale, so fenced writes are refused once a
@@ -75,10 +90,20 @@ impl Locks {
     pub async fn terminate_holders(&self, name: &str) -> Result<Vec<Party>, Error> {
         check_name(name)?;
         let ns = self.namespace();
-        self.inner
-            .backend
-            .terminate((ns, name, Key::derive(ns, name)))
-            .await
+        let source = &self.inner.backend;
+        // The slots of a semaphore of this name that someone holds now.
+        let held_slots: Vec<Key> = self
+            .status(&[name])
+            .await?
+            .into_iter()
+            .filter(|r| r.slot.is_some() && !r.holders.is_empty())
+            .map(|r| r.key)
+            .collect();
+        let mut ended = source.terminate((ns, name, Key::derive(ns, name))).await?;
+        for key in held_slots {
+            ended.extend(source.terminate((ns, name, key)).await?);
+        }
+        Ok(ended)
     }
 
     /// The one-time setup for roles that may not create dblock's tables: creates the

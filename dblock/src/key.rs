@@ -62,6 +62,10 @@ pub const NAMESPACE_SETTING: &str = "dblock.namespace";
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Key(i64);
 
+/// The largest limit a semaphore may have: the slots a name's slot keys run over
+/// (`Key::slot(ns, name, 0..MAX_SEMAPHORE_LIMIT)`).
+pub const MAX_SEMAPHORE_LIMIT: u32 = 1024;
+
 impl Key {
     /// The key of `name` in `namespace`, after checking both.
     ///

@@ -98,6 +98,7 @@ mod semaphore;
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
 pub mod sqlite;
 pub mod status;
+mod sys;
 mod target;
 
 pub use error::{Error, LossReason, WaitingFor};

@@ -20,6 +20,7 @@
 //! (`Fence::check_postgres` in the PostgreSQL backend, and so on).
 
 use std::future::Future;
+use std::os::fd::OwnedFd;
 use std::pin::Pin;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime};
@@ -272,6 +273,40 @@ impl Default for Options {
     }
 }
 
+/// The least room, beyond the longest time to notice a silent connection, that a lease
+/// must leave for scheduling delays on the client (a tenth of that time if more).
+const LEASE_SLACK: Duration = Duration::from_millis(50);
+
+/// The one lease rule, for every backend with leases: the shortest lease with which a
+/// holder cut off from the server learns of the loss before the server can end its
+/// session and grant the lock to another. A silent connection is declared lost at most
+/// two check intervals (a tick skipped behind a slow answer) plus the check timeout
+/// after the last check that was answered was sent, and the server idles the session no
+/// sooner than the lease after that check; a tenth (at least [`LEASE_SLACK`]) more
+/// leaves room for scheduling delays.
+pub(crate) fn shortest_lease(check_interval: Duration, check_timeout: Duration) -> Duration {
+    let worst = 2 * check_interval + check_timeout;
+    worst + (worst / 10).max(LEASE_SLACK)
+}
+
+/// Refuses a lease shorter than [`shortest_lease`], with what to change.
+pub(crate) fn check_lease(
+    lease: Duration,
+    check_interval: Duration,
+    check_timeout: Duration,
+) -> Result<(), Error> {
+    let noticed = shortest_lease(check_interval, check_timeout);
+    if lease < noticed {
+        return Err(Error::Unsupported(format!(
+            "a lease ({lease:?}) must be at least twice the check interval plus the check \
+             timeout, plus a tenth ({noticed:?} here), so that a holder cut off learns of the \
+             loss before the server can grant the lock to another; lengthen the lease or \
+             shorten check_interval/check_timeout"
+        )));
+    }
+    Ok(())
+}
+
 /// A backend: what every backend does (its supertraits included); the few defaults are
 /// what only some backends have.
 pub(crate) trait RawLocks: FencingStore + StatusSource + Send + Sync + 'static {
@@ -333,7 +368,7 @@ pub(crate) trait RawLocks: FencingStore + StatusSource + Send + Sync + 'static {
         let _ = grant_to;
         Box::pin(std::future::ready(Err(Error::Unsupported(format!(
             "the {} backend has no setup to do: it creates its tables on first use \
-             (setup is for PostgreSQL roles that may not create tables)",
+             (setup is for PostgreSQL and MySQL roles that may not create tables)",
             self.name()
         )))))
     }
@@ -357,6 +392,19 @@ pub(crate) trait RawHeld: Send + Sync + 'static {
 
     /// Releases and waits for the database to confirm it.
     fn release(self: Box<Self>) -> BoxFuture<'static, Result<(), Error>>;
+
+    /// Duplicates of the descriptors that keep this lock held for as long as any copy
+    /// of them is open (the lock's connection's socket, the lock file's open file
+    /// description), for a child process to inherit
+    /// ([`LockGuard::share_with_child`](crate::LockGuard::share_with_child)). From the
+    /// first call on, the lock's connection is never reused: when the lock ends it is
+    /// shut down (`shutdown(2)`, which ends it for every copy) rather than returned to a
+    /// pool. [`Error::Unsupported`] where no descriptor keeps the lock alive.
+    fn share(&mut self) -> BoxFuture<'_, Result<Vec<OwnedFd>, Error>> {
+        Box::pin(std::future::ready(Err(Error::Unsupported(
+            "this kind of lock is not held by a descriptor a child process could inherit".into(),
+        ))))
+    }
 }
 
 /// How long a wait for any of several keys waits on one of them before it tries them
@@ -483,6 +531,16 @@ impl RawHeld for HeldAll {
         })
     }
 
+    fn share(&mut self) -> BoxFuture<'_, Result<Vec<OwnedFd>, Error>> {
+        Box::pin(async move {
+            let mut fds = Vec::new();
+            for h in &mut self.0 {
+                fds.extend(h.share().await?);
+            }
+            Ok(fds)
+        })
+    }
+
     fn release(self: Box<Self>) -> BoxFuture<'static, Result<(), Error>> {
         // All at once; every one is released whatever the others answer, and the first
         // error is reported.
@@ -501,8 +559,11 @@ pub struct LockStatus {
     /// The namespace the name is keyed in, when known.
     pub namespace: Option<String>,
     /// The lock's name, when known (`None` for a lock taken without dblock, or whose
-    /// name the server could not show).
+    /// name the server could not show). For a semaphore's slot, the semaphore's name.
     pub name: Option<String>,
+    /// Which slot of the semaphore `name` this lock is (see
+    /// [`Locks::semaphore`](crate::Locks::semaphore)); `None` for a lock of its own name.
+    pub slot: Option<u32>,
     /// Who holds it (several for a shared lock).
     pub holders: Vec<Party>,
     /// Who waits for it, longest waiting first.

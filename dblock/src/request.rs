@@ -74,7 +74,9 @@ impl Locks {
     }
 
     /// Waits at most `timeout` for the exclusive lock `name`; `Ok(None)` if it was not
-    /// granted in time.
+    /// granted in time. However short the timeout, the lock is tried once:
+    /// `Duration::ZERO` is [`try_lock`](Locks::try_lock). See [`Request::try_lock_for`]
+    /// for what the timeout counts.
     ///
     /// # Errors
     ///
@@ -340,13 +342,16 @@ impl<'a, T: Take> Request<'a, T> {
     /// `2 × check_interval + check_timeout`, plus a tenth of that (7.7 s with the
     /// defaults; see [`Builder::check_interval`](crate::Builder::check_interval) and
     /// [`Builder::check_timeout`](crate::Builder::check_timeout)); a shorter lease is
-    /// refused with [`Error::Unsupported`]. Leases beyond the server's limit for its idle
-    /// timeouts (2³¹ − 1 ms, about 24.8 days) are capped to it.
+    /// refused with [`Error::Unsupported`] — one rule on every backend. The server's idle
+    /// timeout counts whole milliseconds on PostgreSQL and whole seconds on MySQL
+    /// (`wait_timeout`); the lease is rounded up to them, never down. Leases beyond the
+    /// server's limit for its idle timeouts (PostgreSQL 2³¹ − 1 ms, about 24.8 days; MySQL
+    /// 365 days) are capped to it.
     ///
-    /// On PostgreSQL it is implemented with the server's own idle timeouts for the lock's
-    /// session (`idle_in_transaction_session_timeout` for a transaction-scoped lock,
-    /// `idle_session_timeout`, PostgreSQL 14+, for a session-scoped one), so it holds
-    /// even when the holder's host is gone.
+    /// Implemented with the server's own idle timeouts for the lock's session
+    /// (`idle_in_transaction_session_timeout` for a transaction-scoped lock,
+    /// `idle_session_timeout`, PostgreSQL 14+, for a session-scoped one; MySQL's
+    /// `wait_timeout`), so it holds even when the holder's host is gone.
     pub fn lease(mut self, lease: Duration) -> Self {
         self.lease = Some(lease);
         self
@@ -394,16 +399,24 @@ impl<T: Take> Request<'_, T> {
     }
 
     /// Waits at most `timeout`; `Ok(None)`, holding nothing, if the lock was not granted
-    /// in time. A `timeout` of zero tries once, exactly as [`try_lock`](Request::try_lock)
-    /// does. The wait ends on the server too (PostgreSQL's `lock_timeout`), not only in
-    /// this process. Every other wait dblock makes for the request ends by then as well:
-    /// for a pooled connection, and for the migration lock under which a fenced request's
-    /// first use creates the fencing table.
+    /// in time.
+    ///
+    /// However short the timeout, the lock is tried once: `Duration::ZERO` is
+    /// [`try_lock`](Request::try_lock), on every backend. The timeout bounds the wait for
+    /// the lock, from the call: opening a new connection to the server does not count
+    /// toward it (that has its own bound, the URL's `connect_timeout`; failing is an
+    /// error, never `Ok(None)`), waiting for one of the handle's connections to come free
+    /// when all [`max_connections`](crate::Builder::max_connections) are in use does. The
+    /// wait ends on the server too (PostgreSQL's `lock_timeout`), not only in this
+    /// process. The one wait that does not count is dblock's own set-up: a fenced
+    /// request's first use of a database creates the fencing table under a lock of
+    /// dblock's own, with its own bound, so that no request fails in it for having a
+    /// short deadline (it takes milliseconds; it never waits behind a migration).
     ///
     /// # Errors
     ///
-    /// As [`Request::lock`]; [`Error::Timeout`] when the deadline passed in one of those
-    /// other waits.
+    /// As [`Request::lock`]; [`Error::Timeout`] when the deadline passed while waiting for
+    /// one of the handle's connections.
     ///
     /// # Cancel safety
     ///

@@ -15,8 +15,7 @@ use crate::raw::{BoxFuture, Grant, Mode};
 use crate::request::sealed::{Call, Observed, Sealed};
 use crate::request::{AnyOf, Request};
 
-/// The largest limit a semaphore may have.
-pub const MAX_SEMAPHORE_LIMIT: u32 = 1024;
+pub use crate::key::MAX_SEMAPHORE_LIMIT;
 
 impl Locks {
     /// A request for one of `limit` slots of the semaphore `name`: at most `limit`

@@ -95,10 +95,11 @@ pub fn to_json(backend: &str, locks: &[LockStatus], now: SystemTime) -> String {
         }
         let _ = write!(
             out,
-            "{{\"key\":{},\"namespace\":{},\"name\":{},\"holders\":{},\"waiters\":{}}}",
+            "{{\"key\":{},\"namespace\":{},\"name\":{},\"slot\":{},\"holders\":{},\"waiters\":{}}}",
             l.key.as_i64(),
             json_opt(l.namespace.as_deref()),
             json_opt(l.name.as_deref()),
+            l.slot.map_or_else(|| "null".to_string(), |s| s.to_string()),
             parties_json(&l.holders, now),
             parties_json(&l.waiters, now)
         );
@@ -403,9 +404,24 @@ pub(crate) fn parse_comments(text: &str) -> Vec<Comment> {
     out
 }
 
-/// The comment in `text` whose name hashes to `key`, if any.
-pub(crate) fn comment_for(text: &str, key: Key) -> Option<Comment> {
-    parse_comments(text).into_iter().find(|c| c.key() == key)
+/// The comment in `text` whose name hashes to `key`, if any; else one whose name has
+/// `key` as a semaphore slot's key, with the slot (a slot's request names its
+/// semaphore).
+pub(crate) fn comment_for(text: &str, key: Key) -> Option<(Comment, Option<u32>)> {
+    let comments = parse_comments(text);
+    if let Some(c) = comments.iter().find(|c| c.key() == key) {
+        return Some((c.clone(), None));
+    }
+    comments.into_iter().find_map(|c| {
+        let slot = slot_of(&c.namespace, &c.name, key)?;
+        Some((c, Some(slot)))
+    })
+}
+
+/// Which slot of the semaphore `(namespace, name)` has `key`, if any (of the
+/// [`MAX_SEMAPHORE_LIMIT`](crate::key::MAX_SEMAPHORE_LIMIT) a semaphore may have).
+pub(crate) fn slot_of(namespace: &str, name: &str, key: Key) -> Option<u32> {
+    (0..crate::key::MAX_SEMAPHORE_LIMIT).find(|&i| Key::derive_slot(namespace, name, i) == key)
 }
 
 #[cfg(test)]
@@ -438,7 +454,11 @@ mod tests {
             assert_eq!(c[0].pid, Some(std::process::id()));
             assert_eq!(
                 comment_for(&s, Key::derive("pub lic", name)),
-                Some(c[0].clone())
+                Some((c[0].clone(), None))
+            );
+            assert_eq!(
+                comment_for(&s, Key::derive_slot("pub lic", name, 3)),
+                Some((c[0].clone(), Some(3)))
             );
             assert_eq!(comment_for(&s, Key::from_i64(1)), None);
         }
@@ -484,6 +504,7 @@ mod tests {
             key: Key::from_i64(-3),
             namespace: None,
             name: Some("a\"b\n".into()),
+            slot: None,
             holders: vec![Party {
                 pid: Some(7),
                 ..Party::default()

@@ -397,6 +397,72 @@ pub fn dblock_command(bin: &str, state: &std::path::Path) -> tokio::process::Com
     c
 }
 
+/// Runs the `dblock` program ([`dblock_command`], `DBLOCK_NO_DEFAULT_NOTICE=1`, with
+/// `env`) with `args` to its end; fails the test if it runs for more than 60 s.
+pub async fn dblock_output(
+    bin: &str,
+    state: &std::path::Path,
+    env: &[(&str, &str)],
+    args: &[&str],
+) -> std::process::Output {
+    let mut c = dblock_command(bin, state);
+    c.env("DBLOCK_NO_DEFAULT_NOTICE", "1")
+        .envs(env.iter().copied())
+        .args(args);
+    match tokio::time::timeout(std::time::Duration::from_secs(60), c.output()).await {
+        Ok(out) => out.unwrap(),
+        Err(_) => panic!("dblock {args:?} still running after 60 s"),
+    }
+}
+
+/// Holds the database-wide migration lock of the PostgreSQL database at `url` on a
+/// session of its own, as a `dblock migrate` that runs for minutes would, until the
+/// returned client is dropped.
+pub async fn hold_migration_lock(url: &str) -> Client {
+    let migrating = admin_connect(url).await;
+    migrating
+        .batch_execute(&format!(
+            "SELECT pg_advisory_lock({})",
+            dblock::migrate::MIGRATION_LOCK_KEY
+        ))
+        .await
+        .unwrap();
+    migrating
+}
+
+/// Behind `proxy` falling silent, when does the holder of `guard` learn that it lost the
+/// lock, and when is `other` granted it? (learned, granted), from the moment of silence.
+/// `free_now`, run at that moment, may free the lock on the server at once (a control);
+/// otherwise the holder's lease must.
+pub async fn silent_holder_race<F: std::future::Future<Output = ()>>(
+    guard: dblock::LockGuard,
+    proxy: &SilentProxy,
+    other: &dblock::Locks,
+    name: &str,
+    free_now: F,
+) -> (std::time::Duration, std::time::Duration) {
+    use testdb::within;
+    let lost = guard.lost();
+    let lost = tokio::spawn(async move {
+        lost.await;
+        tokio::time::Instant::now()
+    });
+    let silent_at = tokio::time::Instant::now();
+    proxy.silence();
+    free_now.await;
+    let g = within(60, "the lock, for another handle", other.lock(name))
+        .await
+        .unwrap();
+    let granted = tokio::time::Instant::now() - silent_at;
+    let learned = within(60, "the silent holder's lost()", lost)
+        .await
+        .unwrap()
+        - silent_at;
+    drop(g);
+    drop(guard);
+    (learned, granted)
+}
+
 /// The error contract of the `dblock` program: one line on stderr, starting
 /// `dblock: `, never a panic or a backtrace. Returns the line.
 pub fn one_line_error(out: &std::process::Output) -> String {

@@ -98,7 +98,9 @@ impl TestDb {
         match self {
             TestDb::Postgres(_) => "postgres://postgres@127.0.0.1:1/test".into(),
             TestDb::MySql(_) => "mysql://root@127.0.0.1:1/test".into(),
-            TestDb::Sqlite(_) => "sqlite:/proc/no/such/dir/x.db".into(),
+            // A directory that exists but where no file can be created (a missing
+            // directory is refused before any I/O, as an invalid URL).
+            TestDb::Sqlite(_) => "sqlite:/proc/x.db".into(),
         }
     }
 

@@ -227,9 +227,8 @@ fn a_guard_outliving_its_runtime_reports_the_lock_lost() {
     }
 }
 
-/// Behind a proxy that falls silent, when does the holder learn of the loss, and when
-/// is another handle granted the lock? Returns (learned, granted), measured from the
-/// moment of silence. `free` frees the lock on the server (None: the lease does).
+/// [`dblock_testkit::silent_holder_race`] on schema `s`; `terminate`: free the lock on the
+/// server at once (the holder's backend terminated) instead of waiting for the lease.
 async fn silent_holder_race(
     s: &PgSchema,
     holder: &Locks,
@@ -238,29 +237,14 @@ async fn silent_holder_race(
     name: &str,
     terminate: bool,
 ) -> (Duration, Duration) {
-    let lost = guard.lost();
-    let lost = tokio::spawn(async move {
-        lost.await;
-        tokio::time::Instant::now()
-    });
     let key = holder.key(name).unwrap();
-    let silent_at = tokio::time::Instant::now();
-    proxy.silence();
-    if terminate {
-        assert_eq!(s.terminate_holders(key).await, 1);
-    }
     let other = Locks::connect(&s.url).await.unwrap();
-    let g = within(60, "the lock, for another handle", other.lock(name))
-        .await
-        .unwrap();
-    let granted = tokio::time::Instant::now() - silent_at;
-    let learned = within(60, "the silent holder's lost()", lost)
-        .await
-        .unwrap()
-        - silent_at;
-    drop(g);
-    drop(guard);
-    (learned, granted)
+    let free_now = async {
+        if terminate {
+            assert_eq!(s.terminate_holders(key).await, 1);
+        }
+    };
+    dblock_testkit::silent_holder_race(guard, proxy, &other, name, free_now).await
 }
 
 /// With a lease, a holder cut off by a silent network learns that it lost the

@@ -53,8 +53,10 @@ async fn the_lock_file_lies_beside_the_database_and_the_namespace_is_public() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unusable_path_is_a_typed_error() {
-    let r = Locks::connect("sqlite:/proc/no/such/dir/x.db").await;
+    let r = Locks::connect("sqlite:/proc/x.db").await;
     assert!(matches!(r, Err(Error::Io { .. })), "{r:?}");
+    let r = Locks::connect("sqlite:/proc/no/such/dir/x.db").await;
+    assert!(matches!(r, Err(Error::InvalidUrl { .. })), "{r:?}");
     let r = Locks::connect("sqlite::memory:").await;
     assert!(matches!(r, Err(Error::InvalidUrl { .. })), "{r:?}");
     let db = SqliteDb::new();

@@ -32,6 +32,24 @@ use super::{FOREVER_SECS, MyBackend, map_sqlx};
 use crate::error::{Error, LossReason};
 use crate::raw::{BoxFuture, Grant, RawHeld, Req, Wait};
 
+/// A held lock's connection shared with a child process: this process's duplicate of
+/// its socket, shut down (which ends the connection for every copy) when the lock ends,
+/// instead of the connection going back to a pool.
+type Exported = std::sync::Arc<std::sync::Mutex<Option<std::os::fd::OwnedFd>>>;
+
+/// Shuts down an exported connection's socket, once: the child's copy must not keep a
+/// session (or a lock) the lock's owner has ended.
+fn shut_down(exported: &Exported) -> bool {
+    let fd = exported.lock().unwrap_or_else(|e| e.into_inner()).take();
+    match fd {
+        Some(fd) => {
+            crate::sys::shutdown(&fd);
+            true
+        }
+        None => false,
+    }
+}
+
 /// A request from the guard to its task.
 enum Cmd {
     Check(oneshot::Sender<Result<(), Error>>),
@@ -80,8 +98,15 @@ pub(crate) struct MyHeld {
     /// The lock's name, for a release carried by the next request.
     name: String,
     /// Whether dropping the guard may leave the release to be carried (not with a lease:
-    /// its release also resets the session's `wait_timeout`).
+    /// its release also resets the session's `wait_timeout`; not once shared with a
+    /// child).
     carry: bool,
+    /// The session's id on the server, the server's port, and the connection for asking
+    /// the server about it: what finds the lock's socket to share with a child.
+    id: Option<u64>,
+    server_port: u16,
+    control: sqlx::MySqlPool,
+    exported: Exported,
 }
 
 impl Drop for MyHeld {
@@ -132,6 +157,64 @@ impl MyHeld {
         rx.await.unwrap_or_else(|_| Err(lost(task_gone())))
     }
 
+    /// A duplicate of the lock's connection's socket, found among this process's
+    /// descriptors by the address the server sees the session connect from (sqlx
+    /// exposes no descriptor); from now on the connection is shut down, not reused, when
+    /// the lock ends.
+    pub(crate) async fn share(&mut self) -> Result<std::os::fd::OwnedFd, Error> {
+        if let Some(reason) = self.loss() {
+            return Err(lost(reason));
+        }
+        let cloned = {
+            let mine = self.exported.lock().unwrap_or_else(|e| e.into_inner());
+            mine.as_ref().map(std::os::fd::OwnedFd::try_clone)
+        };
+        if let Some(dup) = cloned {
+            return dup.map_err(|e| Error::io("duplicating the lock's socket", e));
+        }
+        let Some(id) = self.id else {
+            return Err(closed());
+        };
+        let host: Option<String> =
+            sqlx::query_scalar("SELECT HOST FROM information_schema.PROCESSLIST WHERE ID = ?")
+                .bind(id)
+                .fetch_optional(&self.control)
+                .await
+                .map_err(map_sqlx)?
+                .flatten();
+        let Some(host) = host else {
+            return Err(lost(task_gone()));
+        };
+        // `address:port` over TCP; `localhost` alone over a Unix socket, whose
+        // connections to one server cannot be told apart from this side.
+        let local = host
+            .rsplit_once(':')
+            .and_then(|(_, p)| p.parse::<u16>().ok());
+        let Some(local) = local else {
+            return Err(Error::Unsupported(format!(
+                "the lock's MySQL connection comes from {host:?} (a Unix socket?): its socket \
+                 cannot be told from this process's others, so it cannot be shared with a \
+                 child"
+            )));
+        };
+        let peer = crate::sys::Peer::Tcp {
+            local,
+            remote: self.server_port,
+        };
+        let fd = crate::sys::find_socket(peer).map_err(|e| {
+            Error::Unsupported(format!(
+                "the lock's MySQL connection (the server sees it from {host}) cannot be \
+                 shared with a child: {e}"
+            ))
+        })?;
+        let keep = fd
+            .try_clone()
+            .map_err(|e| Error::io("duplicating the lock's socket", e))?;
+        self.carry = false;
+        *self.exported.lock().unwrap_or_else(|e| e.into_inner()) = Some(keep);
+        Ok(fd)
+    }
+
     /// Releases the lock and waits for the server's answer.
     pub(crate) async fn release(mut self) -> Result<(), Error> {
         // Not carried: the caller waits for the server's answer.
@@ -161,6 +244,10 @@ impl RawHeld for MyHeld {
 
     fn release(self: Box<Self>) -> BoxFuture<'static, Result<(), Error>> {
         Box::pin(MyHeld::release(*self))
+    }
+
+    fn share(&mut self) -> BoxFuture<'_, Result<Vec<std::os::fd::OwnedFd>, Error>> {
+        Box::pin(async move { MyHeld::share(self).await.map(|fd| vec![fd]) })
     }
 }
 
@@ -194,6 +281,7 @@ pub(crate) async fn acquire(b: &MyBackend, req: &Req<'_>) -> Result<Option<Grant
         lease: req.lease,
         check_interval: b.check_interval,
         check_timeout: b.check_timeout,
+        exported: Exported::default(),
     };
     let token = match job.take().await? {
         Some(token) => token,
@@ -212,6 +300,10 @@ pub(crate) async fn acquire(b: &MyBackend, req: &Req<'_>) -> Result<Option<Grant
         slot: Some(slot.clone()),
         name: job.name.clone(),
         carry: job.lease.is_none(),
+        id: job.id,
+        server_port: b.server_port(),
+        control: job.control.clone(),
+        exported: job.exported.clone(),
     };
     tokio::spawn(job.hold(slot, cmd_rx, loss_tx));
     Ok(Some(Grant {
@@ -239,6 +331,8 @@ struct Job {
     lease: Option<Duration>,
     check_interval: Duration,
     check_timeout: Duration,
+    /// Set once the guard shared the connection with a child: see [`Exported`].
+    exported: Exported,
 }
 
 /// How a wait in `GET_LOCK` ended.
@@ -304,7 +398,7 @@ impl Job {
         if let Some(lease) = self.lease {
             // The server closes a session idle this long, and so frees the lock of a
             // holder that fell silent; a live holder's checks keep it busy.
-            let secs = lease.as_secs_f64().ceil().max(1.0) as u64;
+            let secs = super::lease_secs(lease);
             let set = match self.conn.as_mut().and_then(LockConn::raw) {
                 Some(conn) => sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
                     "SET SESSION wait_timeout = {secs}"
@@ -375,8 +469,9 @@ impl Job {
             Some(d) => {
                 let left = d.saturating_duration_since(Instant::now());
                 if left.is_zero() {
-                    self.recycle();
-                    return Ok(false);
+                    // A deadline that passed before the wait began (a slow connection):
+                    // every request tries the lock at least once.
+                    return self.attempt().await;
                 }
                 // A backstop only: the wait is ended at the exact deadline below.
                 left.as_secs() + 2
@@ -616,15 +711,20 @@ impl Job {
     /// Closes the connection (the server then frees whatever it held); it never goes
     /// back to the pool.
     async fn close(&mut self) {
+        shut_down(&self.exported);
         if let Some(conn) = self.conn.take() {
             conn.close().await;
         }
     }
 
-    /// Back to its pool: it holds nothing and no statement is in flight.
+    /// Back to its pool: it holds nothing and no statement is in flight. A connection
+    /// shared with a child is shut down and dropped instead.
     fn recycle(&mut self) {
-        if let Some(conn) = self.conn.take() {
-            conn.recycle();
+        if let Some(mut conn) = self.conn.take() {
+            match shut_down(&self.exported) {
+                true => conn.close_on_drop(),
+                false => conn.recycle(),
+            }
         }
     }
 }
@@ -637,6 +737,7 @@ impl Drop for Job {
         let Some(mut conn) = self.conn.take() else {
             return;
         };
+        shut_down(&self.exported);
         conn.close_on_drop();
         drop(conn);
         if let (Some(id), Ok(rt)) = (self.id, tokio::runtime::Handle::try_current()) {

@@ -92,6 +92,7 @@ mod floor;
 mod lock;
 pub(crate) mod migrate;
 mod pool;
+mod setup;
 mod status;
 
 use std::sync::Arc;
@@ -213,6 +214,8 @@ pub(crate) struct MyBackend {
     name_prefix: String,
     check_interval: Duration,
     check_timeout: Duration,
+    /// How many lock connections the handle may have at once (each held name pins one).
+    max_lock_conns: usize,
     /// Whether dblock opened the pool itself (the benchmark's floor needs its options).
     pub(crate) own: bool,
     fence_table_ready: tokio::sync::OnceCell<()>,
@@ -293,7 +296,12 @@ impl MyBackend {
     }
 
     fn new(pool: MySqlPool, database: Arc<str>, opts: &Options, own: bool) -> MyBackend {
+        let max_lock_conns = match own {
+            true => opts.max_connections.max(1),
+            false => pool.options().get_max_connections() as usize,
+        };
         MyBackend {
+            max_lock_conns,
             pool,
             own_locks: None,
             name_prefix: name_prefix(&database),
@@ -315,6 +323,11 @@ impl MyBackend {
         }
     }
 
+    /// The TCP port the handle's connections reach the server on.
+    pub(crate) fn server_port(&self) -> u16 {
+        self.pool.connect_options().get_port()
+    }
+
     /// The `GET_LOCK` name of `key` on this database.
     pub(crate) fn lock_name(&self, key: Key) -> String {
         name_in(&self.name_prefix, key)
@@ -329,8 +342,8 @@ impl MyBackend {
         lock::acquire(self, req).await
     }
 
-    /// Refuses what named locks cannot do: a shared mode, a lease shorter than the
-    /// checks can keep.
+    /// Refuses what named locks cannot do: a shared mode, a lease shorter than the one
+    /// lease rule allows.
     fn refuse(&self, req: &Req<'_>) -> Result<(), Error> {
         if req.mode == Mode::Shared {
             return Err(Error::Unsupported(
@@ -339,14 +352,11 @@ impl MyBackend {
                     .into(),
             ));
         }
-        if let Some(lease) = req.lease
-            && (lease < 2 * self.check_interval || lease < Duration::from_secs(1))
-        {
-            return Err(Error::Unsupported(format!(
-                "a lease ({lease:?}) must be at least twice the check interval ({:?}) \
-                 and, on MySQL (wait_timeout counts seconds), at least one second",
-                self.check_interval
-            )));
+        if let Some(lease) = req.lease {
+            // The one lease rule (raw.rs). The session's wait_timeout counts whole
+            // seconds: the lease is rounded up (`lease_secs`), never down, so the server
+            // idles the session no sooner than the rule allows.
+            crate::raw::check_lease(lease, self.check_interval, self.check_timeout)?;
         }
         Ok(())
     }
@@ -366,15 +376,28 @@ impl MyBackend {
             .await
     }
 
-    /// Creates the fencing table if it is missing (once per handle).
-    async fn ensure_fence_table(&self) -> Result<(), Error> {
+    /// Creates the fencing table if it is missing (once per handle). Looked for first:
+    /// `CREATE TABLE IF NOT EXISTS` needs the CREATE privilege even when the table
+    /// exists, which a user granted only the table's rows (`dblock setup`) lacks.
+    pub(crate) async fn ensure_fence_table(&self) -> Result<(), Error> {
         self.fence_table_ready
             .get_or_try_init(|| async {
+                let fix = setup::fix_for(&self.database);
+                let exists: Option<i64> = sqlx::query_scalar(
+                    "SELECT 1 FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() \
+                     AND TABLE_NAME = 'dblock_fencing'",
+                )
+                .fetch_optional(&self.pool)
+                .await
+                .map_err(|e| setup::permission(e, &fix))?;
+                if exists.is_some() {
+                    return Ok(());
+                }
                 sqlx::raw_sql(fence::TABLE_DDL)
                     .execute(&self.pool)
                     .await
                     .map(|_| ())
-                    .map_err(map_sqlx)
+                    .map_err(|e| setup::permission(e, &fix))
             })
             .await
             .map(|_| ())
@@ -396,8 +419,33 @@ impl RawLocks for MyBackend {
         Box::pin(self.take(req))
     }
 
+    fn acquire_all<'a>(
+        &'a self,
+        req: &'a Req<'a>,
+        keys: &'a [Key],
+    ) -> BoxFuture<'a, Result<Option<Grant>, Error>> {
+        // One session per name: a set larger than the handle's connections could only
+        // take part of itself and then wait, holding that part, for a connection that
+        // never comes. Known before anything is taken.
+        if keys.len() > self.max_lock_conns {
+            let n = keys.len();
+            let max = self.max_lock_conns;
+            return Box::pin(std::future::ready(Err(Error::Unsupported(format!(
+                "a set of {n} names needs {n} connections on MySQL/MariaDB (one session \
+                 holds each name) and this handle may open {max}: raise \
+                 Builder::max_connections (or the sqlx pool's max_connections), or lock \
+                 fewer names at once"
+            )))));
+        }
+        Box::pin(crate::raw::acquire_all_in_order(self, req, keys))
+    }
+
     fn has_leases(&self) -> bool {
         true
+    }
+
+    fn setup<'a>(&'a self, grant_to: &'a [&'a str]) -> BoxFuture<'a, Result<String, Error>> {
+        Box::pin(setup::setup(self, grant_to))
     }
 
     fn migrations(&self) -> Option<&dyn crate::migrate::store::MigrationStore> {
@@ -426,6 +474,14 @@ impl FencingStore for MyBackend {
     fn latest_grant(&self, key: Key) -> BoxFuture<'_, Result<Option<LatestGrant>, Error>> {
         Box::pin(self.latest(key))
     }
+}
+
+/// The session `wait_timeout` (whole seconds) of a lease: rounded up, the safe way (the
+/// server must not idle a holder's session sooner than the lease), at least one second,
+/// and at most MySQL's limit for it (365 days).
+pub(crate) fn lease_secs(lease: Duration) -> u64 {
+    let whole = lease.as_secs() + u64::from(lease.subsec_nanos() > 0);
+    whole.clamp(1, 31_536_000)
 }
 
 /// The MySQL error number of ER_USER_LOCK_DEADLOCK.
@@ -508,6 +564,15 @@ mod tests {
             lock_name("test", Key::from_i64(-1)),
             "dblock:9f86d081:ffffffffffffffff"
         );
+    }
+
+    #[test]
+    fn a_lease_becomes_whole_seconds_rounded_up() {
+        assert_eq!(lease_secs(Duration::from_millis(7_700)), 8);
+        assert_eq!(lease_secs(Duration::from_secs(8)), 8);
+        assert_eq!(lease_secs(Duration::from_nanos(8_000_000_001)), 9);
+        assert_eq!(lease_secs(Duration::from_millis(1)), 1);
+        assert_eq!(lease_secs(Duration::from_secs(u64::MAX)), 31_536_000);
     }
 
     #[test]

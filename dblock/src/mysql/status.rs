@@ -40,6 +40,7 @@ impl MyBackend {
                 key,
                 namespace: Some(ns.to_string()),
                 name: Some(name.to_string()),
+                slot: None,
                 holders: Vec::new(),
                 waiters: Vec::new(),
             });

@@ -261,21 +261,9 @@ impl PgBackend {
     /// transaction pooler.
     pub(super) fn refuse_unsupported(&self, req: &Req<'_>) -> Result<(), Error> {
         if let Some(lease) = req.lease {
-            // The holder must learn of a loss before the server can end its session and
-            // grant the lock to another: a silent connection is declared lost at most
-            // two check intervals (a tick skipped behind a slow answer) plus the check
-            // timeout after the last check that was answered was sent, and the server
-            // idles the session no sooner than `lease` after that check.
-            let worst = 2 * self.check_interval + self.check_timeout;
-            let noticed = worst + (worst / 10).max(LEASE_SLACK);
-            if lease < noticed {
-                return Err(Error::Unsupported(format!(
-                    "a lease ({lease:?}) must be at least twice the check interval plus the \
-                     check timeout, plus a tenth ({noticed:?} here), so that a holder \
-                     cut off learns of the loss before the server can grant the lock to \
-                     another; lengthen the lease or shorten check_interval/check_timeout"
-                )));
-            }
+            // The one lease rule (raw.rs); the server's idle timeouts count whole
+            // milliseconds, rounded up (plan.rs), so never shorter than `lease`.
+            crate::raw::check_lease(lease, self.check_interval, self.check_timeout)?;
             if req.scope == Scope::Session && self.version < 140_000 {
                 return Err(Error::Unsupported(
                     "a lease on a session-scoped lock needs PostgreSQL 14 (idle_session_timeout)"
@@ -304,7 +292,7 @@ impl PgBackend {
         self.refuse_unsupported(req)?;
         let fence_table = match req.fenced {
             true => Some(
-                self.fence_table_until(req.wait.deadline())
+                self.fence_table()
                     .await
                     .map_err(|e| self.fencing_permission(e))?
                     .clone(),
@@ -471,10 +459,6 @@ pub(super) const BACKSTOP: Duration = Duration::from_secs(2);
 pub(super) const POOLER_GRACE: Duration = Duration::from_millis(100);
 
 pub(super) const LOCK_NOT_AVAILABLE: &str = "55P03";
-
-/// The least room, beyond the longest time to notice a silent connection, that a lease
-/// must leave for scheduling delays on the client (a tenth of that time if more).
-const LEASE_SLACK: Duration = Duration::from_millis(50);
 
 pub(super) const QUERY_CANCELED: &str = "57014";
 

@@ -14,8 +14,11 @@
 //! is never locked this way (SQLite opens and closes it and uses POSIX locks of its own,
 //! which one close would drop).
 //!
-//! A process opens each lock file once, with `O_CLOEXEC` so that commands started by
-//! `dblock run` do not inherit its locks, and every handle of the process on that file
+//! A process opens each lock file once, with `O_CLOEXEC` so that the commands it starts
+//! do not inherit its locks by accident (a guard hands them on deliberately, with
+//! [`LockGuard::share_with_child`](crate::LockGuard::share_with_child): the child's copy
+//! of the open file description keeps every lock of this process on that file until the
+//! child exits, should this process die first), and every handle of the process on that file
 //! shares the descriptor. A table of held keys decides between the process's own holders
 //! (see [One process, many tasks](#one-process-many-tasks)), so two tasks never both
 //! hold a lock because they share the descriptor. A process that `fork`s without `exec`
@@ -144,11 +147,26 @@ use table::Step;
 
 /// Opens the backend a `sqlite:PATH` or `sqlite://PATH` URL names; the default
 /// namespace with it.
+///
+/// The file's directory must exist: a mistyped path would otherwise create a lock file
+/// nobody else uses, excluding nothing. (Only the embedded default's directories are
+/// created, by [`open_path`].)
 pub(crate) fn open(url: &str, opts: &Options) -> Result<(Box<dyn RawLocks>, String), Error> {
-    let path = parse_url(url).map_err(|reason| Error::InvalidUrl {
+    let invalid = |reason: String| Error::InvalidUrl {
         url: crate::error::redact_url(url),
         reason,
-    })?;
+    };
+    let path = parse_url(url).map_err(invalid)?;
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty())
+        && !dir.is_dir()
+    {
+        return Err(invalid(format!(
+            "the directory {} does not exist (dblock creates a lock file where the path \
+             says, but no directories but the default's: a mistyped path would exclude \
+             nothing)",
+            dir.display()
+        )));
+    }
     open_path(path, opts)
 }
 
@@ -450,6 +468,41 @@ impl SqliteHeld {
         self.shared.release(self.offset, self.mode);
     }
 
+    /// A duplicate of the lock file's descriptor the lock is held through: the same open
+    /// file description, whose OFD locks live while any copy of it is open. POSIX record
+    /// locks belong to the process instead, and end with it whatever its children hold.
+    fn share(&self) -> Result<std::os::fd::OwnedFd, Error> {
+        if self.shared.lock.flavor != sys::Flavor::Ofd {
+            return Err(Error::Unsupported(
+                "the embedded backend's POSIX record locks (macOS, the BSDs, or \
+                 DBLOCK_FILE_LOCKS=posix) belong to the process that took them, and end with \
+                 it whatever descriptors its children hold"
+                    .into(),
+            ));
+        }
+        let desc = {
+            let table = self
+                .shared
+                .lock
+                .shard(self.offset)
+                .table
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            table.held.get(&self.offset).map(|slot| slot.desc.clone())
+        };
+        let Some(desc) = desc else {
+            return Err(Error::LockLost {
+                reason: LossReason::LockFileReplaced {
+                    path: self.shared.lock.path.clone(),
+                },
+            });
+        };
+        desc.file
+            .try_clone()
+            .map(std::os::fd::OwnedFd::from)
+            .map_err(|e| Error::io("duplicating the lock file's descriptor", e))
+    }
+
     /// `None` while the lock is held in the file its path names; the loss otherwise
     /// (the lock file was replaced since the grant: see [`file`]).
     fn loss(&self) -> Option<LossReason> {
@@ -487,6 +540,12 @@ impl RawHeld for SqliteHeld {
             None => Ok(()),
             Some(reason) => Err(Error::LockLost { reason }),
         }))
+    }
+
+    fn share(&mut self) -> BoxFuture<'_, Result<Vec<std::os::fd::OwnedFd>, Error>> {
+        Box::pin(std::future::ready(
+            SqliteHeld::share(self).map(|fd| vec![fd]),
+        ))
     }
 
     fn release(self: Box<Self>) -> BoxFuture<'static, Result<(), Error>> {

@@ -79,7 +79,17 @@ impl SqliteBackend {
                 .any(|w| w.0 == f.pid && w.1 == (f.offset ^ 1) as u32)
         };
         let mut locks: BTreeMap<u64, LockStatus> = BTreeMap::new();
-        for f in found.iter().filter(|f| !gate_of(f)) {
+        // A holder's child that inherited its lock file descriptor (`dblock run`'s
+        // COMMAND: see `LockGuard::share_with_child`) shows the same lock: it shares the
+        // holder's, it does not hold one of its own.
+        let inherited = |f: &Found| {
+            inherited_from(f.pid, |p| {
+                found
+                    .iter()
+                    .any(|o| o.pid == p && o.offset == f.offset && o.mode == f.mode)
+            })
+        };
+        for f in found.iter().filter(|f| !gate_of(f) && !inherited(f)) {
             if !wanted.is_empty() && !wanted.contains(&f.offset) {
                 continue;
             }
@@ -91,6 +101,7 @@ impl SqliteBackend {
                 key,
                 namespace: None,
                 name: None,
+                slot: None,
                 holders: Vec::new(),
                 waiters: Vec::new(),
             });
@@ -111,6 +122,7 @@ impl SqliteBackend {
                 key,
                 namespace: None,
                 name: None,
+                slot: None,
                 holders: Vec::new(),
                 waiters: Vec::new(),
             });
@@ -148,6 +160,31 @@ impl SqliteBackend {
             }
         }
     }
+}
+
+/// Whether an ancestor of process `pid` (its parent, theirs, …) is one `holds`.
+fn inherited_from(pid: u32, holds: impl Fn(u32) -> bool) -> bool {
+    let mut p = pid;
+    for _ in 0..64 {
+        match parent_of(p) {
+            Some(parent) if parent > 1 => {
+                if holds(parent) {
+                    return true;
+                }
+                p = parent;
+            }
+            _ => return false,
+        }
+    }
+    false
+}
+
+/// The parent of process `pid`, from `/proc/PID/stat` (the field after the command
+/// name, which may itself hold spaces and parentheses).
+fn parent_of(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after = &stat[stat.rfind(')')? + 1..];
+    after.split_whitespace().nth(1)?.parse().ok()
 }
 
 fn party(pid: u32, mode: Mode, since: Option<SystemTime>) -> Party {

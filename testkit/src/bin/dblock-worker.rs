@@ -33,6 +33,19 @@
 //!     first that times out: a deadlock), creates a marker file per
 //!     name in DIR with O_EXCL (one that exists already is an overlap), yields, removes
 //!     them, releases. Prints `overlaps=N errors=E` and the first error, if any.
+//! dblock-worker hold-share URL NAME [--no-share]
+//!     takes NAME, starts `sleep 1000` sharing the lock with it
+//!     (`LockGuard::share_with_child`, unless --no-share), prints `held CHILD_PID`;
+//!     on a line on stdin releases the lock and prints `released`, then sleeps until
+//!     killed.
+//! dblock-worker first-contact URL FEATURE INDEX
+//!     opens a handle, prints `ready`, waits for a line on stdin (so that every process
+//!     starts at once), then uses FEATURE once — `fenced` (a fenced try_lock of a name
+//!     of its own, INDEX), `try` (an unfenced one), `wait` (a fenced lock of one shared
+//!     name, held a moment), `limit2` (a fenced try of a slot of a limit-2 semaphore,
+//!     a slot held until stdin closes),
+//!     `lock-all` (three shared names), `status`, `leader` (who leads, then a term of
+//!     its own, resigned) — and prints `ok ANSWER` or `error KIND: MESSAGE`.
 //! ```
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -45,6 +58,16 @@ use dblock_testkit::appdb::Outcome;
 async fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let arg = |i: usize| args.get(i).cloned().unwrap_or_default();
+    if arg(0) == "first-contact" {
+        let out = match first_contact(&arg(1), &arg(2), &arg(3)).await {
+            // Said already.
+            Ok(answer) if answer.is_empty() => return,
+            Ok(answer) => format!("ok {answer}"),
+            Err(e) => format!("error {e:?}: {e}"),
+        };
+        println!("{}", out.replace('\n', " "));
+        return;
+    }
     // DBLOCK_TEST_NAMESPACE: the namespace, when the schema in use may vary by server
     // connection (behind a session pooler whose DISCARD ALL resets search_path).
     let mut builder = dblock::Locks::builder().url(arg(1));
@@ -302,6 +325,82 @@ async fn main() {
                 drop(term);
             }
         }
+        "hold-share" => {
+            let mut guard = locks.lock(&name).await.unwrap();
+            let mut cmd = std::process::Command::new("sleep");
+            cmd.arg("1000");
+            if !args.iter().any(|a| a == "--no-share") {
+                guard.share_with_child(&mut cmd).await.unwrap();
+            }
+            // Left to run past this process (the test ends it); reaped by init.
+            #[allow(clippy::zombie_processes)]
+            let child = cmd.spawn().unwrap();
+            drop(cmd);
+            println!("held {}", child.id());
+            std::io::stdout().flush().unwrap();
+            let mut line = String::new();
+            let stdin = tokio::task::spawn_blocking(move || {
+                let _ = std::io::stdin().read_line(&mut line);
+            });
+            let _ = stdin.await;
+            guard.release().await.unwrap();
+            println!("released");
+            std::io::stdout().flush().unwrap();
+            std::future::pending::<()>().await;
+        }
         other => panic!("unknown mode {other:?}"),
     }
+}
+
+/// One use of `feature` on a database dblock may never have seen (see the module docs).
+async fn first_contact(url: &str, feature: &str, index: &str) -> Result<String, dblock::Error> {
+    let locks = dblock::Locks::connect(url).await?;
+    println!("ready");
+    std::io::stdout().flush().unwrap();
+    let mut go = String::new();
+    std::io::stdin().read_line(&mut go).unwrap();
+    let own = format!("own-{index}");
+    Ok(match feature {
+        "fenced" => match locks.request(&own).fenced().try_lock().await? {
+            Some(g) => format!("held {}", g.fencing_token().unwrap_or(0)),
+            None => "busy".into(),
+        },
+        "try" => match locks.try_lock(&own).await? {
+            Some(_) => "held".into(),
+            None => "busy".into(),
+        },
+        "wait" => {
+            let g = locks.request("shared").fenced().lock().await?;
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            g.release().await?;
+            "held".into()
+        }
+        "limit2" => match locks.semaphore("exports", 2).fenced().try_lock().await? {
+            Some(g) => {
+                // Held until the test has every answer: said now, then held until
+                // stdin closes.
+                println!("ok slot {}", g.slot());
+                std::io::stdout().flush().unwrap();
+                let _ = std::io::stdin().read_line(&mut go);
+                drop(g);
+                String::new()
+            }
+            None => "busy".into(),
+        },
+        "lock-all" => {
+            let set = locks.lock_all(["a", "b", "c"]).await?;
+            set.release().await?;
+            "held".into()
+        }
+        "status" => format!("{} locks", locks.status(&[]).await?.len()),
+        "leader" => {
+            let election = dblock::leader::Election::new(&locks, "leader");
+            let before = election.leader().await?;
+            let term = election.campaign().await?;
+            let token = term.token();
+            term.resign().await?;
+            format!("leader {token} (before: {})", before.is_some())
+        }
+        other => panic!("unknown feature {other:?}"),
+    })
 }

@@ -199,7 +199,9 @@ impl NativeConn {
     pub(crate) fn recycle(mut self) {
         self.link.set_holding(false);
         self.permit = None;
-        if !self.usable() {
+        // A connection shared with a child process is never reused (a child's copy of
+        // its socket would hold the next lock taken on it): ended for every copy.
+        if !self.usable() || self.link.shut_down_exported() {
             return;
         }
         self.idle_since = std::time::Instant::now();

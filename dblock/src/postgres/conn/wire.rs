@@ -244,6 +244,10 @@ pub(crate) struct Link {
     /// What health checks send while a lock is held: a comment naming the lock (see
     /// [`status`](crate::status)), so that `pg_stat_activity.query` keeps naming it.
     label: std::sync::Mutex<Option<Arc<str>>>,
+    /// This process's duplicate of the socket, once a held lock's connection is shared
+    /// with a child process: shut down when the connection is lost or given up, since
+    /// closing this process's descriptors no longer ends it while the child holds one.
+    exported: std::sync::Mutex<Option<std::os::fd::OwnedFd>>,
 }
 
 impl Link {
@@ -252,7 +256,37 @@ impl Link {
             holding: AtomicBool::new(false),
             lost: watch::Sender::new(None),
             label: std::sync::Mutex::new(None),
+            exported: std::sync::Mutex::new(None),
         })
+    }
+
+    /// Keeps `fd`, a duplicate of the connection's socket shared with a child, to shut
+    /// it down when the connection ends (see [`Link::shut_down_exported`]).
+    pub(crate) fn export(&self, fd: std::os::fd::OwnedFd) {
+        *self.exported.lock().unwrap_or_else(|p| p.into_inner()) = Some(fd);
+    }
+
+    /// A duplicate of the exported socket, for another child.
+    pub(crate) fn exported_dup(&self) -> Option<std::io::Result<std::os::fd::OwnedFd>> {
+        let fd = self.exported.lock().unwrap_or_else(|p| p.into_inner());
+        fd.as_ref().map(std::os::fd::OwnedFd::try_clone)
+    }
+
+    /// Ends a connection shared with a child for every copy of its socket
+    /// (`shutdown(2)`), once; whether it was shared.
+    pub(crate) fn shut_down_exported(&self) -> bool {
+        let fd = self
+            .exported
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        match fd {
+            Some(fd) => {
+                crate::sys::shutdown(&fd);
+                true
+            }
+            None => false,
+        }
     }
 
     /// Sets what health checks send while the lock now granted is held.
@@ -289,6 +323,8 @@ impl Link {
                 false
             }
         });
+        // A connection given up must end on the server too, whoever else holds a copy.
+        self.shut_down_exported();
     }
 
     /// Resolves when the connection is lost.

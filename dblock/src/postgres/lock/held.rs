@@ -2,6 +2,7 @@
 //! PostgreSQL half when the lock is not multiplexed.
 
 use std::borrow::Cow;
+use std::os::fd::OwnedFd;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -11,6 +12,7 @@ use crate::postgres::conn::wire::{Link, QueryError, Release};
 use crate::postgres::conn::{Armed, Conn};
 use crate::postgres::sql::first_value;
 use crate::raw::{BoxFuture, RawHeld, Req, Scope};
+use crate::sys::Peer;
 
 /// A lock on a connection of its own.
 pub(crate) struct Pinned {
@@ -86,6 +88,68 @@ impl Pinned {
         }
     }
 
+    /// A duplicate of the lock's connection's socket, found among this process's
+    /// descriptors by what the server says of the session (tokio-postgres exposes no
+    /// descriptor): its client port and its own over TCP, its process id over a Unix
+    /// socket. From now on the connection is shut down, not reused, when the lock ends.
+    async fn share(&mut self) -> Result<OwnedFd, Error> {
+        if let Some(reason) = self.link.loss() {
+            return Err(Error::LockLost { reason });
+        }
+        if let Some(dup) = self.link.exported_dup() {
+            return dup.map_err(|e| Error::io("duplicating the lock's socket", e));
+        }
+        let conn = match self.conn.as_ref() {
+            Some(c @ Conn::Native(_)) => c,
+            Some(Conn::Sqlx(_)) => {
+                return Err(Error::Unsupported(
+                    "a lock on a connection borrowed from an sqlx pool cannot be shared with \
+                     a child (sqlx keeps the socket); use dblock's own connections \
+                     (Locks::connect)"
+                        .into(),
+                ));
+            }
+            None => {
+                return Err(Error::LockLost {
+                    reason: LossReason::ConnectionClosed {
+                        message: "the lock's connection was given up".into(),
+                    },
+                });
+            }
+        };
+        // Cancel safe: a reply no one waits for is read and dropped by the connection.
+        // The held lock's comment goes with it, so that `pg_stat_activity.query` keeps
+        // naming the lock (`dblock status`).
+        let sql = format!(
+            "SELECT inet_client_port(); SELECT inet_server_port(); SELECT pg_backend_pid() {}",
+            self.link.label()
+        );
+        let rows = conn.query(&sql).await.map_err(QueryError::into_error)?;
+        let port = |i: usize| first_value(&rows, i).and_then(|v| v.parse::<u16>().ok());
+        let peer = match (port(0), port(1)) {
+            (Some(local), Some(remote)) => Peer::Tcp { local, remote },
+            _ => match first_value(&rows, 2).and_then(|v| v.parse().ok()) {
+                Some(pid) => Peer::UnixPid(pid),
+                None => {
+                    return Err(Error::Database {
+                        code: None,
+                        message: "the server did not say which session this is".into(),
+                    });
+                }
+            },
+        };
+        let fd = crate::sys::find_socket(peer).map_err(|e| {
+            Error::Unsupported(format!(
+                "the lock's PostgreSQL connection cannot be shared with a child: {e}"
+            ))
+        })?;
+        let keep = fd
+            .try_clone()
+            .map_err(|e| Error::io("duplicating the lock's socket", e))?;
+        self.link.export(keep);
+        Ok(fd)
+    }
+
     async fn release(mut self) -> Result<(), Error> {
         if let Some(reason) = self.link.loss() {
             return Err(Error::LockLost { reason });
@@ -117,7 +181,11 @@ impl Pinned {
                 // pg_advisory_unlock answers f when the session did not hold the lock.
                 let held = self.scope == Scope::Transaction
                     || first_value(&rows, 0).as_deref() == Some("t");
-                conn.recycle();
+                // Shared with a child: ended for every copy, never reused.
+                match conn.link().shut_down_exported() {
+                    true => drop(conn),
+                    false => conn.recycle(),
+                }
                 if held {
                     Ok(())
                 } else {
@@ -147,6 +215,12 @@ impl Drop for Pinned {
     fn drop(&mut self) {
         if let Some(conn) = self.conn.take() {
             conn.link().set_holding(false);
+            // Shared with a child: ending the connection for every copy releases the
+            // lock; nothing to send, and the connection is never reused.
+            if conn.link().shut_down_exported() {
+                drop(conn);
+                return;
+            }
             let release = match self.scope {
                 // The lock's transaction is open: a request may chain it.
                 Scope::Transaction => Release::Rollback { chain: true },
@@ -179,5 +253,9 @@ impl RawHeld for Pinned {
 
     fn release(self: Box<Self>) -> BoxFuture<'static, Result<(), Error>> {
         Box::pin(Pinned::release(*self))
+    }
+
+    fn share(&mut self) -> BoxFuture<'_, Result<Vec<OwnedFd>, Error>> {
+        Box::pin(async move { Pinned::share(self).await.map(|fd| vec![fd]) })
     }
 }

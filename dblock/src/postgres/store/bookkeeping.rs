@@ -1,7 +1,7 @@
 //! The PostgreSQL migration runner's shared pieces: the bookkeeping table (its name,
 //! definition and rows) and the migration lock, waited for without holding a snapshot.
-//! Used by the runner's store (`migrate`), adoption (`adopt`) and the fencing table's
-//! creation (`fence`).
+//! Used by the runner's store (`migrate`) and adoption (`adopt`); the fencing table is
+//! created under a set-up lock of its own (`fence`).
 
 use std::time::Duration;
 
@@ -144,54 +144,6 @@ pub(crate) async fn wait_for_lock(
         }
         tokio::time::sleep_until(next).await;
         pause = (pause * 2).min(POLL_MAX);
-    }
-}
-
-/// Runs dblock's own idempotent DDL under the migration lock, waiting for it the
-/// runner's way (no snapshot held, so never in the way of a CREATE INDEX CONCURRENTLY).
-/// If anything fails the connection is abandoned by the caller's [`Armed`], which
-/// releases the lock.
-///
-/// The lock is a transaction-scoped one taken with `pg_try_advisory_xact_lock` in a
-/// transaction that then runs the DDL and commits: everything on one server session
-/// even through a transaction-pooling pooler, which a session lock would not be.
-pub(crate) async fn own_ddl(
-    armed: &Armed,
-    ddl: &str,
-    deadline: Option<tokio::time::Instant>,
-) -> Result<(), Error> {
-    let attempt = format!(
-        "BEGIN ISOLATION LEVEL READ COMMITTED; SELECT pg_try_advisory_xact_lock({MIGRATION_LOCK_KEY})"
-    );
-    let started = tokio::time::Instant::now();
-    let mut pause = POLL_FIRST;
-    loop {
-        let rows = q(armed, &attempt).await?;
-        if first_value(&rows, 1).as_deref() == Some("t") {
-            break;
-        }
-        // Idle, holding nothing, between attempts.
-        q(armed, "ROLLBACK").await?;
-        let mut next = tokio::time::Instant::now() + pause;
-        if let Some(d) = deadline.filter(|&d| next > d) {
-            if tokio::time::Instant::now() >= d {
-                return Err(Error::Timeout {
-                    waiting_for: WaitingFor::MigrationLock,
-                    after: Some(started.elapsed()),
-                });
-            }
-            // One last try at the deadline.
-            next = d;
-        }
-        tokio::time::sleep_until(next).await;
-        pause = (pause * 2).min(POLL_MAX);
-    }
-    match q(armed, &format!("{ddl}; COMMIT")).await {
-        Ok(_) => Ok(()),
-        Err(e) => {
-            let _ = q(armed, "ROLLBACK").await;
-            Err(e)
-        }
     }
 }
 

@@ -1,19 +1,31 @@
-//! Fencing tokens on PostgreSQL: the table (created on first use, under the migration
-//! lock), the latest grant read back, and the check a fenced write makes. The token
-//! itself is taken in the acquisition's own message (see `plan`).
+//! Fencing tokens on PostgreSQL: the table (created on first use, under dblock's own
+//! set-up lock), the latest grant read back, and the check a fenced write makes. The
+//! token itself is taken in the acquisition's own message (see `plan`).
+//!
+//! # dblock's own set-up
+//!
+//! `CREATE TABLE IF NOT EXISTS` is not safe run concurrently (two sessions both find the
+//! table missing and one fails on a catalog's unique index), so the table is created
+//! under a lock. Not the migration lock: a user's `dblock migrate` holds that for as
+//! long as its migrations run, and the first fenced grant on a database must not wait
+//! for it, nor fail behind it. The set-up lock [`SETUP_LOCK_KEY`] is held only for the
+//! few milliseconds the DDL takes, by dblock alone; it is waited for the migration
+//! runner's way (tried in a transaction, idle holding nothing between tries, so no
+//! snapshot is held that a `CREATE INDEX CONCURRENTLY` would wait for), for at most
+//! [`SETUP_WAIT`] whatever the request's own deadline: a fenced `try_lock` on a fresh
+//! database answers held or not held, never "timed out" in dblock's set-up.
 
 use std::sync::Arc;
-
-use tokio::time::Instant;
+use std::time::Duration;
 
 use sqlx::{PgConnection, Postgres, Transaction};
 
-use super::bookkeeping::own_ddl;
+use super::bookkeeping::q;
 use super::token::{EPOCH_SQL, NO_EPOCH_CODES};
 use super::xact::map_sqlx;
 use crate::error::{Error, WaitingFor};
 use crate::key::Key;
-use crate::postgres::backend::{BACKSTOP, PgBackend};
+use crate::postgres::backend::PgBackend;
 use crate::postgres::conn::Armed;
 use crate::postgres::conn::wire::QueryError;
 use crate::postgres::sql::{first_value, quote_ident, quote_literal};
@@ -22,30 +34,63 @@ use crate::raw::{
     BoxFuture, FENCING_TABLE, FencingStore, LatestGrant, PG_FENCING_SCHEMA as PG_SCHEMA,
 };
 
+/// The advisory key dblock's own set-up (its fencing table) is done under: `DBLOCKS`
+/// and 1, beside the migration lock's `DBLOCKM` and 1. Fixed: never change it.
+pub(crate) const SETUP_LOCK_KEY: i64 = 0x4442_4c4f_434b_5301;
+
+/// The longest dblock's set-up waits for another process's: the lock is held for a
+/// `CREATE TABLE`, so only a server that stops answering makes anyone wait this long.
+pub(crate) const SETUP_WAIT: Duration = Duration::from_secs(30);
+
+/// The first pause between two tries at the set-up lock; it doubles up to
+/// [`POLL_MAX`].
+const POLL_FIRST: Duration = Duration::from_millis(5);
+const POLL_MAX: Duration = Duration::from_millis(100);
+
+/// Runs dblock's own idempotent DDL under the set-up lock (see the module docs), in one
+/// transaction that takes the lock with `pg_try_advisory_xact_lock`, runs `ddl` and
+/// commits: everything on one server session even through a transaction-pooling
+/// pooler. If anything fails the connection is abandoned by the caller's [`Armed`],
+/// which releases the lock.
+pub(crate) async fn setup_ddl(armed: &Armed, ddl: &str) -> Result<(), Error> {
+    let attempt = format!(
+        "BEGIN ISOLATION LEVEL READ COMMITTED; SELECT pg_try_advisory_xact_lock({SETUP_LOCK_KEY})"
+    );
+    let started = tokio::time::Instant::now();
+    let mut pause = POLL_FIRST;
+    loop {
+        let rows = q(armed, &attempt).await?;
+        if first_value(&rows, 1).as_deref() == Some("t") {
+            break;
+        }
+        // Idle, holding nothing, between attempts.
+        q(armed, "ROLLBACK").await?;
+        if started.elapsed() >= SETUP_WAIT {
+            return Err(Error::Timeout {
+                waiting_for: WaitingFor::FencingTable,
+                after: Some(started.elapsed()),
+            });
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(POLL_MAX);
+    }
+    match q(armed, &format!("{ddl}; COMMIT")).await {
+        Ok(_) => Ok(()),
+        Err(e) => {
+            let _ = q(armed, "ROLLBACK").await;
+            Err(e)
+        }
+    }
+}
+
 impl PgBackend {
-    /// The qualified name of the fencing table, created on first use. Creating it waits
-    /// for the migration lock: never past `deadline` (the request's), plus [`BACKSTOP`]
-    /// for a server that stops answering or another task creating it.
-    pub(crate) async fn fence_table_until(
-        &self,
-        deadline: Option<Instant>,
-    ) -> Result<&Arc<str>, Error> {
+    /// The qualified name of the fencing table, created on first use under dblock's own
+    /// set-up lock, with its own bound ([`SETUP_WAIT`]): never the request's deadline,
+    /// never behind a migration.
+    pub(crate) async fn fence_table(&self) -> Result<&Arc<str>, Error> {
         if let Some(t) = self.fence_ready.get() {
             return Ok(t);
         }
-        let Some(d) = deadline else {
-            return self.fence_table(None).await;
-        };
-        match tokio::time::timeout_at(d + BACKSTOP, self.fence_table(deadline)).await {
-            Ok(r) => r,
-            Err(_) => Err(Error::Timeout {
-                waiting_for: WaitingFor::FencingTable,
-                after: None,
-            }),
-        }
-    }
-
-    async fn fence_table(&self, deadline: Option<Instant>) -> Result<&Arc<str>, Error> {
         let table = self
             .fence_ready
             .get_or_try_init(|| async {
@@ -61,11 +106,7 @@ impl PgBackend {
                     .await
                     .map_err(QueryError::into_error)?;
                 if first_value(&rows, 0).as_deref() != Some("t") {
-                    // Idempotent DDL is not concurrency-safe: under the migration lock,
-                    // waited for the runner's way (no snapshot held while waiting, so a
-                    // concurrent CREATE INDEX CONCURRENTLY cannot deadlock with it).
-                    let ddl = table_ddl(&table);
-                    own_ddl(&armed, &ddl, deadline).await?;
+                    setup_ddl(&armed, &table_ddl(&table)).await?;
                 }
                 // Whether the server has the live timeline (see EPOCH_SQL): once, here,
                 // so that a platform without it keeps plain counters instead of failing
@@ -95,7 +136,7 @@ impl FencingStore for PgBackend {
 impl PgBackend {
     /// The latest grant of `key` in the fencing table, if any.
     async fn latest_grant(&self, key: Key) -> Result<Option<LatestGrant>, Error> {
-        let table = self.fence_table_until(None).await?.clone();
+        let table = self.fence_table().await?.clone();
         let armed = Armed::new(self.source.get().await?);
         // One statement, its three values as three rows in order (unnest keeps the
         // array's order); the connection reads the first column of each row.
@@ -126,7 +167,7 @@ impl PgBackend {
 
 /// The PostgreSQL DDL of the fencing table `table` (`"public".dblock_fencing`): creates
 /// it if it is missing, seeded with the latest tokens of older tables of that name in
-/// other schemas. Run under the migration lock.
+/// other schemas. Run under the set-up lock ([`setup_ddl`]).
 pub(crate) fn table_ddl(table: &str) -> String {
     let lit = quote_literal(table);
     let schema = quote_literal(PG_SCHEMA);

@@ -25,7 +25,7 @@
 //! Every permission error dblock meets on its own table says which command fixes it
 //! ([`Error::PermissionDenied`]).
 
-use super::bookkeeping::own_ddl;
+use super::fence::setup_ddl;
 use crate::error::Error;
 use crate::postgres::backend::PgBackend;
 use crate::postgres::conn::Armed;
@@ -52,7 +52,7 @@ async fn setup(b: &PgBackend, grant_to: &[&str]) -> Result<String, Error> {
         "run dblock setup as a role that may create tables in schema {schema:?} and grant on \
          them (its owner)"
     );
-    own_ddl(&armed, &ddl, None)
+    setup_ddl(&armed, &ddl)
         .await
         .map_err(|e| owner_needed(e, &fix))?;
     for role in grant_to {

@@ -98,12 +98,14 @@ impl PgBackend {
                 key,
                 namespace: None,
                 name: None,
+                slot: None,
                 holders: Vec::new(),
                 waiters: Vec::new(),
             });
-            if let Some((ns, name)) = party.1 {
+            if let Some((ns, name, slot)) = party.1 {
                 lock.namespace.get_or_insert(ns);
                 lock.name.get_or_insert(name);
+                lock.slot = lock.slot.or(slot);
             }
             match granted {
                 true => lock.holders.push(party.0),
@@ -179,9 +181,11 @@ impl PgBackend {
 }
 
 /// One row of [`PgBackend::lock_rows`]: the key, whether granted, the party and the
-/// (namespace, name) its comment gives.
+/// (namespace, name, semaphore slot) its comment gives.
 #[allow(clippy::type_complexity)]
-fn read_row(row: &[Option<String>]) -> Option<(Key, bool, (Party, Option<(String, String)>))> {
+fn read_row(
+    row: &[Option<String>],
+) -> Option<(Key, bool, (Party, Option<(String, String, Option<u32>)>))> {
     let [
         key,
         mode,
@@ -200,7 +204,10 @@ fn read_row(row: &[Option<String>]) -> Option<(Key, bool, (Party, Option<(String
     let key = Key::from_i64(key.as_deref()?.parse().ok()?);
     let granted = granted.as_deref() == Some("true");
     let ms = |v: &Option<String>| v.as_deref()?.parse::<f64>().ok().and_then(from_unix_ms);
-    let comment = query.as_deref().and_then(|q| comment_for(q, key));
+    let (comment, slot) = match query.as_deref().and_then(|q| comment_for(q, key)) {
+        Some((c, slot)) => (Some(c), slot),
+        None => (None, None),
+    };
     let app = app.as_deref().filter(|a| !a.is_empty());
     let from_app = app.and_then(parse_application_name);
     let mut party = Party {
@@ -243,6 +250,6 @@ fn read_row(row: &[Option<String>]) -> Option<(Key, bool, (Party, Option<(String
             .or_else(|| ms(waitstart))
             .or_else(|| ms(query_start)),
     };
-    let named = comment.map(|c| (c.namespace, c.name));
+    let named = comment.map(|c| (c.namespace, c.name, slot));
     Some((key, granted, (party, named)))
 }
