@@ -14,8 +14,11 @@
 //! ```
 //!
 //! Exit codes: COMMAND's own status (128+N when signal N ended it); 64 usage errors
-//! (including a bad name or URL, and what a transaction-pooling pooler cannot do); 69 the database cannot be reached or fails; 70 the
-//! lock was lost while COMMAND ran; 75 the lock was not obtained.
+//! (including a bad name or URL, options that do not go together, what the backend
+//! lacks, and what a transaction-pooling pooler cannot do); 69 the database cannot be
+//! reached or fails; 70 the lock was lost while COMMAND ran; 75 the lock was not
+//! obtained; 76 the server answered something dblock cannot map (a bug: report it); 78
+//! dblock's or the database's configuration cannot serve the request.
 //!
 //! `dblock migrate`: 0 when everything is applied (including nothing to do); 65 for a
 //! migration set that cannot be applied (a malformed file name, an edited migration,
@@ -73,6 +76,11 @@ pub const EXIT_LOST: u8 = 70;
 pub const EXIT_NOT_OBTAINED: u8 = 75;
 /// The migration set cannot be applied as it is (EX_DATAERR).
 pub const EXIT_BAD_MIGRATIONS: u8 = 65;
+/// The server answered something dblock cannot map, or dblock broke a rule of its own: a
+/// bug to report (EX_PROTOCOL).
+pub const EXIT_UNEXPECTED: u8 = 76;
+/// dblock's or the database's configuration cannot serve the request (EX_CONFIG).
+pub const EXIT_CONFIG: u8 = 78;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -391,10 +399,13 @@ fn exit_code(e: &dblock::Error) -> u8 {
         dblock::Error::InvalidName { .. }
         | dblock::Error::InvalidNamespace { .. }
         | dblock::Error::InvalidUrl { .. }
-        | dblock::Error::Unsupported(_)
+        | dblock::Error::InvalidRequest { .. }
+        | dblock::Error::Unsupported { .. }
         | dblock::Error::BehindPooler { .. } => EXIT_USAGE,
         dblock::Error::LockLost { .. } => EXIT_LOST,
         // A role without a privilege: as for a server that refuses, with the fix named.
+        dblock::Error::Configuration { .. } => EXIT_CONFIG,
+        dblock::Error::Unexpected { .. } => EXIT_UNEXPECTED,
         dblock::Error::PermissionDenied { .. } => EXIT_UNAVAILABLE,
         _ => EXIT_UNAVAILABLE,
     }

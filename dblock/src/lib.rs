@@ -101,7 +101,7 @@ pub mod status;
 mod sys;
 mod target;
 
-pub use error::{Error, LossReason, WaitingFor};
+pub use error::{Capability, Error, LossReason, ServerCode, WaitingFor};
 pub use fencing::Fence;
 pub use guard::LockGuard;
 pub use key::{DEFAULT_NAMESPACE, Key, MAX_NAME_LEN, MAX_NAMESPACE_LEN, NAMESPACE_SETTING};

@@ -55,7 +55,7 @@ impl Locks {
     /// # Errors
     ///
     /// [`Error::InvalidUrl`] for a URL dblock cannot use; [`Error::Connect`] when a
-    /// PostgreSQL server cannot be reached; [`Error::Io`] or
+    /// PostgreSQL or MySQL server cannot be reached; [`Error::Io`] or
     /// [`Error::UnsupportedFilesystem`] when the embedded lock file cannot be used.
     ///
     /// # Cancel safety
@@ -126,7 +126,7 @@ impl Locks {
     ///
     /// # Errors
     ///
-    /// Connection and server errors of the first connection; [`Error::Unsupported`]
+    /// Connection and server errors of the first connection; [`Error::Configuration`]
     /// when its connections have no database selected.
     ///
     /// # Cancel safety

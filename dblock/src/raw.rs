@@ -27,7 +27,7 @@ use std::time::{Duration, SystemTime};
 
 use tokio::time::Instant;
 
-use crate::error::{Error, LossReason};
+use crate::error::{Capability, Error, LossReason};
 use crate::key::Key;
 use crate::migrate::store::MigrationStore;
 
@@ -297,7 +297,7 @@ pub(crate) fn check_lease(
 ) -> Result<(), Error> {
     let noticed = shortest_lease(check_interval, check_timeout);
     if lease < noticed {
-        return Err(Error::Unsupported(format!(
+        return Err(Error::invalid_request(format!(
             "a lease ({lease:?}) must be at least twice the check interval plus the check \
              timeout, plus a tenth ({noticed:?} here), so that a holder cut off learns of the \
              loss before the server can grant the lock to another; lengthen the lease or \
@@ -366,11 +366,14 @@ pub(crate) trait RawLocks: FencingStore + StatusSource + Send + Sync + 'static {
     /// default refused: a backend that creates its tables on first use has none to do.
     fn setup<'a>(&'a self, grant_to: &'a [&'a str]) -> BoxFuture<'a, Result<String, Error>> {
         let _ = grant_to;
-        Box::pin(std::future::ready(Err(Error::Unsupported(format!(
-            "the {} backend has no setup to do: it creates its tables on first use \
-             (setup is for PostgreSQL and MySQL roles that may not create tables)",
-            self.name()
-        )))))
+        Box::pin(std::future::ready(Err(Error::unsupported(
+            Capability::Setup,
+            format!(
+                "the {} backend has no setup to do: it creates its tables on first use \
+                 (setup is for PostgreSQL and MySQL roles that may not create tables)",
+                self.name()
+            ),
+        ))))
     }
 
     /// The migration runner's store on this backend (`migrate::store`), if it has one.
@@ -401,8 +404,9 @@ pub(crate) trait RawHeld: Send + Sync + 'static {
     /// shut down (`shutdown(2)`, which ends it for every copy) rather than returned to a
     /// pool. [`Error::Unsupported`] where no descriptor keeps the lock alive.
     fn share(&mut self) -> BoxFuture<'_, Result<Vec<OwnedFd>, Error>> {
-        Box::pin(std::future::ready(Err(Error::Unsupported(
-            "this kind of lock is not held by a descriptor a child process could inherit".into(),
+        Box::pin(std::future::ready(Err(Error::unsupported(
+            Capability::ShareWithChild,
+            "this kind of lock is not held by a descriptor a child process could inherit",
         ))))
     }
 }
@@ -437,7 +441,7 @@ pub(crate) async fn acquire_any_in_turn<B: RawLocks + ?Sized>(
 ) -> Result<Option<(usize, Grant)>, Error> {
     let n = keys.len();
     if n == 0 {
-        return Err(Error::Unsupported("a request for any of no keys".into()));
+        return Err(Error::invalid_request("a request for any of no keys"));
     }
     let deadline = req.wait.deadline();
     let mut start = any_start(n);

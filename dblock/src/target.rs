@@ -137,10 +137,10 @@ impl crate::Key {
             "postgres" | "postgresql" => Ok(crate::postgres::shown_as(*self)),
             #[cfg(feature = "mysql")]
             "mysql" | "mariadb" => crate::mysql::shown_as(url, *self),
-            "sqlite" => Err(Error::Unsupported(
+            "sqlite" => Err(Error::unsupported(
+                crate::error::Capability::ShowKey,
                 "the embedded backend's locks are byte ranges of its lock file, not rows a query \
-                 shows: see dblock status"
-                    .into(),
+                 shows: see dblock status",
             )),
             other => Err(invalid(format!(
                 "no backend of this build opens {other:?} URLs"

@@ -506,7 +506,7 @@ impl<'a> Runner<'a> {
     ///
     /// # Errors
     ///
-    /// [`Error::Unsupported`] without `to` when there is no sqlx history; as
+    /// [`Error::InvalidRequest`] without `to` when there is no sqlx history; as
     /// [`Runner::run`] for a bad set, an interrupted migration and connection errors.
     ///
     /// # Cancel safety
@@ -524,10 +524,13 @@ impl<'a> Runner<'a> {
 /// The handle's backend as the runner sees it.
 fn store(locks: &Locks) -> Result<&dyn MigrationStore, Error> {
     locks.inner.backend.migrations().ok_or_else(|| {
-        Error::Unsupported(format!(
-            "the {} backend has no migration runner",
-            locks.backend_name()
-        ))
+        Error::unsupported(
+            crate::error::Capability::Migrations,
+            format!(
+                "the {} backend has no migration runner",
+                locks.backend_name()
+            ),
+        )
     })
 }
 

@@ -29,7 +29,7 @@ use sqlx::{AssertSqlSafe, MySqlConnection, Row};
 
 use super::pool::{LockConn, Parked};
 use super::{FOREVER_SECS, MyBackend, map_sqlx};
-use crate::error::{Error, LossReason};
+use crate::error::{Error, LossReason, ServerCode};
 use crate::raw::{BoxFuture, Grant, RawHeld, Req, Wait};
 
 /// A held lock's connection shared with a child process: this process's duplicate of
@@ -191,21 +191,27 @@ impl MyHeld {
             .rsplit_once(':')
             .and_then(|(_, p)| p.parse::<u16>().ok());
         let Some(local) = local else {
-            return Err(Error::Unsupported(format!(
-                "the lock's MySQL connection comes from {host:?} (a Unix socket?): its socket \
-                 cannot be told from this process's others, so it cannot be shared with a \
-                 child"
-            )));
+            return Err(Error::unsupported(
+                crate::error::Capability::ShareWithChild,
+                format!(
+                    "the lock's MySQL connection comes from {host:?} (a Unix socket?): its \
+                     socket cannot be told from this process's others, so it cannot be \
+                     shared with a child"
+                ),
+            ));
         };
         let peer = crate::sys::Peer::Tcp {
             local,
             remote: self.server_port,
         };
         let fd = crate::sys::find_socket(peer).map_err(|e| {
-            Error::Unsupported(format!(
-                "the lock's MySQL connection (the server sees it from {host}) cannot be \
-                 shared with a child: {e}"
-            ))
+            Error::unsupported(
+                crate::error::Capability::ShareWithChild,
+                format!(
+                    "the lock's MySQL connection (the server sees it from {host}) cannot be \
+                     shared with a child: {e}"
+                ),
+            )
         })?;
         let keep = fd
             .try_clone()
@@ -800,7 +806,7 @@ async fn get_lock(
 
 fn null_get_lock() -> Error {
     Error::Database {
-        code: None,
+        code: ServerCode::default(),
         message: "GET_LOCK returned NULL (the wait was killed, or the server refused it)".into(),
     }
 }
