@@ -88,7 +88,8 @@ pub const EXIT_CONFIG: u8 = 78;
     version,
     about = "Named locks for every process sharing one database",
     long_about = "Named locks for every process sharing one database: PostgreSQL advisory \
-                  locks, or an embedded SQLite file (the default) for the processes of one host."
+                  locks, MySQL/MariaDB named locks, or an embedded SQLite file (the default) \
+                  for the processes of one host."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -99,7 +100,8 @@ struct Cli {
 enum Command {
     /// Run COMMAND while holding the lock NAME; exit with COMMAND's status.
     Run(RunArgs),
-    /// Print the key of NAME, and where PostgreSQL shows it in pg_locks.
+    /// Print the key of NAME, and where the database shows it (PostgreSQL's pg_locks,
+    /// MySQL's named lock).
     Key(KeyArgs),
     /// Show who holds and who awaits locks (all, or the NAMEs given).
     Status(status::StatusArgs),
@@ -402,10 +404,10 @@ fn exit_code(e: &dblock::Error) -> u8 {
         | dblock::Error::InvalidRequest { .. }
         | dblock::Error::Unsupported { .. }
         | dblock::Error::BehindPooler { .. } => EXIT_USAGE,
-        dblock::Error::LockLost { .. } => EXIT_LOST,
-        // A role without a privilege: as for a server that refuses, with the fix named.
         dblock::Error::Configuration { .. } => EXIT_CONFIG,
         dblock::Error::Unexpected { .. } => EXIT_UNEXPECTED,
+        dblock::Error::LockLost { .. } => EXIT_LOST,
+        // A role without a privilege: as for a server that refuses, with the fix named.
         dblock::Error::PermissionDenied { .. } => EXIT_UNAVAILABLE,
         _ => EXIT_UNAVAILABLE,
     }

@@ -5,8 +5,8 @@
 //!
 //! | workload      | what a worker does                                   | floor |
 //! |---------------|------------------------------------------------------|-------|
-//! | `uncontended` | take and release a lock of its own (1 and 8 workers) | PostgreSQL: per cycle one message, one round trip: `BEGIN; SELECT pg_advisory_xact_lock(k)`, the lock held when the reply comes, released by `ROLLBACK AND CHAIN` at the head of the next message (`postgres/store/floor.rs`); SQLite: `F_OFD_SETLK` lock + unlock |
-//! | `hot`         | take and release one lock shared by 8 workers        | PostgreSQL: the same loop on one key, so every hand-off is one message (the holder's release and its next request); SQLite: turns through an async FIFO mutex, each holder locking and unlocking the byte (`sqlite/floor.rs`) |
+//! | `uncontended` | take and release a lock of its own (1 and 8 workers) | PostgreSQL: per cycle one message, one round trip: `BEGIN; SELECT pg_advisory_xact_lock(k)`, the lock held when the reply comes, released by `ROLLBACK AND CHAIN` at the head of the next message (`postgres/store/floor.rs`); MySQL/MariaDB: per cycle one message, `DO RELEASE_LOCK('old'); SELECT GET_LOCK('new', S)` (`mysql/floor.rs`); SQLite: `F_OFD_SETLK` lock + unlock |
+//! | `hot`         | take and release one lock shared by 8 workers        | PostgreSQL and MySQL/MariaDB: the same loop on one key, so every hand-off is one message (the holder's release and its next request); SQLite: turns through an async FIFO mutex, each holder locking and unlocking the byte (`sqlite/floor.rs`) |
 //!
 //! Each workload and its floor run in alternating slices of half a second, so that a
 //! machine whose speed drifts (a shared host, a CPU changing frequency) slows both
@@ -35,7 +35,7 @@ use crate::raw::BenchFloor;
 /// One measured line of the report.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Measurement {
-    /// `"postgres"` or `"sqlite"`.
+    /// `"postgres"`, `"mysql"` or `"sqlite"`.
     pub backend: &'static str,
     /// `"uncontended"` or `"hot"`.
     pub workload: &'static str,

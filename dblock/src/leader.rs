@@ -95,7 +95,7 @@ impl Election {
     }
 
     /// How long the server keeps a silent leader's term before freeing it for a
-    /// candidate (PostgreSQL; see the [module docs](self)). Ten seconds unless set; at
+    /// candidate (PostgreSQL and MySQL/MariaDB; see the [module docs](self)). Ten seconds unless set; at
     /// least what [`Request::lease`](crate::Request::lease) requires of the handle's
     /// checks, so that a leader cut off learns it lost its term before another is elected.
     pub fn lease(mut self, lease: Duration) -> Self {

@@ -1,9 +1,11 @@
-//! Named locks for every process sharing one database.
+//! Named locks for every process sharing one database: PostgreSQL, MySQL/MariaDB, or an
+//! embedded SQLite file.
 //!
 //! Services scale out to several processes and hosts; the database they already share
 //! is the one place they can agree on who may do a thing now. dblock gives them named
-//! exclusive and shared locks, on PostgreSQL (advisory locks) or on an embedded SQLite
-//! file (byte-range locks that exclude across the processes of one host).
+//! exclusive and shared locks, on PostgreSQL (advisory locks), on MySQL 8 or MariaDB
+//! 10.6+ (named locks, `GET_LOCK`; exclusive only), or on an embedded SQLite file
+//! (byte-range locks that exclude across the processes of one host).
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), dblock::Error> {

@@ -49,8 +49,9 @@ impl Locks {
         Builder::default()
     }
 
-    /// Opens the database named by `url`: `postgres://…`, `postgresql://…`,
-    /// `sqlite:PATH` or `sqlite://PATH`.
+    /// Opens the database named by `url`: `postgres://…`, `postgresql://…` or a libpq
+    /// `key=value` string (PostgreSQL), `mysql://…` or `mariadb://…` (MySQL 8, MariaDB
+    /// 10.6+), `sqlite:PATH` or `sqlite://PATH` (the embedded backend).
     ///
     /// # Errors
     ///
@@ -152,7 +153,7 @@ impl Locks {
         self.inner.backend.pooler()
     }
 
-    /// `"postgres"` or `"sqlite"`.
+    /// `"postgres"`, `"mysql"` or `"sqlite"`.
     pub fn backend_name(&self) -> &'static str {
         self.inner.backend.name()
     }

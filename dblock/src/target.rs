@@ -61,7 +61,9 @@ pub(crate) async fn open(url: &str, opts: &Options) -> Result<(Box<dyn RawLocks>
     }
     let Some(colon) = url.find(':') else {
         return Err(invalid(
-            "expected postgres://…, postgresql://…, key=value … or sqlite:PATH".into(),
+            "expected postgres://…, postgresql://…, key=value …, mysql://…, mariadb://… or \
+             sqlite:PATH"
+                .into(),
         ));
     };
     match url[..colon].to_ascii_lowercase().as_str() {
