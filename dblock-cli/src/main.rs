@@ -310,8 +310,13 @@ async fn bench(args: BenchArgs) -> u8 {
         err!("\r\x1b[2K");
     }
     if args.json {
-        let items: Vec<String> = rows.iter().map(|r| r.to_json()).collect();
-        outln!("[{}]", items.join(","));
+        match serde_json::to_string(&rows) {
+            Ok(json) => outln!("{json}"),
+            Err(e) => {
+                errln!("dblock: cannot write the results as JSON: {e}");
+                return EXIT_UNEXPECTED;
+            }
+        }
     } else {
         outln!(
             "{:<9} {:<12} {:>7} {:>11} {:>9} {:>9} {:>13} {:>7}",

@@ -63,7 +63,12 @@ fn cargo_description(cargo_toml: &str) -> String {
         .lines()
         .find(|l| l.starts_with("description"))
         .expect("dblock/Cargo.toml has a description");
-    line.split_once('=').unwrap().1.trim().trim_matches('"').to_string()
+    line.split_once('=')
+        .unwrap()
+        .1
+        .trim()
+        .trim_matches('"')
+        .to_string()
 }
 
 #[test]
@@ -85,7 +90,11 @@ fn the_summary_the_description_and_help_name_every_backend_target_rs_opens() {
 
     let summary = crate_summary(&library_file("src/lib.rs"));
     assert!(!summary.is_empty());
-    assert_eq!(unnamed(&backends, &summary), Vec::<String>::new(), "{summary}");
+    assert_eq!(
+        unnamed(&backends, &summary),
+        Vec::<String>::new(),
+        "{summary}"
+    );
 
     let description = cargo_description(&library_file("Cargo.toml"));
     assert_eq!(

@@ -59,6 +59,7 @@
 //! | `mysql`    | yes     | MySQL 8 / MariaDB 10.6+ named locks (`GET_LOCK`): see [`mysql`] |
 //! | `macros`   | yes     | [`migrations!`]: a directory of migrations embedded at compile time |
 //! | `metrics`  | no      | counters, histograms and a gauge of locks through the `metrics` facade (`docs/observability.md`); `tracing` events are always on |
+//! | `serde`    | no      | `serde::Serialize` for [`LockStatus`], [`Party`], [`Key`], [`Mode`], [`Scope`] and [`status::Report`] (`dblock status --json`'s shape, `docs/status.md`) |
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 // Shared helpers (connection strings, migration reverts, pooler settings) serve some backends

@@ -34,8 +34,11 @@ use crate::migrate::store::MigrationStore;
 /// A boxed, sendable future: what the object-safe interfaces return.
 pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
-/// Whether a lock excludes everyone, or only exclusive holders.
+/// Whether a lock excludes everyone, or only exclusive holders. Serialized (feature
+/// `serde`) as `"exclusive"` or `"shared"`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "lowercase"))]
 pub enum Mode {
     /// One holder at a time (a writer).
     #[default]
@@ -45,8 +48,11 @@ pub enum Mode {
 }
 
 /// How long a PostgreSQL lock lives on its connection. The embedded backend has one
-/// kind of lock and ignores this.
+/// kind of lock and ignores this. Serialized (feature `serde`) as `"transaction"` or
+/// `"session"`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "lowercase"))]
 pub enum Scope {
     /// A transaction-scoped advisory lock (`pg_advisory_xact_lock`): the guard keeps a
     /// transaction open on its connection and ends it to release. Works behind PgBouncer
@@ -554,8 +560,11 @@ impl RawHeld for HeldAll {
 }
 
 /// One lock as [`Locks::status`](crate::Locks::status) sees it: its key, its name when
-/// known, who holds it and who waits for it.
+/// known, who holds it and who waits for it. Serialized (feature `serde`) as one of the
+/// `locks` of `dblock status --json` (`docs/status.md`), without the parties' `for_ms`,
+/// which only a [`Report`](crate::status::Report) knows the time for.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 #[non_exhaustive]
 pub struct LockStatus {
     /// The key the server knows the lock by.
@@ -575,8 +584,10 @@ pub struct LockStatus {
 }
 
 /// A holder of a lock, or a waiter for one: what is known of its process and its
-/// connection.
+/// connection. Serialized (feature `serde`) with `since` as `since_ms`, milliseconds
+/// since the Unix epoch.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 #[non_exhaustive]
 pub struct Party {
     /// Exclusive or shared.
@@ -596,6 +607,13 @@ pub struct Party {
     /// The client address and port the server sees.
     pub client: Option<String>,
     /// When it was granted the lock (a holder) or began to wait (a waiter).
+    #[cfg_attr(
+        feature = "serde",
+        serde(
+            rename = "since_ms",
+            serialize_with = "crate::status::serialize_unix_ms"
+        )
+    )]
     pub since: Option<SystemTime>,
 }
 

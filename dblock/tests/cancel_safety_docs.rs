@@ -60,7 +60,7 @@ fn lacking(source: &str) -> (usize, Vec<(usize, String)>) {
                 let hidden = above.iter().any(|l| l.starts_with("#[doc(hidden)]"));
                 if !hidden {
                     checked += 1;
-                    if !above.iter().any(|l| *l == "/// # Cancel safety") {
+                    if !above.contains(&"/// # Cancel safety") {
                         missing.push((i + 1, signature.trim().to_string()));
                     }
                 }
@@ -159,11 +159,7 @@ pub trait T {
         .collect();
     assert_eq!(
         names,
-        [
-            "pub async fn bad_async",
-            "pub fn bad_future",
-            "fn boxed"
-        ]
+        ["pub async fn bad_async", "pub fn bad_future", "fn boxed"]
     );
     assert_eq!(checked, 4);
 }
