@@ -101,6 +101,21 @@ impl<'a> Report<'a> {
             now,
         }
     }
+
+    /// The backend the locks were read from.
+    pub fn backend(&self) -> &'a str {
+        self.backend
+    }
+
+    /// The locks.
+    pub fn locks(&self) -> &'a [LockStatus] {
+        self.locks
+    }
+
+    /// When they were read.
+    pub fn now(&self) -> SystemTime {
+        self.now
+    }
 }
 
 /// The JSON version of [`Report`]'s shape.

@@ -390,11 +390,15 @@ impl Job {
                         self.close().await;
                         return Err(null_get_lock());
                     }
-                    (Some(_), Wait::Try) => {
+                    (Some(0), Wait::Try) => {
                         self.recycle();
                         false
                     }
-                    (Some(_), w) => self.wait_for_it(id as u64, w.deadline()).await?,
+                    (Some(0), w) => self.wait_for_it(id as u64, w.deadline()).await?,
+                    (Some(other), _) => {
+                        self.close().await;
+                        return Err(unmapped_get_lock(other));
+                    }
                 }
             }
         };
@@ -451,9 +455,13 @@ impl Job {
         let r = get_lock(conn, &self.name, 0, carried, None).await;
         match r {
             Ok(Some(1)) => Ok(true),
-            Ok(Some(_)) => {
+            Ok(Some(0)) => {
                 self.recycle();
                 Ok(false)
+            }
+            Ok(Some(other)) => {
+                self.close().await;
+                Err(unmapped_get_lock(other))
             }
             Ok(None) => {
                 self.close().await;
@@ -508,9 +516,13 @@ impl Job {
         match ended {
             Ended::Answered(Ok(Some(1))) => Ok(true),
             // The server-side backstop ran out first (a deadline a hair before ours).
-            Ended::Answered(Ok(Some(_))) => {
+            Ended::Answered(Ok(Some(0))) => {
                 self.recycle();
                 Ok(false)
+            }
+            Ended::Answered(Ok(Some(other))) => {
+                self.close().await;
+                Err(unmapped_get_lock(other))
             }
             Ended::Answered(Ok(None)) => {
                 // Killed by someone else, or refused.
@@ -802,6 +814,14 @@ async fn get_lock(
         .bind(secs)
         .fetch_one(conn)
         .await
+}
+
+/// `GET_LOCK` answers 1, 0 or NULL; anything else is not "not obtained", and the
+/// session is closed in case it was granted.
+fn unmapped_get_lock(answer: i64) -> Error {
+    Error::unexpected(format!(
+        "GET_LOCK answered {answer} (it answers 1, 0 or NULL)"
+    ))
 }
 
 fn null_get_lock() -> Error {
