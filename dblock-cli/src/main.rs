@@ -147,7 +147,9 @@ struct RunArgs {
     #[arg(long, value_name = "NS")]
     namespace: Option<String>,
 
-    /// Wait at most DURATION (500ms, 30s, 5m) for the lock; exit 75 if not obtained.
+    /// Wait at most DURATION (500ms, 30s, 5m) for the lock, counted from dblock's start
+    /// with connecting (which may run up to a second past it); exit 75 if not obtained.
+    /// The lock is tried at least once: --wait 0s is --no-wait.
     #[arg(long, value_name = "DURATION", value_parser = duration::parse, conflicts_with = "no_wait")]
     wait: Option<Duration>,
 

@@ -111,3 +111,41 @@ fn the_summary_the_description_and_help_name_every_backend_target_rs_opens() {
     let help = String::from_utf8_lossy(&out.stdout);
     assert_eq!(unnamed(&backends, &help), Vec::<String>::new(), "{help}");
 }
+
+/// Every scheme `target.rs` opens is in the URL lists a user reads: `dblock run --help`'s
+/// `--db` and docs/cli.md's "URLs:" (which omitted `mysql://` and `mariadb://`).
+#[test]
+fn the_url_lists_name_every_scheme_target_rs_opens() {
+    let backends = backends(&library_file("src/target.rs"));
+    let schemes: Vec<&String> = backends.iter().flatten().collect();
+    assert!(schemes.len() >= 5, "{schemes:?}");
+    let missing = |text: &str| -> Vec<String> {
+        schemes
+            .iter()
+            .filter(|s| !text.contains(&format!("{s}:")))
+            .map(|s| s.to_string())
+            .collect()
+    };
+    // Control: the old list.
+    assert_eq!(
+        missing("`postgres://…`, `postgresql://…`, `sqlite:PATH`"),
+        ["mysql", "mariadb"]
+    );
+
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_dblock"))
+        .args(["run", "--help"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let help = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(missing(&help), Vec::<String>::new(), "{help}");
+
+    let page = std::fs::read_to_string(
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../docs/cli.md"),
+    )
+    .unwrap();
+    let from = page.find("URLs:").expect("docs/cli.md lists the URLs");
+    let list = &page[from..];
+    let list = &list[..list.find("\n\n").unwrap_or(list.len())];
+    assert_eq!(missing(list), Vec::<String>::new(), "{list}");
+}
