@@ -140,10 +140,9 @@ fn the_url_lists_name_every_scheme_target_rs_opens() {
     let help = String::from_utf8_lossy(&out.stdout);
     assert_eq!(missing(&help), Vec::<String>::new(), "{help}");
 
-    let page = std::fs::read_to_string(
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../docs/cli.md"),
-    )
-    .unwrap();
+    let page =
+        std::fs::read_to_string(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../docs/cli.md"))
+            .unwrap();
     let from = page.find("URLs:").expect("docs/cli.md lists the URLs");
     let list = &page[from..];
     let list = &list[..list.find("\n\n").unwrap_or(list.len())];

@@ -8,7 +8,9 @@
 use std::path::PathBuf;
 
 fn repo_file(path: &str) -> String {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..").join(path);
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join(path);
     std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
 }
 
@@ -17,12 +19,15 @@ fn repo_file(path: &str) -> String {
 #[test]
 fn installing_the_program_uses_the_tested_lock_file() {
     let mut pages = vec![("README.md".to_string(), repo_file("README.md"))];
-    for entry in std::fs::read_dir(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../docs"))
-        .unwrap()
+    for entry in
+        std::fs::read_dir(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../docs")).unwrap()
     {
         let p = entry.unwrap().path();
         if p.extension().is_some_and(|e| e == "md") {
-            pages.push((p.display().to_string(), std::fs::read_to_string(&p).unwrap()));
+            pages.push((
+                p.display().to_string(),
+                std::fs::read_to_string(&p).unwrap(),
+            ));
         }
     }
     let mut installs = 0;
@@ -95,7 +100,10 @@ fn the_readme_names_every_feature_of_the_library() {
             "the README's dependency line names `{f}`: {install_line}"
         );
         let row = format!("| `{f}`");
-        assert!(readme.contains(&row), "the README's feature table has `{f}`");
+        assert!(
+            readme.contains(&row),
+            "the README's feature table has `{f}`"
+        );
         assert!(
             lib.contains(&format!("//! {row}")),
             "lib.rs's feature table has `{f}`"

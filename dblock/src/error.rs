@@ -14,7 +14,7 @@ use std::time::Duration;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    /// The lock name is empty, too long or contains NUL.
+    /// The lock name is empty, too long or contains NUL. Fix the name.
     #[error("invalid lock name {name:?}: {reason}")]
     InvalidName {
         /// The name (shortened for display).
@@ -23,7 +23,7 @@ pub enum Error {
         reason: &'static str,
     },
 
-    /// The namespace is empty, too long or contains NUL.
+    /// The namespace is empty, too long or contains NUL. Fix the namespace.
     #[error("invalid namespace {namespace:?}: {reason}")]
     InvalidNamespace {
         /// The namespace (shortened for display).
@@ -33,7 +33,7 @@ pub enum Error {
     },
 
     /// The database URL could not be understood, or names a backend this build lacks.
-    /// The URL is shown with any password removed.
+    /// The URL is shown with any password removed. Fix the URL (or the build's features).
     #[error("invalid database URL {url:?}: {reason}")]
     InvalidUrl {
         /// The URL, password redacted.
@@ -43,7 +43,8 @@ pub enum Error {
     },
 
     /// The database could not be reached (refused, unknown host, authentication failed,
-    /// no such database).
+    /// no such database). Check the server, the address and the credentials; a retry may
+    /// succeed once the server is up.
     #[error("cannot connect to {target}: {message}")]
     Connect {
         /// Where dblock tried to connect (no password).
@@ -53,7 +54,8 @@ pub enum Error {
     },
 
     /// The connection broke while a request was in flight: the server restarted, an
-    /// operator terminated the backend, the network dropped. Any lock it held is gone.
+    /// operator terminated the backend, the network dropped. Any lock it held is gone;
+    /// retry the request.
     #[error("connection to the database lost: {message}")]
     ConnectionLost {
         /// What the driver or the server said.
@@ -88,7 +90,7 @@ pub enum Error {
 
     /// Something dblock waits for besides the lock itself did not happen in time: a free
     /// connection in dblock's pool, a connection attempt, a health check, or a server
-    /// `statement_timeout`.
+    /// `statement_timeout`. `waiting_for` says what: retry later, or raise that bound.
     #[error("timed out waiting for {waiting_for}{}", after.map(|a| format!(" (after {a:?})")).unwrap_or_default())]
     Timeout {
         /// What was being waited for.
@@ -98,7 +100,8 @@ pub enum Error {
     },
 
     /// The lock was lost while it was held (see [`LockGuard::lost`]); reported by
-    /// operations that need the lock, such as [`LockGuard::release`].
+    /// operations that need the lock, such as [`LockGuard::release`]. Stop the work the
+    /// lock protected: another holder may have it.
     ///
     /// [`LockGuard::lost`]: crate::LockGuard::lost
     /// [`LockGuard::release`]: crate::LockGuard::release
@@ -109,7 +112,8 @@ pub enum Error {
     },
 
     /// A fenced write was refused because a newer holder of the name exists: this
-    /// holder's token is stale (see [`fencing`](crate::fencing)).
+    /// holder's token is stale (see [`fencing`](crate::fencing)). Roll the transaction
+    /// back and stop.
     #[error(
         "fencing token {token} of {name:?} is stale: the latest grant is {latest}; \
          the lock was lost and taken by another holder"
@@ -134,7 +138,7 @@ pub enum Error {
     },
 
     /// The lock file of the embedded backend lies on a network or FUSE file system,
-    /// where byte-range locks are unreliable.
+    /// where byte-range locks are unreliable. Put it on a local disk.
     #[error(
         "{path}: byte-range locks are unreliable on {filesystem} file systems; \
          put the lock database on a local disk"
@@ -146,7 +150,8 @@ pub enum Error {
         filesystem: &'static str,
     },
 
-    /// A file operation of the embedded backend failed.
+    /// A file operation of the embedded backend failed. Fix the path or its
+    /// permissions, as the operating system's error says.
     #[error("{context}: {source}")]
     Io {
         /// What dblock was doing, naming the file.
@@ -159,7 +164,8 @@ pub enum Error {
     /// The request needs a server session that outlives one transaction, and dblock is
     /// connected through a pooler that hands each transaction to any server connection
     /// (see [`postgres::pooler`](crate::postgres::pooler)): it was refused before
-    /// anything was taken.
+    /// anything was taken. Connect past the pooler (directly, or in session mode), or do
+    /// without what was refused.
     #[error("{what} cannot work through a transaction-pooling connection pooler ({how}): {fix}")]
     BehindPooler {
         /// What was refused.
@@ -171,7 +177,7 @@ pub enum Error {
     },
 
     /// The database role lacks a privilege the request needs; `fix` says which command
-    /// (run once, by a role that has it) gives it.
+    /// (run once, by a role that has it) gives it. Run it.
     #[error("{message}; to fix it, {fix}")]
     PermissionDenied {
         /// The server's message.
@@ -211,10 +217,10 @@ pub enum Error {
     },
 
     /// dblock's configuration, or the database's, cannot serve the request: a setting's
-    /// value (`DBLOCK_FILE_LOCKS`), an sqlx pool with no database
-    /// selected, no schema on PostgreSQL's `search_path` for migrations, a MySQL lock set
-    /// of more names than the handle may open connections. Nothing was taken or changed;
-    /// fix the configuration the message names (the call itself can stay).
+    /// value (`DBLOCK_FILE_LOCKS`), an sqlx pool with no database selected, no schema on
+    /// PostgreSQL's `search_path` for migrations, a MySQL lock set of more names than the
+    /// handle may open connections. Nothing was taken or changed; fix the configuration
+    /// the message names (the call itself can stay).
     #[error("configuration: {reason}")]
     Configuration {
         /// What is wrong, and what to change.
@@ -234,7 +240,9 @@ pub enum Error {
     /// A migration file (or the directory of a set) cannot be used: its name breaks the
     /// `VERSION_NAME.sql` rule, its contents are not UTF-8, its header is misspelt, or a
     /// migration that runs in a transaction contains transaction control (see
-    /// [`Migrations`](crate::migrate::Migrations)).
+    /// [`Migrations`](crate::migrate::Migrations)). Also the source of a
+    /// [`Error::MigrationFailed`] whose no-transaction file left a transaction open. Fix
+    /// the file.
     #[error("{file}: {reason}")]
     InvalidMigration {
         /// The file (its path, for a directory's), or the directory.
@@ -243,7 +251,7 @@ pub enum Error {
         reason: String,
     },
 
-    /// Two migration files have the same version.
+    /// Two migration files have the same version. Renumber one.
     #[error("{first} and {second} have the same version {version}; each version must be unique")]
     DuplicateMigration {
         /// The version.
@@ -255,7 +263,7 @@ pub enum Error {
     },
 
     /// An applied migration's file changed since it was applied: its checksum no longer
-    /// matches the one recorded.
+    /// matches the one recorded. Restore the file, and put the change in a new one.
     #[error(
         "{file}: changed since it was applied (checksum {}…, applied as {}…); restore it, \
          and put the change in a new migration",
@@ -274,7 +282,8 @@ pub enum Error {
     },
 
     /// The database has applied migrations the set lacks (a file was removed, or an
-    /// older release runs against a newer database).
+    /// older release runs against a newer database). Restore the files, or ignore them
+    /// (`ignore_missing`).
     #[error(
         "the database has applied migrations this set lacks: {}; restore their files, \
          or ignore them (ignore_missing, --ignore-missing)",
@@ -302,6 +311,7 @@ pub enum Error {
 
     /// A migration failed to apply. A migration in a transaction is rolled back whole;
     /// of one outside a transaction, the statements before `statement` stay applied.
+    /// Fix what `source` says and run again.
     #[error("migration {file} failed{}: {source}", at_statement(.statement))]
     MigrationFailed {
         /// The file.
