@@ -2,10 +2,12 @@
 //! servers: PostgreSQL's SQLSTATE, MySQL's error number beside the SQLSTATE it sent,
 //! SQLite's result code and no SQLSTATE (it has none). Before, MySQL's errors answered
 //! PostgreSQL's codes (a MySQL permission error said 42501, its deadlock 40P01).
+//! PostgreSQL's deadlock (40P01 both ways): `postgres_locks.rs`,
+//! `a_deadlock_between_transactions_is_a_typed_error`.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+use dblock::Error;
 use dblock::migrate::Migrations;
-use dblock::{Error, Key, Mode};
 use dblock_testkit::testdb::within;
 use dblock_testkit::{MyDb, PgSchema, TestDb, pg_url, with_params};
 
@@ -38,33 +40,6 @@ async fn a_server_error_carries_the_backends_own_codes(db: &TestDb) {
 }
 
 dblock_testkit::every_backend!(own_database: a_server_error_carries_the_backends_own_codes);
-
-/// PostgreSQL's deadlock detector: `Error::Deadlock`, SQLSTATE 40P01.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_postgres_deadlock_is_40p01() {
-    use dblock::postgres::xact;
-    let s = PgSchema::new("codes_deadlock").await;
-    let pool = sqlx::PgPool::connect(&s.url).await.unwrap();
-    let (a, b) = (
-        Key::new(&s.name, "a").unwrap(),
-        Key::new(&s.name, "b").unwrap(),
-    );
-    let mut t1 = pool.begin().await.unwrap();
-    let mut t2 = pool.begin().await.unwrap();
-    xact::lock(&mut t1, a, Mode::Exclusive).await.unwrap();
-    xact::lock(&mut t2, b, Mode::Exclusive).await.unwrap();
-    let (r1, r2) = within(30, "deadlock", async {
-        tokio::join!(
-            xact::lock(&mut t1, b, Mode::Exclusive),
-            xact::lock(&mut t2, a, Mode::Exclusive)
-        )
-    })
-    .await;
-    let e = r1.err().or(r2.err()).expect("one of them is the victim");
-    assert!(matches!(e, Error::Deadlock { .. }), "{e:?}");
-    assert_eq!(e.sqlstate(), Some("40P01"));
-    assert_eq!(e.native_code(), Some("40P01"));
-}
 
 /// A role that may neither create dblock's table nor write to it (nobody granted it):
 /// a fenced lock is `Error::PermissionDenied` with PostgreSQL's insufficient_privilege,
@@ -112,24 +87,13 @@ async fn a_postgres_permission_error_is_42501() {
 async fn a_mysql_permission_error_is_mysqls_own() {
     let db = MyDb::new("codes_perm").await;
     let user = format!("dblc{}", std::process::id());
-    let admin = db.admin();
-    let run_sql = |sql: String| async move {
-        sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
-            .execute(admin)
-            .await
-            .unwrap();
-    };
-    run_sql(format!("DROP USER IF EXISTS '{user}'@'%'")).await;
-    run_sql(format!("CREATE USER '{user}'@'%'")).await;
-    run_sql(format!("GRANT SELECT ON `{}`.* TO '{user}'@'%'", db.name)).await;
-    let at = db.url.find('@').unwrap();
-    let url = format!("mysql://{user}{}", &db.url[at..]);
+    let url = db.read_only_user(&user).await;
     let locks = within(10, "connect", dblock::Locks::connect(&url))
         .await
         .unwrap();
     let e = within(10, "setup", locks.setup(&[])).await.unwrap_err();
     drop(locks);
-    run_sql(format!("DROP USER IF EXISTS '{user}'@'%'")).await;
+    db.drop_user(&user).await;
     assert!(matches!(e, Error::PermissionDenied { .. }), "{e:?}");
     assert_eq!(e.native_code(), Some("1142"), "{e:?}");
     assert_eq!(e.sqlstate(), Some("42000"), "{e:?}");
