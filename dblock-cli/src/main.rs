@@ -14,8 +14,11 @@
 //! ```
 //!
 //! Exit codes: COMMAND's own status (128+N when signal N ended it); 64 usage errors
-//! (including a bad name or URL, and what a transaction-pooling pooler cannot do); 69 the database cannot be reached or fails; 70 the
-//! lock was lost while COMMAND ran; 75 the lock was not obtained.
+//! (including a bad name or URL, options that do not go together, what the backend
+//! lacks, and what a transaction-pooling pooler cannot do); 69 the database cannot be
+//! reached or fails; 70 the lock was lost while COMMAND ran; 75 the lock was not
+//! obtained; 76 the server answered something dblock cannot map (a bug: report it); 78
+//! dblock's or the database's configuration cannot serve the request.
 //!
 //! `dblock migrate`: 0 when everything is applied (including nothing to do); 65 for a
 //! migration set that cannot be applied (a malformed file name, an edited migration,
@@ -73,6 +76,11 @@ pub const EXIT_LOST: u8 = 70;
 pub const EXIT_NOT_OBTAINED: u8 = 75;
 /// The migration set cannot be applied as it is (EX_DATAERR).
 pub const EXIT_BAD_MIGRATIONS: u8 = 65;
+/// The server answered something dblock cannot map, or dblock broke a rule of its own: a
+/// bug to report (EX_PROTOCOL).
+pub const EXIT_UNEXPECTED: u8 = 76;
+/// dblock's or the database's configuration cannot serve the request (EX_CONFIG).
+pub const EXIT_CONFIG: u8 = 78;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -80,7 +88,8 @@ pub const EXIT_BAD_MIGRATIONS: u8 = 65;
     version,
     about = "Named locks for every process sharing one database",
     long_about = "Named locks for every process sharing one database: PostgreSQL advisory \
-                  locks, or an embedded SQLite file (the default) for the processes of one host."
+                  locks, MySQL/MariaDB named locks, or an embedded SQLite file (the default) \
+                  for the processes of one host."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -91,7 +100,8 @@ struct Cli {
 enum Command {
     /// Run COMMAND while holding the lock NAME; exit with COMMAND's status.
     Run(RunArgs),
-    /// Print the key of NAME, and where PostgreSQL shows it in pg_locks.
+    /// Print the key of NAME, and where the database shows it (PostgreSQL's pg_locks,
+    /// MySQL's named lock).
     Key(KeyArgs),
     /// Show who holds and who awaits locks (all, or the NAMEs given).
     Status(status::StatusArgs),
@@ -137,7 +147,9 @@ struct RunArgs {
     #[arg(long, value_name = "NS")]
     namespace: Option<String>,
 
-    /// Wait at most DURATION (500ms, 30s, 5m) for the lock; exit 75 if not obtained.
+    /// Wait at most DURATION (500ms, 30s, 5m) for the lock, counted from dblock's start
+    /// with connecting (which may run up to a second past it); exit 75 if not obtained.
+    /// The lock is tried at least once: --wait 0s is --no-wait.
     #[arg(long, value_name = "DURATION", value_parser = duration::parse, conflicts_with = "no_wait")]
     wait: Option<Duration>,
 
@@ -300,8 +312,13 @@ async fn bench(args: BenchArgs) -> u8 {
         err!("\r\x1b[2K");
     }
     if args.json {
-        let items: Vec<String> = rows.iter().map(|r| r.to_json()).collect();
-        outln!("[{}]", items.join(","));
+        match serde_json::to_string(&rows) {
+            Ok(json) => outln!("{json}"),
+            Err(e) => {
+                errln!("dblock: cannot write the results as JSON: {e}");
+                return EXIT_UNEXPECTED;
+            }
+        }
     } else {
         outln!(
             "{:<9} {:<12} {:>7} {:>11} {:>9} {:>9} {:>13} {:>7}",
@@ -391,8 +408,11 @@ fn exit_code(e: &dblock::Error) -> u8 {
         dblock::Error::InvalidName { .. }
         | dblock::Error::InvalidNamespace { .. }
         | dblock::Error::InvalidUrl { .. }
-        | dblock::Error::Unsupported(_)
+        | dblock::Error::InvalidRequest { .. }
+        | dblock::Error::Unsupported { .. }
         | dblock::Error::BehindPooler { .. } => EXIT_USAGE,
+        dblock::Error::Configuration { .. } => EXIT_CONFIG,
+        dblock::Error::Unexpected { .. } => EXIT_UNEXPECTED,
         dblock::Error::LockLost { .. } => EXIT_LOST,
         // A role without a privilege: as for a server that refuses, with the fix named.
         dblock::Error::PermissionDenied { .. } => EXIT_UNAVAILABLE,

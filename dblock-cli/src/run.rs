@@ -156,7 +156,7 @@ pub async fn run(args: RunArgs) -> u8 {
         match take(fenced).await {
             // A role that may not create dblock's fencing table still gets its lock:
             // without a token, said once, with the command that enables tokens.
-            Err(dblock::Error::PermissionDenied { message, fix }) if fenced => {
+            Err(dblock::Error::PermissionDenied { message, fix, .. }) if fenced => {
                 errln!(
                     "dblock: note: running without a fencing token (DBLOCK_FENCING_TOKEN \
                      unset): {message}; {fix}; --no-fencing silences this"

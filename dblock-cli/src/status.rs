@@ -120,10 +120,14 @@ pub async fn status(args: StatusArgs) -> u8 {
         };
         let now = SystemTime::now();
         if args.json {
-            outln!(
-                "{}",
-                dblock::status::to_json(locks.backend_name(), &rows, now)
-            );
+            let report = dblock::status::Report::new(locks.backend_name(), &rows, now);
+            match serde_json::to_string(&report) {
+                Ok(json) => outln!("{json}"),
+                Err(e) => {
+                    errln!("dblock: cannot write the status as JSON: {e}");
+                    return crate::EXIT_UNEXPECTED;
+                }
+            }
         } else {
             if args.watch {
                 // Clear the screen, cursor home.

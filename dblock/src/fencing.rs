@@ -15,10 +15,11 @@
 //! or of every client. The latest token of each name is a row of the table
 //! [`TABLE`] (`dblock_fencing`, created on first use in the schema [`PG_SCHEMA`] on
 //! PostgreSQL whatever the handle's `search_path`, since a key is one per database; in
-//! the database file on SQLite), incremented *while the lock is held* and committed
-//! before the grant is returned: on PostgreSQL in the same round trip as the
-//! acquisition, with a session lock bridging the commit so no other holder can come
-//! between the increment and the grant.
+//! the handle's database on MySQL/MariaDB; in the database file on SQLite), incremented
+//! *while the lock is held* and committed before the grant is returned: on PostgreSQL in
+//! the same round trip as the acquisition, with a session lock bridging the commit so no
+//! other holder can come between the increment and the grant; on MySQL/MariaDB in one
+//! autocommit statement on the lock's own connection.
 //!
 //! A token is an `i64` that only rises per name; it is not consecutive, and only its
 //! order means anything. On SQLite, MySQL and MariaDB it is a counter (1, 2, 3, …). On
@@ -36,7 +37,9 @@
 //!
 //! The token's commit is forced durable (`synchronous_commit = on` for that
 //! transaction, `synchronous = FULL` on SQLite) whatever the server's settings, so a
-//! crash never hands out a token twice.
+//! crash never hands out a token twice. MySQL has no per-transaction override: there a
+//! commit is as durable as the server's `innodb_flush_log_at_trx_commit` makes it (1,
+//! the default, is durable).
 //!
 //! # Fenced writes to the same database
 //!
@@ -44,8 +47,8 @@
 //! defined by its backend), called in the transaction that
 //! makes the protected writes, make it commit only while its token is still the latest
 //! grant of the name: they read the name's row and hold it against the next grant's
-//! increment until the transaction ends (PostgreSQL: `FOR SHARE`; SQLite: the database
-//! write lock). A stale holder's transaction fails with [`Error::StaleToken`](crate::Error::StaleToken); a grant
+//! increment until the transaction ends (PostgreSQL: `FOR SHARE`; MySQL/MariaDB:
+//! `LOCK IN SHARE MODE`; SQLite: the database write lock). A stale holder's transaction fails with [`Error::StaleToken`](crate::Error::StaleToken); a grant
 //! that comes after a successful check waits for the checked transaction to commit, so
 //! the new holder's work is ordered after it.
 //!
@@ -71,15 +74,17 @@
 //! # What it costs
 //!
 //! Nothing unless asked for. A fenced grant writes and commits one row (on PostgreSQL
-//! in the same round trip as the lock, plus the commit's WAL flush; on SQLite, a
-//! `synchronous = FULL` transaction after the file lock), so it costs what one small
-//! durable write costs on that database — typically well under a millisecond on
-//! PostgreSQL with fast storage, a few milliseconds of fsync on SQLite.
+//! in the same round trip as the lock, plus the commit's WAL flush; on MySQL/MariaDB one
+//! more round trip after the lock, an InnoDB commit; on SQLite, a `synchronous = FULL`
+//! transaction after the file lock), so it costs what one small durable write costs on
+//! that database — typically well under a millisecond on PostgreSQL with fast storage,
+//! a few milliseconds of fsync on SQLite.
 
 pub use crate::raw::Fence;
 
 /// The table that keeps the latest token of every fenced name: on PostgreSQL in the
-/// schema [`PG_SCHEMA`], in the database file on SQLite.
+/// schema [`PG_SCHEMA`], on MySQL/MariaDB in the handle's database, in the database file
+/// on SQLite.
 pub const TABLE: &str = crate::raw::FENCING_TABLE;
 
 /// The schema of the PostgreSQL fencing table, whatever the handle's `search_path`:

@@ -18,7 +18,10 @@ use crate::raw::{Grant, Mode, RawHeld};
 /// the connection then returns to dblock's pool, and the next request on it waits for
 /// that reply first (a lock request that takes the connection before the release has
 /// been written carries it at the head of its own message). A connection whose state
-/// is in doubt is closed instead, which also releases everything it held.
+/// is in doubt is closed instead, which also releases everything it held. On
+/// MySQL/MariaDB the guard likewise pins a connection, whose `RELEASE_LOCK` rides at the
+/// head of the next request on it, or is sent alone at once when none comes first. On
+/// the embedded backend dropping it unlocks the lock file's byte.
 #[must_use = "if unused the lock is released immediately"]
 #[clippy::has_significant_drop]
 pub struct LockGuard {
@@ -118,14 +121,15 @@ impl LockGuard {
     /// # Ok(()) }
     /// ```
     ///
-    /// On PostgreSQL the lock's connection is watched all the time it is held: on
-    /// dblock's own connections a closed connection is noticed at once, a silent one
-    /// within [`check_interval`](crate::Builder::check_interval) plus
-    /// [`check_timeout`](crate::Builder::check_timeout). A connection borrowed from an
-    /// sqlx pool is only read while a request or a check runs on it, so there a closed
-    /// connection is noticed at the next check, within `check_interval`. A transaction-scoped lock that
-    /// is lost takes its transaction with it. Locks of the embedded backend live as long
-    /// as the process and are never lost.
+    /// On PostgreSQL and MySQL/MariaDB the lock's connection is watched all the time it
+    /// is held: on dblock's own PostgreSQL connections a closed connection is noticed at
+    /// once, a silent one within [`check_interval`](crate::Builder::check_interval) plus
+    /// [`check_timeout`](crate::Builder::check_timeout); a MySQL lock's connection, and a
+    /// PostgreSQL connection borrowed from an sqlx pool, are only read while a request or
+    /// a check runs on them, so there a closed connection is noticed at the next check,
+    /// within `check_interval`. A transaction-scoped lock that is lost takes its
+    /// transaction with it. Locks of the embedded backend live as long as the process
+    /// and are lost only if their lock file is replaced.
     ///
     /// # Cancel safety
     ///

@@ -219,6 +219,14 @@ fn shorten(s: &str) -> String {
     out
 }
 
+/// A key serializes (feature `serde`) as its signed 64-bit value, as the servers show it.
+#[cfg(feature = "serde")]
+impl serde::Serialize for Key {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_i64(self.0)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -95,7 +95,7 @@ impl Election {
     }
 
     /// How long the server keeps a silent leader's term before freeing it for a
-    /// candidate (PostgreSQL; see the [module docs](self)). Ten seconds unless set; at
+    /// candidate (PostgreSQL and MySQL/MariaDB; see the [module docs](self)). Ten seconds unless set; at
     /// least what [`Request::lease`](crate::Request::lease) requires of the handle's
     /// checks, so that a leader cut off learns it lost its term before another is elected.
     pub fn lease(mut self, lease: Duration) -> Self {
@@ -171,7 +171,7 @@ impl Election {
             let term = self.campaign().await?;
             let fence = match term.guard.fence() {
                 Some(f) => f.clone(),
-                None => return Err(Error::Unsupported("the term has no fencing token".into())),
+                None => return Err(Error::unexpected("the term has no fencing token")),
             };
             tokio::select! {
                 () = work(fence) => {
@@ -233,6 +233,11 @@ impl Term {
     }
 
     /// Resolves when the term is lost (see [`LockGuard::lost`]).
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future has no effect on the term: leadership is kept, and a new
+    /// call resolves when it is lost.
     pub fn lost(&self) -> impl Future<Output = LossReason> + Send + 'static {
         self.guard.lost()
     }

@@ -1,9 +1,11 @@
-//! Named locks for every process sharing one database.
+//! Named locks for every process sharing one database: PostgreSQL, MySQL/MariaDB, or an
+//! embedded SQLite file.
 //!
 //! Services scale out to several processes and hosts; the database they already share
 //! is the one place they can agree on who may do a thing now. dblock gives them named
-//! exclusive and shared locks, on PostgreSQL (advisory locks) or on an embedded SQLite
-//! file (byte-range locks that exclude across the processes of one host).
+//! exclusive and shared locks, on PostgreSQL (advisory locks), on MySQL 8 or MariaDB
+//! 10.6+ (named locks, `GET_LOCK`; exclusive only), or on an embedded SQLite file
+//! (byte-range locks that exclude across the processes of one host).
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), dblock::Error> {
@@ -57,6 +59,7 @@
 //! | `mysql`    | yes     | MySQL 8 / MariaDB 10.6+ named locks (`GET_LOCK`): see [`mysql`] |
 //! | `macros`   | yes     | [`migrations!`]: a directory of migrations embedded at compile time |
 //! | `metrics`  | no      | counters, histograms and a gauge of locks through the `metrics` facade (`docs/observability.md`); `tracing` events are always on |
+//! | `serde`    | no      | `serde::Serialize` for [`LockStatus`], [`Party`], [`Key`], [`Mode`], [`Scope`] and [`status::Report`] (`dblock status --json`'s shape, `docs/status.md`) |
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 // Shared helpers (connection strings, migration reverts, pooler settings) serve some backends
@@ -101,7 +104,7 @@ pub mod status;
 mod sys;
 mod target;
 
-pub use error::{Error, LossReason, WaitingFor};
+pub use error::{Capability, Error, LossReason, ServerCode, WaitingFor};
 pub use fencing::Fence;
 pub use guard::LockGuard;
 pub use key::{DEFAULT_NAMESPACE, Key, MAX_NAME_LEN, MAX_NAMESPACE_LEN, NAMESPACE_SETTING};

@@ -130,11 +130,10 @@ impl Sealed for AllOf {
     fn refuse(_: Mode, fenced: bool) -> Result<(), Error> {
         match fenced {
             false => Ok(()),
-            true => Err(Error::Unsupported(
+            true => Err(Error::invalid_request(
                 "a lock set carries no fencing token: a token belongs to one name and a \
                  guard carries one, where a set would need one per name (fence the set's \
-                 work under a name of its own)"
-                    .into(),
+                 work under a name of its own)",
             )),
         }
     }

@@ -49,13 +49,14 @@ impl Locks {
         Builder::default()
     }
 
-    /// Opens the database named by `url`: `postgres://…`, `postgresql://…`,
-    /// `sqlite:PATH` or `sqlite://PATH`.
+    /// Opens the database named by `url`: `postgres://…`, `postgresql://…` or a libpq
+    /// `key=value` string (PostgreSQL), `mysql://…` or `mariadb://…` (MySQL 8, MariaDB
+    /// 10.6+), `sqlite:PATH` or `sqlite://PATH` (the embedded backend).
     ///
     /// # Errors
     ///
     /// [`Error::InvalidUrl`] for a URL dblock cannot use; [`Error::Connect`] when a
-    /// PostgreSQL server cannot be reached; [`Error::Io`] or
+    /// PostgreSQL or MySQL server cannot be reached; [`Error::Io`] or
     /// [`Error::UnsupportedFilesystem`] when the embedded lock file cannot be used.
     ///
     /// # Cancel safety
@@ -126,7 +127,7 @@ impl Locks {
     ///
     /// # Errors
     ///
-    /// Connection and server errors of the first connection; [`Error::Unsupported`]
+    /// Connection and server errors of the first connection; [`Error::Configuration`]
     /// when its connections have no database selected.
     ///
     /// # Cancel safety
@@ -152,7 +153,7 @@ impl Locks {
         self.inner.backend.pooler()
     }
 
-    /// `"postgres"` or `"sqlite"`.
+    /// `"postgres"`, `"mysql"` or `"sqlite"`.
     pub fn backend_name(&self) -> &'static str {
         self.inner.backend.name()
     }

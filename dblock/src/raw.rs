@@ -27,15 +27,18 @@ use std::time::{Duration, SystemTime};
 
 use tokio::time::Instant;
 
-use crate::error::{Error, LossReason};
+use crate::error::{Capability, Error, LossReason};
 use crate::key::Key;
 use crate::migrate::store::MigrationStore;
 
 /// A boxed, sendable future: what the object-safe interfaces return.
 pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
-/// Whether a lock excludes everyone, or only exclusive holders.
+/// Whether a lock excludes everyone, or only exclusive holders. Serialized (feature
+/// `serde`) as `"exclusive"` or `"shared"`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "lowercase"))]
 pub enum Mode {
     /// One holder at a time (a writer).
     #[default]
@@ -45,8 +48,11 @@ pub enum Mode {
 }
 
 /// How long a PostgreSQL lock lives on its connection. The embedded backend has one
-/// kind of lock and ignores this.
+/// kind of lock and ignores this. Serialized (feature `serde`) as `"transaction"` or
+/// `"session"`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "lowercase"))]
 pub enum Scope {
     /// A transaction-scoped advisory lock (`pg_advisory_xact_lock`): the guard keeps a
     /// transaction open on its connection and ends it to release. Works behind PgBouncer
@@ -297,7 +303,7 @@ pub(crate) fn check_lease(
 ) -> Result<(), Error> {
     let noticed = shortest_lease(check_interval, check_timeout);
     if lease < noticed {
-        return Err(Error::Unsupported(format!(
+        return Err(Error::invalid_request(format!(
             "a lease ({lease:?}) must be at least twice the check interval plus the check \
              timeout, plus a tenth ({noticed:?} here), so that a holder cut off learns of the \
              loss before the server can grant the lock to another; lengthen the lease or \
@@ -366,11 +372,14 @@ pub(crate) trait RawLocks: FencingStore + StatusSource + Send + Sync + 'static {
     /// default refused: a backend that creates its tables on first use has none to do.
     fn setup<'a>(&'a self, grant_to: &'a [&'a str]) -> BoxFuture<'a, Result<String, Error>> {
         let _ = grant_to;
-        Box::pin(std::future::ready(Err(Error::Unsupported(format!(
-            "the {} backend has no setup to do: it creates its tables on first use \
-             (setup is for PostgreSQL and MySQL roles that may not create tables)",
-            self.name()
-        )))))
+        Box::pin(std::future::ready(Err(Error::unsupported(
+            Capability::Setup,
+            format!(
+                "the {} backend has no setup to do: it creates its tables on first use \
+                 (setup is for PostgreSQL and MySQL roles that may not create tables)",
+                self.name()
+            ),
+        ))))
     }
 
     /// The migration runner's store on this backend (`migrate::store`), if it has one.
@@ -401,8 +410,9 @@ pub(crate) trait RawHeld: Send + Sync + 'static {
     /// shut down (`shutdown(2)`, which ends it for every copy) rather than returned to a
     /// pool. [`Error::Unsupported`] where no descriptor keeps the lock alive.
     fn share(&mut self) -> BoxFuture<'_, Result<Vec<OwnedFd>, Error>> {
-        Box::pin(std::future::ready(Err(Error::Unsupported(
-            "this kind of lock is not held by a descriptor a child process could inherit".into(),
+        Box::pin(std::future::ready(Err(Error::unsupported(
+            Capability::ShareWithChild,
+            "this kind of lock is not held by a descriptor a child process could inherit",
         ))))
     }
 }
@@ -437,7 +447,7 @@ pub(crate) async fn acquire_any_in_turn<B: RawLocks + ?Sized>(
 ) -> Result<Option<(usize, Grant)>, Error> {
     let n = keys.len();
     if n == 0 {
-        return Err(Error::Unsupported("a request for any of no keys".into()));
+        return Err(Error::invalid_request("a request for any of no keys"));
     }
     let deadline = req.wait.deadline();
     let mut start = any_start(n);
@@ -550,8 +560,11 @@ impl RawHeld for HeldAll {
 }
 
 /// One lock as [`Locks::status`](crate::Locks::status) sees it: its key, its name when
-/// known, who holds it and who waits for it.
+/// known, who holds it and who waits for it. Serialized (feature `serde`) as one of the
+/// `locks` of `dblock status --json` (`docs/status.md`), without the parties' `for_ms`,
+/// which only a [`Report`](crate::status::Report) knows the time for.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 #[non_exhaustive]
 pub struct LockStatus {
     /// The key the server knows the lock by.
@@ -571,8 +584,10 @@ pub struct LockStatus {
 }
 
 /// A holder of a lock, or a waiter for one: what is known of its process and its
-/// connection.
+/// connection. Serialized (feature `serde`) with `since` as `since_ms`, milliseconds
+/// since the Unix epoch.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 #[non_exhaustive]
 pub struct Party {
     /// Exclusive or shared.
@@ -592,6 +607,13 @@ pub struct Party {
     /// The client address and port the server sees.
     pub client: Option<String>,
     /// When it was granted the lock (a holder) or began to wait (a waiter).
+    #[cfg_attr(
+        feature = "serde",
+        serde(
+            rename = "since_ms",
+            serialize_with = "crate::status::serialize_unix_ms"
+        )
+    )]
     pub since: Option<SystemTime>,
 }
 

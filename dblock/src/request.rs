@@ -10,7 +10,8 @@
 //! [`Take`] of [`One`], [`AnyOf`] and [`AllOf`].
 //!
 //! Every combination of options either works on every backend that can do it or is
-//! refused with [`Error::Unsupported`] saying why:
+//! refused saying why: with [`Error::InvalidRequest`] where no backend could grant it,
+//! with [`Error::Unsupported`] where this backend lacks it:
 //!
 //! | request | refused | why |
 //! |---|---|---|
@@ -150,7 +151,7 @@ pub struct One<'a> {
 /// Any one of the `limit` slots of a semaphore: [`Locks::semaphore`]'s. Its grant is a
 /// [`SemaphoreGuard`](crate::SemaphoreGuard).
 ///
-/// Shared mode is refused ([`Error::Unsupported`]): a slot is held by one holder at a
+/// Shared mode is refused ([`Error::InvalidRequest`]): a slot is held by one holder at a
 /// time, which is what bounds the holders to `limit`; shared holders of a slot would not
 /// exclude each other, and the limit would bound nothing.
 #[derive(Debug, Clone, Copy)]
@@ -162,7 +163,7 @@ pub struct AnyOf<'a> {
 /// Every one of a set of names, all or none: [`Locks::request_all`]'s. Its grant is a
 /// [`LockSet`](crate::LockSet).
 ///
-/// A fencing token is refused ([`Error::Unsupported`]): a token belongs to one name and a
+/// A fencing token is refused ([`Error::InvalidRequest`]): a token belongs to one name and a
 /// guard carries one, where a set would need one per name. Fence the set's work under a
 /// name of its own (a fenced [`Locks::request`] taken with the set), or take the names'
 /// fenced locks one by one in key order.
@@ -342,7 +343,7 @@ impl<'a, T: Take> Request<'a, T> {
     /// `2 × check_interval + check_timeout`, plus a tenth of that (7.7 s with the
     /// defaults; see [`Builder::check_interval`](crate::Builder::check_interval) and
     /// [`Builder::check_timeout`](crate::Builder::check_timeout)); a shorter lease is
-    /// refused with [`Error::Unsupported`] — one rule on every backend. The server's idle
+    /// refused with [`Error::InvalidRequest`] — one rule on every backend. The server's idle
     /// timeout counts whole milliseconds on PostgreSQL and whole seconds on MySQL
     /// (`wait_timeout`); the lease is rounded up to them, never down. Leases beyond the
     /// server's limit for its idle timeouts (PostgreSQL 2³¹ − 1 ms, about 24.8 days; MySQL
@@ -363,10 +364,12 @@ impl<T: Take> Request<'_, T> {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidName`] for a bad name; [`Error::Unsupported`] for options that do
-    /// not go together (see the [`request`](crate::request) module), a semaphore's limit of
-    /// 0 or above [`MAX_SEMAPHORE_LIMIT`](crate::MAX_SEMAPHORE_LIMIT), or a lease the
-    /// backend cannot honour; connection and server errors.
+    /// [`Error::InvalidName`] for a bad name; [`Error::InvalidRequest`] for options that
+    /// do not go together (see the [`request`](crate::request) module), a semaphore's
+    /// limit of 0 or above [`MAX_SEMAPHORE_LIMIT`](crate::MAX_SEMAPHORE_LIMIT), or a lease
+    /// shorter than the lease rule; [`Error::Unsupported`] for what the backend lacks
+    /// (shared mode on MySQL, a session-scoped lease before PostgreSQL 14); connection
+    /// and server errors.
     ///
     /// # Cancel safety
     ///
@@ -431,8 +434,8 @@ impl<T: Take> Request<'_, T> {
         let inner = &self.locks.inner;
         let prepared = self.what.prepare(&inner.namespace)?;
         if self.fenced && self.mode == Mode::Shared {
-            return Err(Error::Unsupported(
-                "fencing tokens are granted to exclusive locks only".into(),
+            return Err(Error::invalid_request(
+                "fencing tokens are granted to exclusive locks only",
             ));
         }
         T::refuse(self.mode, self.fenced)?;

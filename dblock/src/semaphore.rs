@@ -44,7 +44,7 @@ impl Locks {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidName`] for a bad name; [`Error::Unsupported`] for a limit of 0
+    /// [`Error::InvalidName`] for a bad name; [`Error::InvalidRequest`] for a limit of 0
     /// or above [`MAX_SEMAPHORE_LIMIT`].
     pub fn slot_keys(&self, name: &str, limit: u32) -> Result<Vec<Key>, Error> {
         check_name(name)?;
@@ -57,7 +57,7 @@ fn check_limit(limit: u32) -> Result<(), Error> {
     if (1..=MAX_SEMAPHORE_LIMIT).contains(&limit) {
         Ok(())
     } else {
-        Err(Error::Unsupported(format!(
+        Err(Error::invalid_request(format!(
             "a semaphore's limit must be between 1 and {MAX_SEMAPHORE_LIMIT}, not {limit}"
         )))
     }
@@ -93,11 +93,10 @@ impl<'a> Sealed for AnyOf<'a> {
     fn refuse(mode: Mode, _: bool) -> Result<(), Error> {
         match mode {
             Mode::Exclusive => Ok(()),
-            Mode::Shared => Err(Error::Unsupported(
+            Mode::Shared => Err(Error::invalid_request(
                 "a semaphore's slots are taken exclusively: a slot held by one holder at a \
                  time is what bounds the holders to the limit, and shared holders of a slot \
-                 would not exclude each other"
-                    .into(),
+                 would not exclude each other",
             )),
         }
     }
@@ -135,13 +134,10 @@ impl<'a> Sealed for AnyOf<'a> {
             (Some(&key), Ok(index)) => Ok((grant, key, index)),
             // Dropping the grant releases it: a backend's answer dblock cannot map is an
             // error, never "not obtained".
-            _ => Err(Error::Database {
-                code: None,
-                message: format!(
-                    "granted slot {slot} of semaphore {:?}, whose limit is {}",
-                    name, p.limit
-                ),
-            }),
+            _ => Err(Error::unexpected(format!(
+                "granted slot {slot} of semaphore {:?}, whose limit is {}",
+                name, p.limit
+            ))),
         }
     }
 

@@ -78,60 +78,118 @@ pub struct ShownAs {
     pub query: String,
 }
 
-/// The stable JSON shape of `dblock status --json` (documented in `docs/status.md`):
-/// `{"version":1,"backend":…,"now_ms":…,"locks":[…]}`, times in milliseconds since the
-/// Unix epoch and ages (`for_ms`) against `now`.
-pub fn to_json(backend: &str, locks: &[LockStatus], now: SystemTime) -> String {
-    let mut out = String::new();
-    let _ = write!(
-        out,
-        "{{\"version\":1,\"backend\":{},\"now_ms\":{},\"locks\":[",
-        json_str(backend),
-        unix_ms(now)
-    );
-    for (i, l) in locks.iter().enumerate() {
-        if i > 0 {
-            out.push(',');
-        }
-        let _ = write!(
-            out,
-            "{{\"key\":{},\"namespace\":{},\"name\":{},\"slot\":{},\"holders\":{},\"waiters\":{}}}",
-            l.key.as_i64(),
-            json_opt(l.namespace.as_deref()),
-            json_opt(l.name.as_deref()),
-            l.slot.map_or_else(|| "null".to_string(), |s| s.to_string()),
-            parties_json(&l.holders, now),
-            parties_json(&l.waiters, now)
-        );
-    }
-    out.push_str("]}");
-    out
+/// What `dblock status --json` prints: the locks [`Locks::status`](crate::Locks::status)
+/// returned, the backend and the time they were read. With the cargo feature `serde` it
+/// serializes to the stable shape `docs/status.md` documents —
+/// `{"version":1,"backend":…,"now_ms":…,"locks":[…]}`, each lock as [`LockStatus`]
+/// serializes, each party with `for_ms`, its age against `now` — which fields are only
+/// ever added to (`version` changes if one ever changes meaning).
+#[derive(Debug, Clone, Copy)]
+pub struct Report<'a> {
+    backend: &'a str,
+    locks: &'a [LockStatus],
+    now: SystemTime,
 }
 
-fn parties_json(parties: &[Party], now: SystemTime) -> String {
-    let mut out = String::from("[");
-    for (i, p) in parties.iter().enumerate() {
-        if i > 0 {
-            out.push(',');
+impl<'a> Report<'a> {
+    /// The report of `locks`, read from `backend` ([`Locks::backend_name`](crate::Locks::backend_name))
+    /// at `now`.
+    pub fn new(backend: &'a str, locks: &'a [LockStatus], now: SystemTime) -> Report<'a> {
+        Report {
+            backend,
+            locks,
+            now,
         }
-        let num = |v: Option<String>| v.unwrap_or_else(|| "null".into());
-        let _ = write!(
-            out,
-            "{{\"mode\":\"{}\",\"scope\":{},\"host\":{},\"pid\":{},\"program\":{},\
-             \"connection\":{},\"client\":{},\"since_ms\":{},\"for_ms\":{}}}",
-            mode_str(p.mode),
-            json_opt(p.scope.map(scope_str)),
-            json_opt(p.host.as_deref()),
-            num(p.pid.map(|v| v.to_string())),
-            json_opt(p.program.as_deref()),
-            num(p.connection.map(|v| v.to_string())),
-            json_opt(p.client.as_deref()),
-            num(p.since.map(|t| unix_ms(t).to_string())),
-            num(p.since.map(|t| age(t, now).as_millis().to_string())),
-        );
     }
-    out.push(']');
-    out
+
+    /// The backend the locks were read from.
+    pub fn backend(&self) -> &'a str {
+        self.backend
+    }
+
+    /// The locks.
+    pub fn locks(&self) -> &'a [LockStatus] {
+        self.locks
+    }
+
+    /// When they were read.
+    pub fn now(&self) -> SystemTime {
+        self.now
+    }
+}
+
+/// The JSON version of [`Report`]'s shape.
+#[cfg(feature = "serde")]
+const REPORT_VERSION: u32 = 1;
+
+#[cfg(feature = "serde")]
+impl serde::Serialize for Report<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        /// A party, with its age at the report's time.
+        #[derive(serde::Serialize)]
+        struct PartyAt<'a> {
+            #[serde(flatten)]
+            party: &'a Party,
+            for_ms: Option<u128>,
+        }
+        /// A lock, its parties with their ages: [`LockStatus`]'s fields.
+        #[derive(serde::Serialize)]
+        struct LockAt<'a> {
+            key: Key,
+            namespace: &'a Option<String>,
+            name: &'a Option<String>,
+            slot: Option<u32>,
+            holders: Vec<PartyAt<'a>>,
+            waiters: Vec<PartyAt<'a>>,
+        }
+        #[derive(serde::Serialize)]
+        struct Shape<'a> {
+            version: u32,
+            backend: &'a str,
+            now_ms: u128,
+            locks: Vec<LockAt<'a>>,
+        }
+        fn at(parties: &[Party], now: SystemTime) -> Vec<PartyAt<'_>> {
+            parties
+                .iter()
+                .map(|party| PartyAt {
+                    party,
+                    for_ms: party.since.map(|t| age(t, now).as_millis()),
+                })
+                .collect()
+        }
+        let now = self.now;
+        Shape {
+            version: REPORT_VERSION,
+            backend: self.backend,
+            now_ms: unix_ms(now),
+            locks: self
+                .locks
+                .iter()
+                .map(|l| LockAt {
+                    key: l.key,
+                    namespace: &l.namespace,
+                    name: &l.name,
+                    slot: l.slot,
+                    holders: at(&l.holders, now),
+                    waiters: at(&l.waiters, now),
+                })
+                .collect(),
+        }
+        .serialize(s)
+    }
+}
+
+/// [`Party::since`] as `since_ms`: milliseconds since the Unix epoch, or `null`.
+#[cfg(feature = "serde")]
+pub(crate) fn serialize_unix_ms<S: serde::Serializer>(
+    since: &Option<SystemTime>,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    match since {
+        Some(t) => s.serialize_u128(unix_ms(*t)),
+        None => s.serialize_none(),
+    }
 }
 
 /// How long ago `since` was, at `now` (zero for a time ahead of `now`: clocks differ).
@@ -153,30 +211,6 @@ pub fn scope_str(s: Scope) -> &'static str {
         Scope::Transaction => "transaction",
         Scope::Session => "session",
     }
-}
-
-fn json_opt(s: Option<&str>) -> String {
-    s.map_or_else(|| "null".into(), json_str)
-}
-
-fn json_str(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() + 2);
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            c if (c as u32) < 0x20 => {
-                let _ = write!(out, "\\u{:04x}", c as u32);
-            }
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-    out
 }
 
 pub(crate) fn unix_ms(t: SystemTime) -> u128 {
@@ -498,23 +532,81 @@ mod tests {
         assert_eq!(parse_application_name("psql"), None);
     }
 
+    /// The shape `docs/status.md` documents: the same keys at every level as its
+    /// example, strings escaped by JSON (a name with a quote and a newline), a key as a
+    /// signed number, absent values `null`, ages against the report's time.
+    #[cfg(feature = "serde")]
     #[test]
-    fn json_escapes_strings() {
+    fn a_report_serializes_to_the_documented_shape() {
+        use serde_json::Value;
+        let since = UNIX_EPOCH + Duration::from_millis(1_000);
         let l = LockStatus {
             key: Key::from_i64(-3),
-            namespace: None,
+            namespace: Some("public".into()),
             name: Some("a\"b\n".into()),
-            slot: None,
+            slot: Some(1),
             holders: vec![Party {
+                mode: Mode::Exclusive,
+                scope: Some(Scope::Transaction),
+                host: Some("h".into()),
                 pid: Some(7),
+                program: Some("p".into()),
+                connection: Some(81234),
+                client: Some("10.0.0.1:5".into()),
+                since: Some(since),
+            }],
+            waiters: vec![Party {
+                mode: Mode::Shared,
                 ..Party::default()
             }],
-            waiters: vec![],
         };
-        let j = to_json("postgres", &[l], UNIX_EPOCH);
-        assert!(j.contains(r#""name":"a\"b\n""#), "{j}");
-        assert!(j.contains(r#""key":-3"#), "{j}");
-        assert!(j.contains(r#""pid":7"#), "{j}");
-        assert!(j.contains(r#""since_ms":null"#), "{j}");
+        let now = UNIX_EPOCH + Duration::from_millis(3_500);
+        let locks = [l];
+        let text = serde_json::to_string(&Report::new("postgres", &locks, now)).unwrap();
+        assert!(!text.contains('\n'), "one line: {text}");
+        let v: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(v["version"], 1);
+        assert_eq!(v["backend"], "postgres");
+        assert_eq!(v["now_ms"], 3_500);
+        let lock = &v["locks"][0];
+        assert_eq!(lock["key"], -3);
+        assert_eq!(lock["name"], "a\"b\n");
+        assert_eq!(lock["slot"], 1);
+        let h = &lock["holders"][0];
+        assert_eq!(h["mode"], "exclusive");
+        assert_eq!(h["scope"], "transaction");
+        assert_eq!(h["since_ms"], 1_000);
+        assert_eq!(h["for_ms"], 2_500);
+        let w = &lock["waiters"][0];
+        assert_eq!(w["mode"], "shared");
+        for absent in ["scope", "host", "pid", "since_ms", "for_ms"] {
+            assert!(w[absent].is_null(), "{absent}: {w}");
+        }
+
+        // The documented example, read from the page, has exactly these keys.
+        let page =
+            std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/status.md"))
+                .unwrap();
+        let example = page
+            .split("```json\n")
+            .nth(1)
+            .and_then(|rest| rest.split("```").next())
+            .unwrap();
+        let doc: Value = serde_json::from_str(example).unwrap();
+        fn keys(v: &Value) -> Vec<&str> {
+            let mut k: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
+            k.sort_unstable();
+            k
+        }
+        assert_eq!(keys(&v), keys(&doc));
+        assert_eq!(keys(lock), keys(&doc["locks"][0]));
+        assert_eq!(keys(h), keys(&doc["locks"][0]["holders"][0]));
+        assert_eq!(keys(w), keys(h));
+        // A lock serializes alone as in the report, without the ages.
+        let alone = serde_json::to_value(&locks[0]).unwrap();
+        assert_eq!(keys(&alone), keys(lock));
+        let mut party_keys = keys(h);
+        party_keys.retain(|k| *k != "for_ms");
+        assert_eq!(keys(&alone["holders"][0]), party_keys);
     }
 }

@@ -61,7 +61,9 @@ pub(crate) async fn open(url: &str, opts: &Options) -> Result<(Box<dyn RawLocks>
     }
     let Some(colon) = url.find(':') else {
         return Err(invalid(
-            "expected postgres://…, postgresql://…, key=value … or sqlite:PATH".into(),
+            "expected postgres://…, postgresql://…, key=value …, mysql://…, mariadb://… or \
+             sqlite:PATH"
+                .into(),
         ));
     };
     match url[..colon].to_ascii_lowercase().as_str() {
@@ -137,10 +139,10 @@ impl crate::Key {
             "postgres" | "postgresql" => Ok(crate::postgres::shown_as(*self)),
             #[cfg(feature = "mysql")]
             "mysql" | "mariadb" => crate::mysql::shown_as(url, *self),
-            "sqlite" => Err(Error::Unsupported(
+            "sqlite" => Err(Error::unsupported(
+                crate::error::Capability::ShowKey,
                 "the embedded backend's locks are byte ranges of its lock file, not rows a query \
-                 shows: see dblock status"
-                    .into(),
+                 shows: see dblock status",
             )),
             other => Err(invalid(format!(
                 "no backend of this build opens {other:?} URLs"

@@ -67,6 +67,34 @@ impl MyDb {
         &self.admin
     }
 
+    /// Creates `user` (dropped first if it exists) that may read this database but not
+    /// create tables in it or grant anything; its URL on this database. Drop it with
+    /// [`MyDb::drop_user`].
+    pub async fn read_only_user(&self, user: &str) -> String {
+        for sql in [
+            format!("DROP USER IF EXISTS '{user}'@'%'"),
+            format!("CREATE USER '{user}'@'%'"),
+            format!("GRANT SELECT ON `{}`.* TO '{user}'@'%'", self.name),
+        ] {
+            sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+                .execute(&self.admin)
+                .await
+                .unwrap();
+        }
+        let at = self.url.find('@').unwrap();
+        format!("mysql://{user}{}", &self.url[at..])
+    }
+
+    /// Drops `user`, if it exists.
+    pub async fn drop_user(&self, user: &str) {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+            "DROP USER IF EXISTS '{user}'@'%'"
+        )))
+        .execute(&self.admin)
+        .await
+        .unwrap();
+    }
+
     /// A handle on this database.
     pub async fn locks(&self) -> dblock::Locks {
         dblock::Locks::connect(&self.url).await.unwrap()

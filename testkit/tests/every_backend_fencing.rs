@@ -44,7 +44,7 @@ async fn fencing_tokens_rise_and_are_committed_before_the_grant(db: &TestDb) {
     g.release().await.unwrap();
     assert!(matches!(
         a.request("f").shared().fenced().try_lock().await,
-        Err(Error::Unsupported(_))
+        Err(Error::InvalidRequest { .. })
     ));
 }
 

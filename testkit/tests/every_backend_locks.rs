@@ -161,7 +161,10 @@ async fn shared_mode_is_honoured_or_refused(db: &TestDb) {
         locks.request("rw").shared().lock().await.map(|_| ()),
     ] {
         match r {
-            Err(Error::Unsupported(m)) => assert!(m.contains("shared"), "{m}"),
+            Err(Error::Unsupported {
+                capability: dblock::Capability::SharedMode,
+                reason,
+            }) => assert!(reason.contains("shared"), "{reason}"),
             other => panic!("{other:?}"),
         }
     }

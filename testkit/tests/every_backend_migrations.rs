@@ -489,7 +489,7 @@ async fn baseline_records_migrations_without_running_them(db: &TestDb) {
     // Without --to there must be a sqlx history to adopt from.
     let e = set.runner(&locks).baseline(None).await.unwrap_err();
     assert!(
-        matches!(&e, Error::Unsupported(m) if m.contains("--to")),
+        matches!(&e, Error::InvalidRequest { reason } if reason.contains("--to")),
         "{e:?}"
     );
     let adopted = set.runner(&locks).baseline(Some(2)).await.unwrap();
@@ -540,7 +540,11 @@ async fn reverts_run_down_files_newest_first_where_ddl_is_transactional(db: &Tes
     if !db.transactional_ddl() {
         let e = reverted.unwrap_err();
         assert!(
-            matches!(&e, Error::Unsupported(m) if m.contains("not available on MySQL")),
+            matches!(
+                &e,
+                Error::Unsupported { capability: dblock::Capability::TransactionalDdl, reason }
+                    if reason.contains("not available on MySQL")
+            ),
             "{e:?}"
         );
         assert_eq!(db.done_versions().await.len(), 3, "nothing reverted");

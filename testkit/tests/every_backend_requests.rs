@@ -59,14 +59,14 @@ async fn a_zero_wait_tries_once_like_try_lock(db: &TestDb) {
     }
 }
 
-/// Each refusal is an `Error::Unsupported` whose message says why, made before anything
-/// is taken: the names stay free. (The lease's refusals are per backend:
+/// Each refusal is an `Error::InvalidRequest` whose message says why, made before
+/// anything is taken: the names stay free. (The lease's refusals are per backend:
 /// `every_backend_fencing.rs`.)
 async fn combinations_that_cannot_work_are_refused_saying_why(db: &TestDb) {
     let locks = db.locks().await;
     let why = |r: Result<(), Error>, what: &str, says: &str| match r {
-        Err(Error::Unsupported(why)) => assert!(why.contains(says), "{what}: {why}"),
-        other => panic!("{what}: refused with Error::Unsupported, not {other:?}"),
+        Err(Error::InvalidRequest { reason }) => assert!(reason.contains(says), "{what}: {reason}"),
+        other => panic!("{what}: refused with Error::InvalidRequest, not {other:?}"),
     };
     let shared_fenced = locks.request("combo").shared().fenced().try_lock().await;
     why(shared_fenced.map(drop), "a shared fenced lock", "exclusive");
@@ -127,7 +127,10 @@ async fn combinations_that_cannot_work_are_refused_saying_why(db: &TestDb) {
             .map(|s| s.is_some())
             .or_else(|e| match e {
                 // A backend without shared locks refuses them for sets as for one name.
-                Error::Unsupported(_) if !db.has_shared() => Ok(true),
+                Error::Unsupported {
+                    capability: dblock::Capability::SharedMode,
+                    ..
+                } if !db.has_shared() => Ok(true),
                 e => Err(e),
             })
             .unwrap()

@@ -273,7 +273,7 @@ async fn a_silent_holder_learns_of_the_loss_before_anyone_else_is_granted_the_lo
         )
         .await;
         match r {
-            Err(Error::Unsupported(why)) => assert!(why.contains("lease"), "{why}"),
+            Err(Error::InvalidRequest { reason }) => assert!(reason.contains("lease"), "{reason}"),
             Ok(g) => {
                 let (learned, granted) =
                     silent_holder_race(&s, &holder, g, &proxy, &name, false).await;

@@ -67,7 +67,7 @@ async fn a_silent_holder_learns_of_the_loss_before_anyone_else_is_granted_the_lo
     for lease in [Duration::from_secs(2), Duration::from_millis(7_600)] {
         let r = within(10, "lease", holder.request("report").lease(lease).lock()).await;
         match r {
-            Err(Error::Unsupported(why)) => assert!(why.contains("lease"), "{why}"),
+            Err(Error::InvalidRequest { reason }) => assert!(reason.contains("lease"), "{reason}"),
             Ok(g) => {
                 let (learned, granted) = silent_holder_race(&db, g, &proxy, "report", false).await;
                 panic!(

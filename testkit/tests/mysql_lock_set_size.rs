@@ -9,7 +9,7 @@ use dblock_testkit::MyDb;
 use dblock_testkit::testdb::within;
 
 /// Five names on a handle of four connections (dblock's own, and an sqlx pool's): an
-/// `Unsupported` error at once that says what to change, with no name held meanwhile
+/// `Configuration` error at once that says what to change, with no name held meanwhile
 /// or after; four names fit. Before, the set held four names for the pool's acquire
 /// timeout (30 s by default), then failed with `Timeout { PoolConnection }`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -34,11 +34,13 @@ async fn a_lock_set_larger_than_the_pool_is_refused_before_anything_is_taken() {
         // Bounded only so that the old behaviour fails instead of hanging.
         let r = within(60, "lock_all of 5", locks.lock_all(names)).await;
         match r {
-            Err(Error::Unsupported(why)) => assert!(why.contains("max_connections"), "{why}"),
+            Err(Error::Configuration { reason }) => {
+                assert!(reason.contains("max_connections"), "{reason}")
+            }
             other => panic!("{other:?}"),
         }
         let r = within(60, "try_lock_all of 5", locks.try_lock_all(names)).await;
-        assert!(matches!(r, Err(Error::Unsupported(_))), "{r:?}");
+        assert!(matches!(r, Err(Error::Configuration { .. })), "{r:?}");
         for n in names {
             assert_eq!(db.holder(&db.lock_name(n)).await, None, "{n} is not held");
         }

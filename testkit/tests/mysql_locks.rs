@@ -293,7 +293,7 @@ async fn a_lease_too_short_to_honour_is_refused() {
             .lease(Duration::from_millis(500))
             .try_lock()
             .await,
-        Err(Error::Unsupported(_))
+        Err(Error::InvalidRequest { .. })
     ));
     assert_eq!(db.holder(&db.lock_name("x")).await, None);
 }

@@ -232,7 +232,7 @@ async fn holders_with_a_smaller_limit_fit_in_the_first_slots(db: &TestDb) {
     for bad in [0, dblock::MAX_SEMAPHORE_LIMIT + 1] {
         assert!(matches!(
             locks.semaphore("m", bad).try_lock().await,
-            Err(dblock::Error::Unsupported(_))
+            Err(dblock::Error::InvalidRequest { .. })
         ));
     }
 }

@@ -154,7 +154,7 @@ async fn a_misspelt_lock_kind_is_an_error() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     assert!(
-        err.contains("DBLOCK_FILE_LOCKS") && err.contains("Unsupported"),
+        err.contains("DBLOCK_FILE_LOCKS") && err.contains("Configuration"),
         "{err}"
     );
 }

@@ -6,13 +6,22 @@
 //! feature.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use dblock::{Error, Locks};
+use dblock::{Capability, Error, Locks};
 use dblock_testkit::TestDb;
 use dblock_testkit::testdb::within;
 
-fn unsupported<T: std::fmt::Debug>(r: Result<T, Error>, what: &str, says: &str) {
+/// `r` is `Error::Unsupported` for `lacking`, its reason saying `says`.
+fn unsupported<T: std::fmt::Debug>(
+    r: Result<T, Error>,
+    lacking: Capability,
+    what: &str,
+    says: &str,
+) {
     match r {
-        Err(Error::Unsupported(why)) => assert!(why.contains(says), "{what}: {why}"),
+        Err(Error::Unsupported { capability, reason }) => {
+            assert_eq!(capability, lacking, "{what}: {reason}");
+            assert!(reason.contains(says), "{what}: {reason}");
+        }
         other => panic!("{what}: Error::Unsupported, not {other:?}"),
     }
 }
@@ -26,7 +35,12 @@ async fn setup_is_refused_where_tables_are_made_on_first_use(db: &TestDb) {
     match db.backend() {
         "postgres" => assert_eq!(r.unwrap(), "public.dblock_fencing"),
         "mysql" => assert!(r.unwrap().ends_with(".dblock_fencing")),
-        backend => unsupported(r, "setup", &format!("the {backend} backend has no setup")),
+        backend => unsupported(
+            r,
+            Capability::Setup,
+            "setup",
+            &format!("the {backend} backend has no setup"),
+        ),
     }
 }
 
@@ -55,7 +69,7 @@ async fn the_benchmark_is_refused_on_a_borrowed_sqlx_pool() {
     ];
     for (backend, locks) in &borrowed {
         let r = within(30, "bench", dblock::bench::run(locks, 0.05, |_| {})).await;
-        unsupported(r, backend, "not an sqlx pool");
+        unsupported(r, Capability::Benchmark, backend, "not an sqlx pool");
     }
     let direct = pg.locks().await;
     let rows = within(60, "bench", dblock::bench::run(&direct, 0.05, |_| {}))
@@ -72,5 +86,10 @@ async fn ending_a_holder_is_refused_on_the_embedded_backend() {
     let locks = db.locks().await;
     let _g = locks.lock("held").await.unwrap();
     let r = within(30, "terminate", locks.terminate_holders("held")).await;
-    unsupported(r, "terminate_holders", &std::process::id().to_string());
+    unsupported(
+        r,
+        Capability::EndHolders,
+        "terminate_holders",
+        &std::process::id().to_string(),
+    );
 }

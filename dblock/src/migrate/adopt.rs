@@ -251,7 +251,7 @@ pub(crate) fn baseline(
             .collect());
     }
     if history.sqlx.is_empty() {
-        return Err(Error::Unsupported(format!(
+        return Err(Error::invalid_request(format!(
             "no {} to adopt from: give the latest version already applied \
              (--to VERSION), and every migration up to it is recorded as applied{}",
             sqlx.table,

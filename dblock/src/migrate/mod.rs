@@ -1,7 +1,8 @@
 //! Schema migrations that are safe when every instance starts at once.
 //!
-//! Two tools, one lock. The lock is [`MIGRATION_LOCK_KEY`], one advisory key for the
-//! whole database, taken by every migration and every start-up DDL script.
+//! Two tools, one lock. The lock is [`MIGRATION_LOCK_KEY`], one key for the whole
+//! database (PostgreSQL's advisory lock, MySQL's named lock, the lock file's byte on
+//! SQLite), taken by every migration and every start-up DDL script.
 //!
 //! # Why one lock, and why for idempotent scripts too
 //!
@@ -257,8 +258,9 @@ impl Locks {
     ///
     /// On PostgreSQL, [`lock_prefixed`]`(ddl)` as one message, so its waiters wait inside
     /// a statement (see [the module](crate::migrate#start-up-scripts-run_script)). On
-    /// SQLite, the migration lock's byte of the lock file, then the script in one
-    /// `BEGIN IMMEDIATE` transaction.
+    /// MySQL/MariaDB, the migration lock's named lock, then the script (DDL commits as it
+    /// goes). On SQLite, the migration lock's byte of the lock file, then the script in
+    /// one `BEGIN IMMEDIATE` transaction.
     ///
     /// # Errors
     ///
@@ -268,7 +270,10 @@ impl Locks {
     ///
     /// On PostgreSQL, cancelling it cancels the script on the server and closes the
     /// connection: the script is applied whole or not at all, and the lock is released.
-    /// On SQLite, the transaction is rolled back and the lock released.
+    /// On SQLite, the transaction is rolled back and the lock released. On MySQL/MariaDB
+    /// the lock is released at once, what the server has run of the script stays
+    /// applied, and a statement it was running may finish after the lock is released
+    /// (the script must be idempotent, and the next start runs it again).
     pub async fn run_script(&self, ddl: &str) -> Result<(), Error> {
         check_script(ddl)?;
         store(self)?.run_script(ddl).await
@@ -506,7 +511,7 @@ impl<'a> Runner<'a> {
     ///
     /// # Errors
     ///
-    /// [`Error::Unsupported`] without `to` when there is no sqlx history; as
+    /// [`Error::InvalidRequest`] without `to` when there is no sqlx history; as
     /// [`Runner::run`] for a bad set, an interrupted migration and connection errors.
     ///
     /// # Cancel safety
@@ -524,10 +529,13 @@ impl<'a> Runner<'a> {
 /// The handle's backend as the runner sees it.
 fn store(locks: &Locks) -> Result<&dyn MigrationStore, Error> {
     locks.inner.backend.migrations().ok_or_else(|| {
-        Error::Unsupported(format!(
-            "the {} backend has no migration runner",
-            locks.backend_name()
-        ))
+        Error::unsupported(
+            crate::error::Capability::Migrations,
+            format!(
+                "the {} backend has no migration runner",
+                locks.backend_name()
+            ),
+        )
     })
 }
 

@@ -147,7 +147,7 @@ pub(crate) fn failed(m: &Migration, statement: Option<(usize, usize)>, e: Error)
     let source = match e {
         // "CREATE INDEX CONCURRENTLY cannot run inside a transaction block"
         Error::Database { code, message }
-            if code.as_deref() == Some("25001") && !m.no_transaction() =>
+            if code.sqlstate.as_deref() == Some("25001") && !m.no_transaction() =>
         {
             Error::Database {
                 code,

@@ -15,7 +15,7 @@ use super::revert::{self, targets};
 use super::set::{Migration, file_name_of};
 use super::sqlx_config::{SqlxConfig, check_table_name};
 use super::store::{MigrationStore, Options, Recorded, Session, Then, Write};
-use crate::error::Error;
+use crate::error::{Capability, Error};
 
 /// What every operation of the runner is given.
 pub(crate) struct Ctx<'a> {
@@ -153,11 +153,12 @@ async fn apply_by_statement(s: &mut dyn Session, m: &Migration) -> Result<Durati
     let took = t0.elapsed();
     // A statement of the file may have opened a transaction it did not end.
     if s.end_open_transaction().await.map_err(fail)? {
-        let e = Error::Unsupported(
-            "it left a transaction open (a BEGIN without its COMMIT); the open transaction \
-             was rolled back"
+        let e = Error::InvalidMigration {
+            file: m.file_name().to_string(),
+            reason: "it left a transaction open (a BEGIN without its COMMIT); the open \
+                     transaction was rolled back"
                 .into(),
-        );
+        };
         return Err(unstart(s, m, failed(m, None, e)).await);
     }
     s.write(Write::Finished(m, took)).await.map_err(fail)?;
@@ -195,12 +196,15 @@ pub(crate) async fn revert(
     on_reverted: &mut (dyn FnMut(&Applied) + Send),
 ) -> Result<Vec<Applied>, Error> {
     if !c.store.transactional_ddl() {
-        return Err(Error::Unsupported(format!(
-            "migrate revert is not available on {}: DDL commits as it goes, so a down \
-             migration that fails half way cannot be rolled back; revert by hand and delete \
-             its dblock_migrations row (docs/mysql.md)",
-            c.store.backend()
-        )));
+        return Err(Error::unsupported(
+            Capability::TransactionalDdl,
+            format!(
+                "migrate revert is not available on {}: DDL commits as it goes, so a down \
+                 migration that fails half way cannot be rolled back; revert by hand and \
+                 delete its dblock_migrations row (docs/mysql.md)",
+                c.store.backend()
+            ),
+        ));
     }
     let opts = c.options()?;
     let mut s = c.store.lock(&opts, "a migration revert").await?;

@@ -117,7 +117,7 @@ fn a_failure_outside_a_transaction_says_which_statement() {
         set.get(4).unwrap(),
         Some((2, 2)),
         Error::Database {
-            code: Some("42P01".into()),
+            code: crate::error::ServerCode::sqlstate("42P01"),
             message: "relation \"t\" does not exist".into(),
         },
     );
@@ -131,7 +131,7 @@ fn a_failure_outside_a_transaction_says_which_statement() {
         set.get(5).unwrap(),
         None,
         Error::Database {
-            code: Some("25001".into()),
+            code: crate::error::ServerCode::sqlstate("25001"),
             message: "CREATE INDEX CONCURRENTLY cannot run inside a transaction block".into(),
         },
     );

@@ -42,10 +42,8 @@ pub(crate) async fn next_token(conn: &mut MySqlConnection, row: &FenceRow) -> Re
     .execute(&mut *conn)
     .await
     .map_err(map_sqlx)?;
-    i64::try_from(done.last_insert_id()).map_err(|_| Error::Database {
-        code: None,
-        message: "fencing token out of range".into(),
-    })
+    i64::try_from(done.last_insert_id())
+        .map_err(|_| Error::unexpected("fencing token out of range"))
 }
 
 /// The latest token of `key`, read inside the caller's transaction with a shared row

@@ -80,7 +80,7 @@ impl Floor {
             .await
             .get(w)
             .cloned()
-            .ok_or_else(|| Error::Unsupported(format!("the floor has no connection {w}")))
+            .ok_or_else(|| Error::unexpected(format!("the floor has no connection {w}")))
     }
 
     async fn cycle(&self, w: usize, key: Key) -> Result<Duration, Error> {
@@ -102,7 +102,7 @@ impl Floor {
         let d = t.elapsed();
         let got: Option<i64> = row.try_get(0).map_err(map_sqlx)?;
         if got != Some(1) {
-            return Err(Error::Unsupported(format!(
+            return Err(Error::unexpected(format!(
                 "the floor's GET_LOCK answered {got:?}"
             )));
         }

@@ -29,7 +29,7 @@ use sqlx::{AssertSqlSafe, MySqlConnection, Row};
 
 use super::pool::{LockConn, Parked};
 use super::{FOREVER_SECS, MyBackend, map_sqlx};
-use crate::error::{Error, LossReason};
+use crate::error::{Error, LossReason, ServerCode};
 use crate::raw::{BoxFuture, Grant, RawHeld, Req, Wait};
 
 /// A held lock's connection shared with a child process: this process's duplicate of
@@ -191,21 +191,27 @@ impl MyHeld {
             .rsplit_once(':')
             .and_then(|(_, p)| p.parse::<u16>().ok());
         let Some(local) = local else {
-            return Err(Error::Unsupported(format!(
-                "the lock's MySQL connection comes from {host:?} (a Unix socket?): its socket \
-                 cannot be told from this process's others, so it cannot be shared with a \
-                 child"
-            )));
+            return Err(Error::unsupported(
+                crate::error::Capability::ShareWithChild,
+                format!(
+                    "the lock's MySQL connection comes from {host:?} (a Unix socket?): its \
+                     socket cannot be told from this process's others, so it cannot be \
+                     shared with a child"
+                ),
+            ));
         };
         let peer = crate::sys::Peer::Tcp {
             local,
             remote: self.server_port,
         };
         let fd = crate::sys::find_socket(peer).map_err(|e| {
-            Error::Unsupported(format!(
-                "the lock's MySQL connection (the server sees it from {host}) cannot be \
-                 shared with a child: {e}"
-            ))
+            Error::unsupported(
+                crate::error::Capability::ShareWithChild,
+                format!(
+                    "the lock's MySQL connection (the server sees it from {host}) cannot be \
+                     shared with a child: {e}"
+                ),
+            )
         })?;
         let keep = fd
             .try_clone()
@@ -384,11 +390,15 @@ impl Job {
                         self.close().await;
                         return Err(null_get_lock());
                     }
-                    (Some(_), Wait::Try) => {
+                    (Some(0), Wait::Try) => {
                         self.recycle();
                         false
                     }
-                    (Some(_), w) => self.wait_for_it(id as u64, w.deadline()).await?,
+                    (Some(0), w) => self.wait_for_it(id as u64, w.deadline()).await?,
+                    (Some(other), _) => {
+                        self.close().await;
+                        return Err(unmapped_get_lock(other));
+                    }
                 }
             }
         };
@@ -445,9 +455,13 @@ impl Job {
         let r = get_lock(conn, &self.name, 0, carried, None).await;
         match r {
             Ok(Some(1)) => Ok(true),
-            Ok(Some(_)) => {
+            Ok(Some(0)) => {
                 self.recycle();
                 Ok(false)
+            }
+            Ok(Some(other)) => {
+                self.close().await;
+                Err(unmapped_get_lock(other))
             }
             Ok(None) => {
                 self.close().await;
@@ -502,9 +516,13 @@ impl Job {
         match ended {
             Ended::Answered(Ok(Some(1))) => Ok(true),
             // The server-side backstop ran out first (a deadline a hair before ours).
-            Ended::Answered(Ok(Some(_))) => {
+            Ended::Answered(Ok(Some(0))) => {
                 self.recycle();
                 Ok(false)
+            }
+            Ended::Answered(Ok(Some(other))) => {
+                self.close().await;
+                Err(unmapped_get_lock(other))
             }
             Ended::Answered(Ok(None)) => {
                 // Killed by someone else, or refused.
@@ -798,9 +816,17 @@ async fn get_lock(
         .await
 }
 
+/// `GET_LOCK` answers 1, 0 or NULL; anything else is not "not obtained", and the
+/// session is closed in case it was granted.
+fn unmapped_get_lock(answer: i64) -> Error {
+    Error::unexpected(format!(
+        "GET_LOCK answered {answer} (it answers 1, 0 or NULL)"
+    ))
+}
+
 fn null_get_lock() -> Error {
     Error::Database {
-        code: None,
+        code: ServerCode::default(),
         message: "GET_LOCK returned NULL (the wait was killed, or the server refused it)".into(),
     }
 }

@@ -277,8 +277,9 @@ impl MySession {
                     .bind(m.version())
             }
             Write::Reverted(_) => {
-                return Err(Error::Unsupported(
-                    "reverts are refused on MySQL/MariaDB (DDL commits as it goes)".into(),
+                return Err(Error::unsupported(
+                    crate::error::Capability::TransactionalDdl,
+                    "reverts are refused on MySQL/MariaDB (DDL commits as it goes)",
                 ));
             }
             Write::Adopted(rows) => return self.record(rows).await,
@@ -365,10 +366,10 @@ impl Session for MySession {
         _sql: &'a str,
         _then: Then<'a>,
     ) -> BoxFuture<'a, Result<Duration, Error>> {
-        Box::pin(std::future::ready(Err(Error::Unsupported(
+        Box::pin(std::future::ready(Err(Error::unsupported(
+            crate::error::Capability::TransactionalDdl,
             "MySQL commits DDL as it goes: a migration cannot share a transaction with its \
-             bookkeeping row"
-                .into(),
+             bookkeeping row",
         ))))
     }
 

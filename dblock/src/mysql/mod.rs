@@ -102,7 +102,7 @@ use sha2::{Digest, Sha256};
 use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
 use sqlx::{ConnectOptions, MySqlPool};
 
-use crate::error::{Error, WaitingFor};
+use crate::error::{Error, ServerCode, WaitingFor};
 use crate::key::Key;
 use crate::raw::{
     BenchFloor, BoxFuture, FencingStore, Grant, LatestGrant, Mode, Options, RawLocks, Req,
@@ -286,10 +286,9 @@ impl MyBackend {
             .await
             .map_err(map_sqlx)?;
         let Some(database) = database else {
-            return Err(Error::Unsupported(
+            return Err(Error::configuration(
                 "the sqlx pool's connections have no database selected; lock names include \
-                 the database, and its tables hold fencing tokens"
-                    .into(),
+                 the database, and its tables hold fencing tokens",
             ));
         };
         Ok(MyBackend::new(pool, database.into(), opts, false))
@@ -346,10 +345,10 @@ impl MyBackend {
     /// lease rule allows.
     fn refuse(&self, req: &Req<'_>) -> Result<(), Error> {
         if req.mode == Mode::Shared {
-            return Err(Error::Unsupported(
+            return Err(Error::unsupported(
+                crate::error::Capability::SharedMode,
                 "MySQL and MariaDB named locks (GET_LOCK) have no shared mode; dblock \
-                 refuses shared() there rather than grant it exclusively"
-                    .into(),
+                 refuses shared() there rather than grant it exclusively",
             ));
         }
         if let Some(lease) = req.lease {
@@ -430,7 +429,7 @@ impl RawLocks for MyBackend {
         if keys.len() > self.max_lock_conns {
             let n = keys.len();
             let max = self.max_lock_conns;
-            return Box::pin(std::future::ready(Err(Error::Unsupported(format!(
+            return Box::pin(std::future::ready(Err(Error::configuration(format!(
                 "a set of {n} names needs {n} connections on MySQL/MariaDB (one session \
                  holds each name) and this handle may open {max}: raise \
                  Builder::max_connections (or the sqlx pool's max_connections), or lock \
@@ -463,8 +462,9 @@ impl RawLocks for MyBackend {
                     ))
                 })
                 .clone()),
-            false => Err(Error::Unsupported(
-                "the benchmark needs a mysql:// URL, not an sqlx pool".into(),
+            false => Err(Error::unsupported(
+                crate::error::Capability::Benchmark,
+                "the benchmark needs a mysql:// URL, not an sqlx pool",
             )),
         }
     }
@@ -484,24 +484,26 @@ pub(crate) fn lease_secs(lease: Duration) -> u64 {
     whole.clamp(1, 31_536_000)
 }
 
-/// The MySQL error number of ER_USER_LOCK_DEADLOCK.
-const ER_USER_LOCK_DEADLOCK: &str = "3058";
+/// The MySQL error numbers of a deadlock: ER_LOCK_DEADLOCK (InnoDB's, SQLSTATE 40001)
+/// and ER_USER_LOCK_DEADLOCK (named locks').
+const DEADLOCKS: [u16; 2] = [1213, 3058];
 
-/// An sqlx error as dblock's.
+/// An sqlx error as dblock's: a server error keeps its number as its native code and
+/// the SQLSTATE the server sent beside it (`ServerCode`).
 pub(crate) fn map_sqlx(e: sqlx::Error) -> Error {
     match e {
         sqlx::Error::Database(db) => {
             let number = db
                 .try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
-                .map(|m| m.number().to_string());
-            if number.as_deref() == Some(ER_USER_LOCK_DEADLOCK) {
-                return Error::Deadlock {
-                    message: db.message().to_string(),
-                };
-            }
-            Error::Database {
-                code: db.code().map(|c| c.into_owned()),
-                message: db.message().to_string(),
+                .map(|m| m.number());
+            let code = ServerCode::numbered(
+                number.map(|n| n.to_string()),
+                db.code().map(|c| c.into_owned()),
+            );
+            let message = db.message().to_string();
+            match number {
+                Some(n) if DEADLOCKS.contains(&n) => Error::Deadlock { message, code },
+                _ => Error::Database { code, message },
             }
         }
         sqlx::Error::PoolTimedOut => Error::Timeout {

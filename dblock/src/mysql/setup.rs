@@ -101,10 +101,14 @@ pub(crate) fn permission(e: sqlx::Error, fix: &str) -> Error {
         _ => None,
     };
     match number {
-        Some(n) if ACCESS_DENIED.contains(&n) => Error::PermissionDenied {
-            message: map_sqlx(e).to_string(),
-            fix: fix.to_string(),
-        },
+        Some(n) if ACCESS_DENIED.contains(&n) => {
+            let e = map_sqlx(e);
+            Error::PermissionDenied {
+                message: e.to_string(),
+                fix: fix.to_string(),
+                code: e.server_code().cloned().unwrap_or_default(),
+            }
+        }
         _ => map_sqlx(e),
     }
 }
@@ -112,9 +116,10 @@ pub(crate) fn permission(e: sqlx::Error, fix: &str) -> Error {
 /// A permission error with `fix`; other errors unchanged.
 fn owner_needed(e: Error, fix: &str) -> Error {
     match e {
-        Error::PermissionDenied { message, .. } => Error::PermissionDenied {
+        Error::PermissionDenied { message, code, .. } => Error::PermissionDenied {
             message,
             fix: fix.to_string(),
+            code,
         },
         other => other,
     }

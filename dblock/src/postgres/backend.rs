@@ -133,9 +133,9 @@ impl PgBackend {
         });
         let pg = PgSettings::of(opts)?;
         if pg.multiplex > 0 {
-            return Err(Error::Unsupported(
-                "multiplexing needs dblock's own connections (a postgres:// URL), not an sqlx pool"
-                    .into(),
+            return Err(Error::unsupported(
+                crate::error::Capability::Multiplexing,
+                "multiplexing needs dblock's own connections (a postgres:// URL), not an sqlx pool",
             ));
         }
         let (mut b, ns) = PgBackend::finish_open(source, true, opts).await?;
@@ -265,9 +265,9 @@ impl PgBackend {
             // milliseconds, rounded up (plan.rs), so never shorter than `lease`.
             crate::raw::check_lease(lease, self.check_interval, self.check_timeout)?;
             if req.scope == Scope::Session && self.version < 140_000 {
-                return Err(Error::Unsupported(
-                    "a lease on a session-scoped lock needs PostgreSQL 14 (idle_session_timeout)"
-                        .into(),
+                return Err(Error::unsupported(
+                    crate::error::Capability::SessionLease,
+                    "a lease on a session-scoped lock needs PostgreSQL 14 (idle_session_timeout)",
                 ));
             }
         }
@@ -542,8 +542,9 @@ impl RawLocks for PgBackend {
                 p.tls().clone(),
                 p.clone(),
             ))),
-            Source::Sqlx(_) => Err(Error::Unsupported(
-                "the benchmark needs a postgres:// URL, not an sqlx pool".into(),
+            Source::Sqlx(_) => Err(Error::unsupported(
+                crate::error::Capability::Benchmark,
+                "the benchmark needs a postgres:// URL, not an sqlx pool",
             )),
         }
     }

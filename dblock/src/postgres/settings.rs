@@ -26,7 +26,7 @@ impl PgSettings {
     /// The settings `opts` carries.
     pub(crate) fn of(opts: &Options) -> Result<PgSettings, Error> {
         let invalid = |name: &str, value: &str, why: String| {
-            Error::Unsupported(format!("{name} = {value:?}: {why}"))
+            Error::configuration(format!("{name} = {value:?}: {why}"))
         };
         let pooler = match opts.setting(POOLER) {
             Some(v) => Pooler::parse(v).map_err(|why| invalid(POOLER, v, why))?,

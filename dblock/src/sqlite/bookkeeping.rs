@@ -7,7 +7,7 @@ use sqlx::sqlite::SqliteRow;
 use sqlx::{Row, Sqlite};
 
 use super::{SqliteBackend, SqliteHeld};
-use crate::error::Error;
+use crate::error::{Error, ServerCode};
 use crate::key::Key;
 use crate::migrate::plan::{MIGRATION_LOCK_KEY, Record, RecordState};
 
@@ -32,15 +32,24 @@ pub(crate) const STATE_COLUMNS: &str = "SELECT count(*) FROM pragma_table_info('
      WHERE name IN ('state', 'statements_done')";
 
 pub(crate) fn map(e: sqlx::Error) -> Error {
+    let code = code_of(&e);
     match e {
         sqlx::Error::Database(db) => Error::Database {
-            code: None,
+            code,
             message: db.message().to_string(),
         },
         other => Error::Database {
-            code: None,
+            code,
             message: other.to_string(),
         },
+    }
+}
+
+/// An SQLite error's code: its extended result code (`2067`), never a SQLSTATE.
+pub(crate) fn code_of(e: &sqlx::Error) -> ServerCode {
+    match e {
+        sqlx::Error::Database(db) => ServerCode::numbered(db.code().map(|c| c.into_owned()), None),
+        _ => ServerCode::default(),
     }
 }
 

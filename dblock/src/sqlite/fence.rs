@@ -26,7 +26,7 @@ pub(crate) async fn check(
         .fetch_optional(conn)
         .await
         .map_err(|e| Error::Database {
-            code: None,
+            code: super::bookkeeping::code_of(&e),
             message: format!("fencing check: {e}"),
         })
 }
@@ -62,7 +62,7 @@ impl Fence {
 pub(crate) async fn next_token(shared: &Shared, req: &Req<'_>) -> Result<i64, Error> {
     let db = shared.db().await?;
     let fail = |e: sqlx::Error| Error::Database {
-        code: None,
+        code: super::bookkeeping::code_of(&e),
         message: format!("fencing token: {e}"),
     };
     sqlx::query(TABLE_DDL).execute(db).await.map_err(fail)?;
@@ -94,7 +94,7 @@ const TABLE_DDL: &str = "CREATE TABLE IF NOT EXISTS dblock_fencing (\
 async fn latest_grant(shared: &Shared, key: Key) -> Result<Option<LatestGrant>, Error> {
     let db = shared.db().await?;
     let fail = |e: sqlx::Error| Error::Database {
-        code: None,
+        code: super::bookkeeping::code_of(&e),
         message: format!("fencing table: {e}"),
     };
     sqlx::query(TABLE_DDL).execute(db).await.map_err(fail)?;

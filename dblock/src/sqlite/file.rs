@@ -175,7 +175,7 @@ impl LockFile {
         path: PathBuf,
         allow_network_filesystem: bool,
     ) -> Result<Arc<LockFile>, Error> {
-        let flavor = sys::flavor().map_err(Error::Unsupported)?;
+        let flavor = sys::flavor().map_err(Error::configuration)?;
         let mut open = OPEN.lock().unwrap_or_else(|p| p.into_inner());
         open.retain(|(_, w)| w.strong_count() > 0);
         let found = open

@@ -473,11 +473,11 @@ impl SqliteHeld {
     /// locks belong to the process instead, and end with it whatever its children hold.
     fn share(&self) -> Result<std::os::fd::OwnedFd, Error> {
         if self.shared.lock.flavor != sys::Flavor::Ofd {
-            return Err(Error::Unsupported(
+            return Err(Error::unsupported(
+                crate::error::Capability::ShareWithChild,
                 "the embedded backend's POSIX record locks (macOS, the BSDs, or \
                  DBLOCK_FILE_LOCKS=posix) belong to the process that took them, and end with \
-                 it whatever descriptors its children hold"
-                    .into(),
+                 it whatever descriptors its children hold",
             ));
         }
         let desc = {

@@ -44,14 +44,17 @@ impl StatusSource for SqliteBackend {
                 .flat_map(|l| l.holders.iter())
                 .filter_map(|p| p.pid.map(|p| p.to_string()))
                 .collect();
-            Err(Error::Unsupported(format!(
-                "the embedded backend's lock {:?} belongs to the process holding it ({}), and \
-                 ends only when that process releases it or exits; dblock does not signal \
-                 processes: end it yourself if you mean to (kill {})",
-                asked.1,
-                holders.join(", "),
-                pids.join(" ")
-            )))
+            Err(Error::unsupported(
+                crate::error::Capability::EndHolders,
+                format!(
+                    "the embedded backend's lock {:?} belongs to the process holding it ({}), \
+                     and ends only when that process releases it or exits; dblock does not \
+                     signal processes: end it yourself if you mean to (kill {})",
+                    asked.1,
+                    holders.join(", "),
+                    pids.join(" ")
+                ),
+            ))
         })
     }
 }

@@ -138,10 +138,9 @@ impl AllPlan {
         match first.and_then(|v| v.parse::<i64>().ok()) {
             Some(-1) => Ok(None),
             Some(i) if usize::try_from(i).is_ok_and(|i| i < n) => Ok(usize::try_from(i).ok()),
-            _ => Err(Error::Database {
-                code: None,
-                message: format!("unexpected answer to a lock_all request: {first:?}"),
-            }),
+            _ => Err(Error::unexpected(format!(
+                "unexpected answer to a lock_all request: {first:?}"
+            ))),
         }
     }
 

@@ -102,11 +102,11 @@ impl Pinned {
         let conn = match self.conn.as_ref() {
             Some(c @ Conn::Native(_)) => c,
             Some(Conn::Sqlx(_)) => {
-                return Err(Error::Unsupported(
+                return Err(Error::unsupported(
+                    crate::error::Capability::ShareWithChild,
                     "a lock on a connection borrowed from an sqlx pool cannot be shared with \
                      a child (sqlx keeps the socket); use dblock's own connections \
-                     (Locks::connect)"
-                        .into(),
+                     (Locks::connect)",
                 ));
             }
             None => {
@@ -131,17 +131,17 @@ impl Pinned {
             _ => match first_value(&rows, 2).and_then(|v| v.parse().ok()) {
                 Some(pid) => Peer::UnixPid(pid),
                 None => {
-                    return Err(Error::Database {
-                        code: None,
-                        message: "the server did not say which session this is".into(),
-                    });
+                    return Err(Error::unexpected(
+                        "the server did not say which session this is",
+                    ));
                 }
             },
         };
         let fd = crate::sys::find_socket(peer).map_err(|e| {
-            Error::Unsupported(format!(
-                "the lock's PostgreSQL connection cannot be shared with a child: {e}"
-            ))
+            Error::unsupported(
+                crate::error::Capability::ShareWithChild,
+                format!("the lock's PostgreSQL connection cannot be shared with a child: {e}"),
+            )
         })?;
         let keep = fd
             .try_clone()

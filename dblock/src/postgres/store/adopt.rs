@@ -125,10 +125,7 @@ async fn sqlx_rows(armed: &Armed, table: &str) -> Result<Vec<SqlxRow>, Error> {
 }
 
 fn parse(row: Option<&str>) -> Result<SqlxRow, Error> {
-    let bad = || Error::Database {
-        code: None,
-        message: format!("unexpected row in sqlx's history: {row:?}"),
-    };
+    let bad = || Error::unexpected(format!("unexpected row in sqlx's history: {row:?}"));
     let mut f = row.ok_or_else(bad)?.splitn(6, '\t');
     let mut next = || f.next().ok_or_else(bad);
     Ok(SqlxRow {

@@ -27,10 +27,9 @@ pub(crate) const POOLER_FIX: &str = "it holds the migration lock across many tra
 pub(crate) fn table(b: &PgBackend) -> Result<String, Error> {
     match &b.schema {
         Some(s) => Ok(format!("{}.{TABLE}", quote_ident(s))),
-        None => Err(Error::Unsupported(
+        None => Err(Error::configuration(
             "migrations need a schema for their bookkeeping table, and no schema of the \
-             search_path exists"
-                .into(),
+             search_path exists",
         )),
     }
 }
@@ -65,10 +64,7 @@ pub(crate) async fn read_records(armed: &Armed, table: &str) -> Result<Vec<Recor
 }
 
 fn parse_record(row: Option<&str>) -> Result<Record, Error> {
-    let bad = || Error::Database {
-        code: None,
-        message: format!("unexpected row in {TABLE}: {row:?}"),
-    };
+    let bad = || Error::unexpected(format!("unexpected row in {TABLE}: {row:?}"));
     let mut f = row.ok_or_else(bad)?.splitn(7, '\t');
     let mut next = || f.next().ok_or_else(bad);
     let version = next()?.parse().map_err(|_| bad())?;

@@ -126,7 +126,7 @@ impl Floor {
             conn.recycle();
             let dblock = crate::postgres::sql::first_value(&dblock?, 0);
             if floor != dblock {
-                return Err(Error::Unsupported(format!(
+                return Err(Error::configuration(format!(
                     "the benchmark's floor and dblock's connections reach the server differently \
                      (TLS: floor {floor:?}, dblock {dblock:?}); they must compare like with like"
                 )));
@@ -143,7 +143,7 @@ impl Floor {
         self.list()
             .get(w)
             .cloned()
-            .ok_or_else(|| Error::Unsupported(format!("the floor's worker {w} was not opened")))
+            .ok_or_else(|| Error::unexpected(format!("the floor's worker {w} was not opened")))
     }
 
     async fn cycle(&self, w: usize, key: Key) -> Result<Duration, Error> {

@@ -86,10 +86,7 @@ async fn server_version_num(b: &PgBackend) -> Result<u32, Error> {
     armed.disarm().recycle();
     first_value(&rows, 0)
         .and_then(|v| v.parse().ok())
-        .ok_or_else(|| Error::Database {
-            code: None,
-            message: "server_version_num is not a number".into(),
-        })
+        .ok_or_else(|| Error::unexpected("server_version_num is not a number"))
 }
 
 /// How often the server checks, while a statement of the run executes, that the client

@@ -26,7 +26,7 @@
 //! ([`Error::PermissionDenied`]).
 
 use super::fence::setup_ddl;
-use crate::error::Error;
+use crate::error::{Error, ServerCode};
 use crate::postgres::backend::PgBackend;
 use crate::postgres::conn::Armed;
 use crate::postgres::conn::wire::QueryError;
@@ -77,9 +77,11 @@ async fn setup(b: &PgBackend, grant_to: &[&str]) -> Result<String, Error> {
             .map_err(QueryError::into_error)
             .map_err(|e| owner_needed(e, &fix))?;
         if first_value(&rows, 2).as_deref() != Some("t") {
+            // PostgreSQL only warned: the gap is dblock's finding, no server code.
             return Err(Error::PermissionDenied {
                 message: format!("no privileges were granted to {name} on {table}"),
                 fix,
+                code: ServerCode::default(),
             });
         }
     }
@@ -99,13 +101,15 @@ pub(crate) fn setup_command(role: &str) -> String {
 /// A permission error, with what fixes it; other errors unchanged.
 pub(crate) fn owner_needed(e: Error, fix: &str) -> Error {
     match e {
-        Error::Database {
-            code: Some(c),
-            message,
-        } if c == INSUFFICIENT_PRIVILEGE => Error::PermissionDenied {
-            message,
-            fix: fix.to_string(),
-        },
+        Error::Database { code, message }
+            if code.sqlstate.as_deref() == Some(INSUFFICIENT_PRIVILEGE) =>
+        {
+            Error::PermissionDenied {
+                message,
+                fix: fix.to_string(),
+                code,
+            }
+        }
         other => other,
     }
 }
@@ -120,13 +124,15 @@ impl PgBackend {
     /// it; other errors unchanged.
     pub(crate) fn fencing_permission(&self, e: Error) -> Error {
         match e {
-            Error::Database {
-                code: Some(c),
-                message,
-            } if c == INSUFFICIENT_PRIVILEGE => Error::PermissionDenied {
-                message: format!("{message} (fencing tokens need dblock's table)"),
-                fix: setup_command(&self.role),
-            },
+            Error::Database { code, message }
+                if code.sqlstate.as_deref() == Some(INSUFFICIENT_PRIVILEGE) =>
+            {
+                Error::PermissionDenied {
+                    message: format!("{message} (fencing tokens need dblock's table)"),
+                    fix: setup_command(&self.role),
+                    code,
+                }
+            }
             other => other,
         }
     }

@@ -27,6 +27,7 @@
 
 use sqlx::{AssertSqlSafe, PgConnection, Postgres, Row, Transaction};
 
+use crate::error::ServerCode;
 use crate::{Error, Key, Mode};
 
 /// Waits for the lock `key` in `mode` inside `tx`; it is held until `tx` commits or
@@ -121,7 +122,7 @@ pub fn map_sqlx(e: sqlx::Error) -> Error {
         sqlx::Error::Database(db) => match db.code() {
             Some(code) => Error::from_sqlstate(&code, db.message().to_string()),
             None => Error::Database {
-                code: None,
+                code: ServerCode::default(),
                 message: db.message().to_string(),
             },
         },
@@ -133,7 +134,7 @@ pub fn map_sqlx(e: sqlx::Error) -> Error {
             after: None,
         },
         other => Error::Database {
-            code: None,
+            code: ServerCode::default(),
             message: other.to_string(),
         },
     }
