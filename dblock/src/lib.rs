@@ -75,6 +75,7 @@ mod error;
 pub mod fencing;
 mod guard;
 mod inspect;
+pub mod jobs;
 mod key;
 pub mod leader;
 mod lock_set;

@@ -126,6 +126,7 @@ mod file;
 mod floor;
 mod migrate;
 mod queue;
+mod runs;
 mod status;
 mod sys;
 mod table;
