@@ -183,7 +183,10 @@ pub fn check_slot(slot: &str) -> Result<(), Error> {
 /// assert_eq!(dblock::jobs::slot_at(late, hour), "2026-05-01T02:00:00Z");
 /// ```
 pub fn slot_at(at: SystemTime, period: Duration) -> String {
-    let t = at.duration_since(UNIX_EPOCH).unwrap_or_default().as_millis();
+    let t = at
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_millis();
     let p = period.as_millis().max(1);
     let boundary = (t + p / 2) / p * p;
     rfc3339_ms(u64::try_from(boundary).unwrap_or(u64::MAX))
@@ -413,6 +416,7 @@ impl<'a> Slot<'a> {
             .map(|run| Taken {
                 run: run.clone(),
                 claimant_gone: false,
+                lock_held: false,
             })
     }
 
@@ -489,7 +493,11 @@ impl<'a> Slot<'a> {
             // Read while this process held the lock: a claim without an outcome has no
             // live claimant.
             let claimant_gone = run.outcome() == Outcome::Unfinished;
-            return Ok(Claim::Taken(Taken { run, claimant_gone }));
+            return Ok(Claim::Taken(Taken {
+                run,
+                claimant_gone,
+                lock_held: false,
+            }));
         }
         Err(Error::Database {
             code: None,
@@ -527,6 +535,7 @@ impl<'a> Slot<'a> {
             Claim::Taken(Taken {
                 run,
                 claimant_gone: false,
+                lock_held: true,
             })
         }))
     }
@@ -547,6 +556,7 @@ pub enum Claim {
 pub struct Taken {
     run: Run,
     claimant_gone: bool,
+    lock_held: bool,
 }
 
 impl Taken {
@@ -562,10 +572,16 @@ impl Taken {
 
     /// Whether the claim has no outcome and was read while this process held the name's
     /// lock: its claimant is gone (it died, lost its lock, or dropped its guard without
-    /// finishing). `false` for a claim with an outcome, or one read without the lock
-    /// (then most likely under way).
+    /// finishing). `false` for a claim with an outcome, or one read without the lock.
     pub fn claimant_gone(&self) -> bool {
         self.claimant_gone
+    }
+
+    /// Whether the claim was read after the name's lock was found held by another
+    /// process ([`Slot::not_obtained`]): a claim without an outcome is then most likely
+    /// under way. `false` when read under this process's lock, or before trying it.
+    pub fn lock_held(&self) -> bool {
+        self.lock_held
     }
 }
 

@@ -309,7 +309,9 @@ pub(crate) fn check_lease(
 
 /// A backend: what every backend does (its supertraits included); the few defaults are
 /// what only some backends have.
-pub(crate) trait RawLocks: FencingStore + StatusSource + RunStore + Send + Sync + 'static {
+pub(crate) trait RawLocks:
+    FencingStore + StatusSource + RunStore + Send + Sync + 'static
+{
     /// `"postgres"`, `"sqlite"`: what [`Locks::backend_name`](crate::Locks::backend_name)
     /// says.
     fn name(&self) -> &'static str;

@@ -91,7 +91,11 @@ pub(super) struct Run<'a> {
 impl Run<'_> {
     /// Runs the command while `guard` is held, to its end: its exit code (126/127 when it
     /// cannot be started; 124 when stopped at `--max-runtime`; 70 when the lock was lost).
-    pub(super) async fn command(&self, guard: &mut dblock::LockGuard, signals: &mut Signals) -> Ended {
+    pub(super) async fn command(
+        &self,
+        guard: &mut dblock::LockGuard,
+        signals: &mut Signals,
+    ) -> Ended {
         let program = &self.args.command[0];
         let mut cmd = self.prepare(guard);
         // COMMAND holds the lock too: it inherits the descriptor that keeps the lock
@@ -129,7 +133,10 @@ impl Run<'_> {
                 "DBLOCK_FENCING_TOKEN",
                 guard.fencing_token().map(|t| t.to_string()),
             ),
-            ("DBLOCK_RUN_SLOT", self.claimed.as_ref().map(|c| c.0.clone())),
+            (
+                "DBLOCK_RUN_SLOT",
+                self.claimed.as_ref().map(|c| c.0.clone()),
+            ),
             (
                 "DBLOCK_RUN_ATTEMPT",
                 self.claimed.as_ref().map(|c| c.1.to_string()),

@@ -72,7 +72,10 @@ fn skip_line(shown: &str, taken: &Taken) -> String {
         Outcome::Unfinished if taken.claimant_gone() => "which recorded no outcome: it died or \
              lost its lock (--retry-failed runs it again)"
             .to_string(),
-        _ => "still running".to_string(),
+        Outcome::Unfinished if taken.lock_held() => "still running".to_string(),
+        _ => "which has no outcome recorded: still running, or it died or lost its lock \
+              (--retry-failed runs it again if so)"
+            .to_string(),
     };
     format!(
         "slot {} of {shown} already claimed by {} at {} (attempt {}), {how}; not running the \

@@ -31,7 +31,11 @@ pub(crate) const TABLE_DDL: &str = "CREATE TABLE IF NOT EXISTS dblock_runs (\
 /// Microseconds since the Unix epoch of a `DATETIME(6)` column written in UTC.
 macro_rules! micros {
     ($col:literal) => {
-        concat!("TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', ", $col, ")")
+        concat!(
+            "TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', ",
+            $col,
+            ")"
+        )
     };
 }
 

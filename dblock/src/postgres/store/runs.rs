@@ -304,10 +304,7 @@ mod tests {
         assert_eq!(runs[0].name, "a\tname");
         assert_eq!(runs[0].attempt, 2);
         assert_eq!(runs[0].finished, None);
-        assert_eq!(
-            runs[0].started,
-            from_unix_micros(1_777_600_800_123_456),
-        );
+        assert_eq!(runs[0].started, from_unix_micros(1_777_600_800_123_456),);
         assert!(parse_runs(&vec![vec![v("x"), None]]).is_err());
     }
 }
