@@ -1,7 +1,10 @@
 //! `dblock`: run a command under a named lock shared by every process of a database.
 //!
 //! ```text
-//! dblock run [--db URL] [--namespace NS] [--wait DURATION | --no-wait] [--shared | --limit N] NAME -- COMMAND [ARGS...]
+//! dblock run [--db URL] [--namespace NS] [--wait DURATION | --no-wait] [--shared | --limit N]
+//!            [--once-per DURATION | --slot TEXT] [--retry-failed] [--skipped-exit N] [--quiet]
+//!            [--max-runtime DURATION] [--grace DURATION] [--no-fencing] NAME -- COMMAND [ARGS...]
+//! dblock runs [--db URL] [--namespace NS] [--last N] [--json] NAME
 //! dblock key [--namespace NS] [--limit N] NAME
 //! dblock status [--db URL] [--namespace NS] [NAME...] [--json] [--watch]
 //! dblock release [--db URL] [--namespace NS] NAME --force
@@ -15,7 +18,9 @@
 //!
 //! Exit codes: COMMAND's own status (128+N when signal N ended it); 64 usage errors
 //! (including a bad name or URL, and what a transaction-pooling pooler cannot do); 69 the database cannot be reached or fails; 70 the
-//! lock was lost while COMMAND ran; 75 the lock was not obtained.
+//! lock was lost while COMMAND ran; 75 the lock was not obtained; 124 COMMAND ran past
+//! `--max-runtime` and was stopped. With `--once-per`/`--slot`, a slot already claimed: 0, or
+//! `--skipped-exit N`.
 //!
 //! `dblock migrate`: 0 when everything is applied (including nothing to do); 65 for a
 //! migration set that cannot be applied (a malformed file name, an edited migration,
