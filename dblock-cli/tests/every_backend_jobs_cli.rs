@@ -36,6 +36,21 @@ fn lines(path: &Path) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// The arguments of `dblock run --db URL OPTS… NAME -- sh -c SCRIPT`.
+fn run_sh(db: &TestDb, opts: &[&str], name: &str, script: &str) -> Vec<String> {
+    let mut args = vec!["run", "--db", db.url()];
+    args.extend(opts);
+    args.extend([name, "--", "sh", "-c", script]);
+    to_strings(&args)
+}
+
+/// `dblock run --db URL OPTS… NAME -- sh -c SCRIPT`, to its end.
+async fn run(db: &TestDb, opts: &[&str], name: &str, script: &str) -> Output {
+    let args = run_sh(db, opts, name, script);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    dblock(&args).await
+}
+
 /// `dblock ARGS…` started at `at` (this host's clock, which the local servers share).
 fn start_at(at: SystemTime, args: Vec<String>) -> tokio::task::JoinHandle<Output> {
     tokio::spawn(async move {
@@ -80,36 +95,21 @@ async fn eight_skewed_processes_run_the_command_once_per_slot(db: &TestDb) {
     let mut runs = Vec::new();
     for b in &boundaries {
         for off in spread_offsets() {
-            let args = [
-                "run",
-                "--db",
-                db.url(),
-                "--once-per",
-                "4s",
-                "--skipped-exit",
-                "3",
-                "nightly",
-                "--",
-                "sh",
-                "-c",
-                &format!("echo \"$DBLOCK_RUN_SLOT\" >> {}", ran.display()),
-            ];
-            runs.push((*b, start_at(shifted(*b, off), to_strings(&args))));
+            let script = format!("echo \"$DBLOCK_RUN_SLOT\" >> {}", ran.display());
+            let opts = ["--once-per", "4s", "--skipped-exit", "3"];
+            let args = run_sh(db, &opts, "nightly", &script);
+            runs.push((*b, start_at(shifted(*b, off), args)));
         }
     }
     let mut controls = Vec::new();
     for off in spread_offsets() {
-        let args = [
-            "run",
-            "--db",
-            db.url(),
+        let args = run_sh(
+            db,
+            &[],
             "control",
-            "--",
-            "sh",
-            "-c",
             &format!("echo ran >> {}", control.display()),
-        ];
-        controls.push(start_at(shifted(boundaries[0], off), to_strings(&args)));
+        );
+        controls.push(start_at(shifted(boundaries[0], off), args));
     }
     let mut won = std::collections::HashMap::new();
     for (b, r) in runs {
@@ -157,12 +157,11 @@ async fn a_named_slot_runs_once_however_many_claim_it(db: &TestDb) {
     );
     let all: Vec<_> = (0..8)
         .map(|i| {
-            let mut args = vec!["run", "--db", db.url(), "--slot", "2026-05-01T02:00:00Z"];
-            if i % 2 == 0 {
-                args.push("--quiet");
-            }
-            args.extend(["report", "--", "sh", "-c", &cmd]);
-            start_at(SystemTime::now(), to_strings(&args))
+            let opts = match i % 2 {
+                0 => vec!["--slot", "2026-05-01T02:00:00Z", "--quiet"],
+                _ => vec!["--slot", "2026-05-01T02:00:00Z"],
+            };
+            start_at(SystemTime::now(), run_sh(db, &opts, "report", &cmd))
         })
         .collect();
     for (i, r) in all.into_iter().enumerate() {
@@ -199,34 +198,26 @@ async fn a_named_slot_runs_once_however_many_claim_it(db: &TestDb) {
 async fn retry_failed_runs_a_failed_slot_again_and_a_succeeded_one_never(db: &TestDb) {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path().display();
-    let slot = ["--slot", "s-1"];
-    let run = |extra: &'static [&'static str], cmd: String| {
-        let mut args = vec!["run".to_string(), "--db".into(), db.url().into()];
-        args.extend(slot.iter().chain(extra).map(|s| s.to_string()));
-        args.extend(["job", "--", "sh", "-c"].map(String::from));
-        args.push(cmd);
-        async move {
-            let args: Vec<&str> = args.iter().map(String::as_str).collect();
-            dblock(&args).await
-        }
-    };
-    let out = run(&[], "exit 3".into()).await;
+    let out = run(db, &["--slot", "s-1"], "job", "exit 3").await;
     assert_eq!(code(&out), 3, "the command's own status: {out:?}");
-    let out = run(&[], format!("touch {d}/again")).await;
+    let out = run(db, &["--slot", "s-1"], "job", &format!("touch {d}/again")).await;
     assert_eq!(code(&out), 0, "{out:?}");
     assert!(stderr(&out).contains("which exited 3 at"), "{out:?}");
     assert!(
         !dir.path().join("again").exists(),
         "at most once by default"
     );
+    let retry = ["--slot", "s-1", "--retry-failed"];
     let out = run(
-        &["--retry-failed"],
-        format!("echo $DBLOCK_RUN_ATTEMPT > {d}/attempt"),
+        db,
+        &retry,
+        "job",
+        &format!("echo $DBLOCK_RUN_ATTEMPT > {d}/attempt"),
     )
     .await;
     assert_eq!(code(&out), 0, "{out:?}");
     assert_eq!(lines(&dir.path().join("attempt")), ["2"]);
-    let out = run(&["--retry-failed"], format!("touch {d}/third")).await;
+    let out = run(db, &retry, "job", &format!("touch {d}/third")).await;
     assert_eq!(code(&out), 0, "{out:?}");
     assert!(stderr(&out).contains("which exited 0 at"), "{out:?}");
     assert!(
@@ -247,8 +238,12 @@ async fn retry_failed_runs_again_after_a_killed_claimant_never_beside_a_live_one
     let state = tempfile::tempdir().unwrap();
     let mut claimant = dblock_testkit::dblock_command(DBLOCK, state.path())
         .env("DBLOCK_NO_DEFAULT_NOTICE", "1")
-        .args(["run", "--db", db.url(), "--slot", "s", "job", "--"])
-        .args(["sh", "-c", &format!("echo $$ > {d}/pid; exec sleep 60")])
+        .args(run_sh(
+            db,
+            &["--slot", "s"],
+            "job",
+            &format!("echo $$ > {d}/pid; exec sleep 60"),
+        ))
         .spawn()
         .unwrap();
     let pid_file = dir.path().join("pid");
@@ -257,41 +252,19 @@ async fn retry_failed_runs_again_after_a_killed_claimant_never_beside_a_live_one
         "the claimant's command started"
     );
     let beside = format!("touch {d}/beside");
-    let out = dblock(&[
-        "run",
-        "--db",
-        db.url(),
-        "--slot",
-        "s",
-        "--retry-failed",
-        "--wait",
-        "1s",
+    let out = run(
+        db,
+        &["--slot", "s", "--retry-failed", "--wait", "1s"],
         "job",
-        "--",
-        "sh",
-        "-c",
         &beside,
-    ])
+    )
     .await;
     assert_eq!(
         code(&out),
         75,
         "not obtained while the claimant lives: {out:?}"
     );
-    let out = dblock(&[
-        "run",
-        "--db",
-        db.url(),
-        "--slot",
-        "s",
-        "--no-wait",
-        "job",
-        "--",
-        "sh",
-        "-c",
-        &beside,
-    ])
-    .await;
+    let out = run(db, &["--slot", "s", "--no-wait"], "job", &beside).await;
     assert_eq!(code(&out), 0, "{out:?}");
     assert!(stderr(&out).contains("still running"), "{out:?}");
     assert!(
@@ -309,39 +282,15 @@ async fn retry_failed_runs_again_after_a_killed_claimant_never_beside_a_live_one
         .await,
         "the killed claimant's command ended and its lock went with it"
     );
-    let out = dblock(&[
-        "run",
-        "--db",
-        db.url(),
-        "--slot",
-        "s",
-        "job",
-        "--",
-        "sh",
-        "-c",
-        &beside,
-    ])
-    .await;
+    let out = run(db, &["--slot", "s"], "job", &beside).await;
     assert_eq!(code(&out), 0, "{out:?}");
     assert!(stderr(&out).contains("no outcome"), "{out:?}");
     assert!(
         !dir.path().join("beside").exists(),
         "at most once by default"
     );
-    let out = dblock(&[
-        "run",
-        "--db",
-        db.url(),
-        "--slot",
-        "s",
-        "--retry-failed",
-        "job",
-        "--",
-        "sh",
-        "-c",
-        &format!("echo $DBLOCK_RUN_ATTEMPT > {d}/attempt"),
-    ])
-    .await;
+    let attempt = format!("echo $DBLOCK_RUN_ATTEMPT > {d}/attempt");
+    let out = run(db, &["--slot", "s", "--retry-failed"], "job", &attempt).await;
     assert_eq!(code(&out), 0, "{out:?}");
     assert_eq!(lines(&dir.path().join("attempt")), ["2"]);
 }
@@ -357,16 +306,12 @@ async fn max_runtime_stops_a_command_that_ignores_sigterm(db: &TestDb) {
         format!("trap 'echo term > {d}/term' TERM; echo $$ > {d}/pid; while :; do sleep 0.1; done");
     let runner = dblock_testkit::dblock_command(DBLOCK, state.path())
         .env("DBLOCK_NO_DEFAULT_NOTICE", "1")
-        .args([
-            "run",
-            "--db",
-            db.url(),
-            "--slot",
-            "s",
-            "--max-runtime",
-            "1s",
-        ])
-        .args(["--grace", "5s", "stubborn", "--", "sh", "-c", &script])
+        .args(run_sh(
+            db,
+            &["--slot", "s", "--max-runtime", "1s", "--grace", "5s"],
+            "stubborn",
+            &script,
+        ))
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
@@ -376,16 +321,7 @@ async fn max_runtime_stops_a_command_that_ignores_sigterm(db: &TestDb) {
         "SIGTERM sent once --max-runtime passed"
     );
     // Ignored: the command runs on, and the lock stays held.
-    let out = dblock(&[
-        "run",
-        "--db",
-        db.url(),
-        "--no-wait",
-        "stubborn",
-        "--",
-        "true",
-    ])
-    .await;
+    let out = run(db, &["--no-wait"], "stubborn", "true").await;
     assert_eq!(code(&out), 75, "held while the command runs on: {out:?}");
     let out = tokio::time::timeout(Duration::from_secs(60), runner.wait_with_output())
         .await
@@ -426,22 +362,11 @@ async fn claims_on_a_fresh_database_create_the_record_without_an_error(db: &Test
         let cmd = format!("echo ran >> {}", ran.display());
         let all: Vec<_> = (0..8)
             .map(|i| {
-                let args = match i % 2 {
-                    0 => vec!["run", "--db", db.url(), "--slot", "first", "job", "--"],
-                    _ => vec![
-                        "run",
-                        "--db",
-                        db.url(),
-                        "--slot",
-                        "first",
-                        "--no-wait",
-                        "job",
-                        "--",
-                    ],
+                let opts = match i % 2 {
+                    0 => vec!["--slot", "first"],
+                    _ => vec!["--slot", "first", "--no-wait"],
                 };
-                let mut args = to_strings(&args);
-                args.extend(to_strings(&["sh", "-c", &cmd]));
-                start_at(SystemTime::now(), args)
+                start_at(SystemTime::now(), run_sh(db, &opts, "job", &cmd))
             })
             .collect();
         for r in all {

@@ -699,6 +699,40 @@ impl Run {
     }
 }
 
+/// A [`Run`] as the stores read it: slot, namespace, name, attempt, host, pid, program,
+/// started and finished (microseconds since the Unix epoch), exit code.
+pub(crate) type RunRow = (
+    String,
+    String,
+    String,
+    i64,
+    String,
+    i64,
+    String,
+    i64,
+    Option<i64>,
+    Option<i64>,
+);
+
+impl Run {
+    /// The run a store's row describes (numbers out of range read as 0, or `i32::MAX`
+    /// for an exit code).
+    pub(crate) fn from_row(r: RunRow) -> Run {
+        Run {
+            slot: r.0,
+            namespace: r.1,
+            name: r.2,
+            attempt: u32::try_from(r.3).unwrap_or(0),
+            host: r.4,
+            pid: u32::try_from(r.5).unwrap_or(0),
+            program: r.6,
+            started: from_unix_micros(r.7),
+            finished: r.8.map(from_unix_micros),
+            exit_code: r.9.map(|c| i32::try_from(c).unwrap_or(i32::MAX)),
+        }
+    }
+}
+
 /// A claim about to be recorded: the name's key and names, the slot, and this process.
 #[derive(Debug, Clone)]
 pub(crate) struct NewClaim<'a> {

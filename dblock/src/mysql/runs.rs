@@ -9,7 +9,7 @@ use std::time::SystemTime;
 use super::{MyBackend, map_sqlx, setup};
 use crate::error::Error;
 use crate::key::Key;
-use crate::raw::{BoxFuture, NewClaim, Run, RunStore, from_unix_micros};
+use crate::raw::{BoxFuture, NewClaim, Run, RunRow, RunStore, from_unix_micros};
 
 /// The table's definition. The slot compares byte for byte (`utf8mb4_bin`): two slots
 /// are one only when their text is identical.
@@ -39,42 +39,14 @@ macro_rules! micros {
     };
 }
 
-/// A [`Run`]'s columns, in the order of [`Row`].
+/// A [`Run`]'s columns, in the order of [`RunRow`].
 const COLUMNS: &str = concat!(
-    "CAST(slot AS CHAR), namespace, name, attempt, host, pid, program, ",
+    "CAST(slot AS CHAR), namespace, name, CAST(attempt AS SIGNED), host, pid, program, ",
     micros!("started_at"),
     ", ",
     micros!("finished_at"),
-    ", exit_code"
+    ", CAST(exit_code AS SIGNED)"
 );
-
-type Row = (
-    String,
-    String,
-    String,
-    i32,
-    String,
-    i64,
-    String,
-    i64,
-    Option<i64>,
-    Option<i32>,
-);
-
-fn run_of(r: Row) -> Run {
-    Run {
-        slot: r.0,
-        namespace: r.1,
-        name: r.2,
-        attempt: u32::try_from(r.3).unwrap_or(0),
-        host: r.4,
-        pid: u32::try_from(r.5).unwrap_or(0),
-        program: r.6,
-        started: from_unix_micros(r.7),
-        finished: r.8.map(from_unix_micros),
-        exit_code: r.9,
-    }
-}
 
 /// ER_DUP_ENTRY: the slot's row exists.
 const DUPLICATE: u16 = 1062;
@@ -150,13 +122,13 @@ impl MyBackend {
     async fn read_claim(&self, key: Key, slot: &str) -> Result<Option<Run>, Error> {
         self.ensure_runs_table().await?;
         let sql = format!("SELECT {COLUMNS} FROM dblock_runs WHERE `key` = ? AND slot = ?");
-        let row: Option<Row> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
+        let row: Option<RunRow> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
             .bind(key.as_i64())
             .bind(slot)
             .fetch_optional(&self.pool)
             .await
             .map_err(|e| self.runs_error(e))?;
-        Ok(row.map(run_of))
+        Ok(row.map(Run::from_row))
     }
 
     async fn retake_claim(&self, c: &NewClaim<'_>, seen: u32) -> Result<Option<u32>, Error> {
@@ -207,13 +179,13 @@ impl MyBackend {
             "SELECT {COLUMNS} FROM dblock_runs WHERE `key` = ? \
              ORDER BY started_at DESC, slot LIMIT ?"
         );
-        let rows: Vec<Row> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
+        let rows: Vec<RunRow> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
             .bind(key.as_i64())
             .bind(limit)
             .fetch_all(&self.pool)
             .await
             .map_err(|e| self.runs_error(e))?;
-        Ok(rows.into_iter().map(run_of).collect())
+        Ok(rows.into_iter().map(Run::from_row).collect())
     }
 
     async fn prune_runs(&self, key: Key, keep: u32) -> Result<(), Error> {

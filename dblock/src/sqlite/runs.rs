@@ -8,7 +8,7 @@ use std::time::SystemTime;
 use super::{Shared, SqliteBackend};
 use crate::error::Error;
 use crate::key::Key;
-use crate::raw::{BoxFuture, NewClaim, Run, RunStore, from_unix_micros};
+use crate::raw::{BoxFuture, NewClaim, Run, RunRow, RunStore};
 
 /// The table's definition; times are RFC 3339 text in UTC, to the millisecond.
 const TABLE_DDL: &str = "CREATE TABLE IF NOT EXISTS dblock_runs (\
@@ -40,7 +40,7 @@ macro_rules! micros {
     };
 }
 
-/// A [`Run`]'s columns, in the order of [`Row`].
+/// A [`Run`]'s columns, in the order of [`RunRow`].
 const COLUMNS: &str = concat!(
     "slot, namespace, name, attempt, host, pid, program, ",
     micros!("started_at"),
@@ -48,34 +48,6 @@ const COLUMNS: &str = concat!(
     micros!("finished_at"),
     ", exit_code"
 );
-
-type Row = (
-    String,
-    String,
-    String,
-    i64,
-    String,
-    i64,
-    String,
-    i64,
-    Option<i64>,
-    Option<i64>,
-);
-
-fn run_of(r: Row) -> Run {
-    Run {
-        slot: r.0,
-        namespace: r.1,
-        name: r.2,
-        attempt: u32::try_from(r.3).unwrap_or(0),
-        host: r.4,
-        pid: u32::try_from(r.5).unwrap_or(0),
-        program: r.6,
-        started: from_unix_micros(r.7),
-        finished: r.8.map(from_unix_micros),
-        exit_code: r.9.map(|c| i32::try_from(c).unwrap_or(i32::MAX)),
-    }
-}
 
 fn fail(e: sqlx::Error) -> Error {
     Error::Database {
@@ -113,13 +85,13 @@ async fn insert_claim(shared: &Shared, c: &NewClaim<'_>) -> Result<bool, Error> 
 
 async fn read_claim(shared: &Shared, key: Key, slot: &str) -> Result<Option<Run>, Error> {
     let sql = format!("SELECT {COLUMNS} FROM dblock_runs WHERE key = ?1 AND slot = ?2");
-    let row: Option<Row> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
+    let row: Option<RunRow> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
         .bind(key.as_i64())
         .bind(slot)
         .fetch_optional(db(shared).await?)
         .await
         .map_err(fail)?;
-    Ok(row.map(run_of))
+    Ok(row.map(Run::from_row))
 }
 
 async fn retake_claim(shared: &Shared, c: &NewClaim<'_>, seen: u32) -> Result<Option<u32>, Error> {
@@ -169,13 +141,13 @@ async fn recent_runs(shared: &Shared, key: Key, limit: u32) -> Result<Vec<Run>, 
         "SELECT {COLUMNS} FROM dblock_runs WHERE key = ?1 ORDER BY started_at DESC, slot \
          LIMIT ?2"
     );
-    let rows: Vec<Row> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
+    let rows: Vec<RunRow> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
         .bind(key.as_i64())
         .bind(i64::from(limit))
         .fetch_all(db(shared).await?)
         .await
         .map_err(fail)?;
-    Ok(rows.into_iter().map(run_of).collect())
+    Ok(rows.into_iter().map(Run::from_row).collect())
 }
 
 async fn prune_runs(shared: &Shared, key: Key, keep: u32) -> Result<(), Error> {

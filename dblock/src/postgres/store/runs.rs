@@ -86,18 +86,18 @@ fn parse_run(f: &[Option<String>]) -> Result<Run, Error> {
         }
     };
     let int = |i: usize| num(i)?.ok_or_else(bad);
-    Ok(Run {
-        slot: text(0)?,
-        namespace: text(1)?,
-        name: text(2)?,
-        attempt: u32::try_from(int(3)?).map_err(|_| bad())?,
-        host: text(4)?,
-        pid: u32::try_from(int(5)?).unwrap_or(0),
-        program: text(6)?,
-        started: from_unix_micros(int(7)?),
-        finished: num(8)?.map(from_unix_micros),
-        exit_code: num(9)?.map(|c| i32::try_from(c).unwrap_or(i32::MAX)),
-    })
+    Ok(Run::from_row((
+        text(0)?,
+        text(1)?,
+        text(2)?,
+        int(3)?,
+        text(4)?,
+        int(5)?,
+        text(6)?,
+        int(7)?,
+        num(8)?,
+        num(9)?,
+    )))
 }
 
 impl PgBackend {

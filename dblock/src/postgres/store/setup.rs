@@ -141,27 +141,24 @@ impl PgBackend {
     /// A permission error met while taking a fenced lock, with the command that fixes
     /// it; other errors unchanged.
     pub(crate) fn fencing_permission(&self, e: Error) -> Error {
-        match e {
-            Error::Database {
-                code: Some(c),
-                message,
-            } if c == INSUFFICIENT_PRIVILEGE => Error::PermissionDenied {
-                message: format!("{message} (fencing tokens need dblock's table)"),
-                fix: setup_command(&self.role),
-            },
-            other => other,
-        }
+        self.needs_setup(e, "fencing tokens need dblock's table")
     }
 
     /// A permission error met on the record of runs, with the command that fixes it;
     /// other errors unchanged.
     pub(crate) fn runs_permission(&self, e: Error) -> Error {
+        self.needs_setup(e, "claims of scheduled slots need dblock's table")
+    }
+
+    /// A permission error on a table of dblock's, saying what `needs` it and naming the
+    /// setup command; other errors unchanged.
+    fn needs_setup(&self, e: Error, needs: &str) -> Error {
         match e {
             Error::Database {
                 code: Some(c),
                 message,
             } if c == INSUFFICIENT_PRIVILEGE => Error::PermissionDenied {
-                message: format!("{message} (claims of scheduled slots need dblock's table)"),
+                message: format!("{message} ({needs})"),
                 fix: setup_command(&self.role),
             },
             other => other,
