@@ -1,7 +1,10 @@
 //! `dblock`: run a command under a named lock shared by every process of a database.
 //!
 //! ```text
-//! dblock run [--db URL] [--namespace NS] [--wait DURATION | --no-wait] [--shared | --limit N] NAME -- COMMAND [ARGS...]
+//! dblock run [--db URL] [--namespace NS] [--wait DURATION | --no-wait] [--shared | --limit N]
+//!            [--once-per DURATION | --slot TEXT] [--retry-failed] [--skipped-exit N] [--quiet]
+//!            [--max-runtime DURATION] [--grace DURATION] [--no-fencing] NAME -- COMMAND [ARGS...]
+//! dblock runs [--db URL] [--namespace NS] [--last N] [--json] NAME
 //! dblock key [--namespace NS] [--limit N] NAME
 //! dblock status [--db URL] [--namespace NS] [NAME...] [--json] [--watch]
 //! dblock release [--db URL] [--namespace NS] NAME --force
@@ -18,7 +21,9 @@
 //! lacks, and what a transaction-pooling pooler cannot do); 69 the database cannot be
 //! reached or fails; 70 the lock was lost while COMMAND ran; 75 the lock was not
 //! obtained; 76 the server answered something dblock cannot map (a bug: report it); 78
-//! dblock's or the database's configuration cannot serve the request.
+//! dblock's or the database's configuration cannot serve the request; 124 COMMAND ran
+//! past `--max-runtime` and was stopped. With `--once-per`/`--slot`, a slot already
+//! claimed: 0, or `--skipped-exit N`.
 //!
 //! `dblock migrate`: 0 when everything is applied (including nothing to do); 65 for a
 //! migration set that cannot be applied (a malformed file name, an edited migration,
@@ -55,14 +60,13 @@ mod duration;
 mod migrate;
 mod notice;
 mod run;
+mod runs;
 mod setup;
 mod sqlx_toml;
 mod status;
 mod sys;
 
-use std::ffi::OsString;
 use std::process::ExitCode;
-use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
@@ -98,13 +102,17 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
-    /// Run COMMAND while holding the lock NAME; exit with COMMAND's status.
-    Run(RunArgs),
+    /// Run COMMAND while holding the lock NAME; exit with COMMAND's status. With
+    /// --once-per or --slot, at most once per slot across every process.
+    Run(run::RunArgs),
     /// Print the key of NAME, and where the database shows it (PostgreSQL's pg_locks,
     /// MySQL's named lock).
     Key(KeyArgs),
     /// Show who holds and who awaits locks (all, or the NAMEs given).
     Status(status::StatusArgs),
+    /// Show the recent claimed slots of NAME (`run --once-per`/`--slot`): who ran each,
+    /// when, and how it ended.
+    Runs(runs::RunsArgs),
     /// Break lock NAME by ending its holder's database session (needs --force).
     Release(status::ReleaseArgs),
     /// Measure lock cycles against the floor of the same work done directly.
@@ -130,58 +138,6 @@ struct BenchArgs {
     /// Print a JSON array instead of a table.
     #[arg(long)]
     json: bool,
-}
-
-#[derive(Args, Debug)]
-struct RunArgs {
-    /// Database URL: postgres://…, postgresql://…, a libpq key=value string, mysql://…,
-    /// mariadb://…, sqlite:PATH (its directory must exist).
-    /// Default: $DBLOCK_DATABASE_URL, then $DATABASE_URL, then the host-local file
-    /// $XDG_STATE_HOME/dblock/locks.db (~/.local/state/dblock/locks.db), with a note on
-    /// stderr (DBLOCK_NO_DEFAULT_NOTICE=1 silences it).
-    #[arg(long, value_name = "URL")]
-    db: Option<String>,
-
-    /// Namespace the name is keyed in (default: the server setting dblock.namespace if
-    /// set, else "public").
-    #[arg(long, value_name = "NS")]
-    namespace: Option<String>,
-
-    /// Wait at most DURATION (500ms, 30s, 5m) for the lock, counted from dblock's start
-    /// with connecting (which may run up to a second past it); exit 75 if not obtained.
-    /// The lock is tried at least once: --wait 0s is --no-wait.
-    #[arg(long, value_name = "DURATION", value_parser = duration::parse, conflicts_with = "no_wait")]
-    wait: Option<Duration>,
-
-    /// Do not wait: exit 75 at once if another process holds the lock.
-    #[arg(long)]
-    no_wait: bool,
-
-    /// Take a shared (reader) lock: any number of shared holders, no exclusive one.
-    #[arg(long)]
-    shared: bool,
-
-    /// A semaphore: at most N holders of NAME at once (each takes one of N slots;
-    /// every process should use the same N). COMMAND gets DBLOCK_SLOT (0 to N-1).
-    #[arg(long, value_name = "N", conflicts_with = "shared")]
-    limit: Option<u32>,
-
-    /// After the lock is lost, how long COMMAND has between SIGTERM and SIGKILL.
-    #[arg(long, value_name = "DURATION", value_parser = duration::parse, default_value = "10s")]
-    grace: Duration,
-
-    /// Do not take a fencing token (DBLOCK_FENCING_TOKEN is then unset); needs no
-    /// table in the database.
-    #[arg(long)]
-    no_fencing: bool,
-
-    /// The lock name.
-    #[arg(value_name = "NAME")]
-    name: String,
-
-    /// The command to run, after `--`.
-    #[arg(last = true, required = true, value_name = "COMMAND")]
-    command: Vec<OsString>,
 }
 
 #[derive(Args, Debug)]
@@ -241,6 +197,7 @@ fn main() -> ExitCode {
         Command::Migrate(args) => migrate::main(args),
         Command::Setup(args) => block_on(false, setup::setup(args)),
         Command::Status(args) => block_on(false, status::status(args)),
+        Command::Runs(args) => block_on(false, runs::runs(args)),
         Command::Release(args) => block_on(false, status::release(args)),
     };
     ExitCode::from(code)

@@ -12,8 +12,8 @@ pub struct SetupArgs {
     #[arg(long, value_name = "URL")]
     db: Option<String>,
 
-    /// A role to grant what fenced locks and leader election need (repeatable;
-    /// `PUBLIC` for every role).
+    /// A role to grant what fenced locks, leader election and `run --once-per` need
+    /// (repeatable; `PUBLIC` for every role).
     #[arg(long, value_name = "ROLE")]
     grant: Vec<String>,
 }
@@ -33,8 +33,10 @@ pub async fn setup(args: SetupArgs) -> u8 {
     let grant: Vec<&str> = args.grant.iter().map(String::as_str).collect();
     // A backend with nothing to set up says so (Error::Unsupported, a usage error).
     match locks.setup(&grant).await {
-        Ok(table) => {
-            outln!("{table} ready");
+        Ok(tables) => {
+            for table in tables.split(", ") {
+                outln!("{table} ready");
+            }
             for g in &grant {
                 outln!("granted to {}", crate::status::shown(g));
             }

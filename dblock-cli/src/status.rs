@@ -89,7 +89,7 @@ pub struct ReleaseArgs {
     name: String,
 }
 
-async fn open(db: Option<&str>, namespace: Option<&str>) -> Result<dblock::Locks, u8> {
+pub(crate) async fn open(db: Option<&str>, namespace: Option<&str>) -> Result<dblock::Locks, u8> {
     crate::notice::embedded_default(db);
     let mut builder = dblock::Locks::builder().max_connections(2);
     if let Some(url) = db {
@@ -196,7 +196,7 @@ fn party_line(p: &Party, now: SystemTime) -> String {
     s
 }
 
-fn show_age(d: Duration) -> String {
+pub(crate) fn show_age(d: Duration) -> String {
     let s = d.as_secs();
     match s {
         0..60 => format!("{:.1}s", d.as_secs_f64()),

@@ -107,24 +107,36 @@ impl Locks {
     }
 
     /// The one-time setup for roles that may not create dblock's tables: creates the
-    /// fencing table and grants the roles in `grant_to` what fenced locks (and leader
-    /// election) need on it; returns the table, as SQL names it. Idempotent. Run it as a
-    /// role that may create the table and grant on it. `dblock setup --db URL --grant
-    /// ROLE` runs it.
+    /// fencing table and the record of runs (claims of scheduled slots, see
+    /// [`jobs`](crate::jobs)) and grants the roles in `grant_to` what fenced locks,
+    /// leader election and claims need on them; returns the tables, as SQL names them,
+    /// separated by `, `. Idempotent. Run it as a role that may create the tables and
+    /// grant on them. `dblock setup --db URL --grant ROLE` runs it.
     ///
-    /// On PostgreSQL the table is `public.dblock_fencing` (one per database; on
-    /// PostgreSQL 15 and later only a schema's owner may create in it, `public`
-    /// included), and the grants are `USAGE` on the schema and `SELECT`, `INSERT`,
-    /// `UPDATE` on the table; `PUBLIC` is a valid grantee. The equivalent SQL, run by the
-    /// owner:
+    /// On PostgreSQL the tables are `public.dblock_fencing` and `public.dblock_runs` (one
+    /// each per database; on PostgreSQL 15 and later only a schema's owner may create in
+    /// it, `public` included), and the grants are `USAGE` on the schema, `SELECT`,
+    /// `INSERT`, `UPDATE` on the fencing table, and those and `DELETE` (the record is
+    /// pruned) on the record of runs; `PUBLIC` is a valid grantee. The equivalent SQL,
+    /// run by the owner:
     ///
     /// ```sql
     /// CREATE TABLE IF NOT EXISTS public.dblock_fencing (
     ///     key bigint PRIMARY KEY, namespace text NOT NULL, name text NOT NULL,
     ///     token bigint NOT NULL, holder text NOT NULL, granted_at timestamptz NOT NULL);
+    /// CREATE TABLE IF NOT EXISTS public.dblock_runs (
+    ///     key bigint NOT NULL, slot text NOT NULL, namespace text NOT NULL,
+    ///     name text NOT NULL, attempt integer NOT NULL, host text NOT NULL,
+    ///     pid bigint NOT NULL, program text NOT NULL, started_at timestamptz NOT NULL,
+    ///     finished_at timestamptz, exit_code integer, PRIMARY KEY (key, slot));
+    /// CREATE INDEX IF NOT EXISTS dblock_runs_started ON public.dblock_runs (key, started_at);
     /// GRANT USAGE ON SCHEMA public TO app_user;
     /// GRANT SELECT, INSERT, UPDATE ON public.dblock_fencing TO app_user;
+    /// GRANT SELECT, INSERT, UPDATE, DELETE ON public.dblock_runs TO app_user;
     /// ```
+    ///
+    /// On MySQL/MariaDB the tables are `dblock_fencing` and `dblock_runs` in the URL's
+    /// database, with the same grants (see [`mysql`](crate::mysql)'s setup).
     ///
     /// ```no_run
     /// # async fn demo() -> Result<(), dblock::Error> {
@@ -136,15 +148,16 @@ impl Locks {
     ///
     /// # Errors
     ///
-    /// [`Error::PermissionDenied`] when this role may not create the table or grant on it
-    /// (checked: PostgreSQL only warns when a grant gives nothing); [`Error::Unsupported`]
-    /// on a backend with nothing to set up (the embedded backend and MySQL/MariaDB create
-    /// their tables on first use); connection and server errors.
+    /// [`Error::PermissionDenied`] when this role may not create the tables or grant on
+    /// them (checked: PostgreSQL only warns when a grant gives nothing);
+    /// [`Error::Unsupported`] on a backend with nothing to set up (the embedded backend
+    /// creates its tables on first use); connection and server errors.
     ///
     /// # Cancel safety
     ///
-    /// The table is created in a transaction of its own, and each grant is a statement of
-    /// its own: cancelled, the setup is partly done, and running it again completes it.
+    /// The tables are created in a transaction of their own (PostgreSQL; on MySQL a
+    /// statement each), and each grant is a statement of its own: cancelled, the setup is
+    /// partly done, and running it again completes it.
     pub async fn setup(&self, grant_to: &[&str]) -> Result<String, Error> {
         self.inner.backend.setup(grant_to).await
     }

@@ -45,6 +45,9 @@
 //!   holding one of N slot locks (`docs/semaphores.md`).
 //! - **Your own transaction.** [`postgres::xact`] takes a lock inside an sqlx
 //!   transaction of yours, released with it.
+//! - **Scheduled jobs.** [`Locks::once_per`]: a claim per scheduled slot, decided on the
+//!   database's clock, so a job every host's scheduler fires runs once per slot; a record
+//!   of every run ([`jobs`], `docs/scheduled-jobs.md`).
 //! - **Migrations.** [`migrate`]: start-up scripts and an ordered migration set, applied
 //!   under one database-wide lock by every instance starting at once, each migration
 //!   exactly once ([`migrations!`] embeds a set at compile time).
@@ -78,6 +81,7 @@ mod error;
 pub mod fencing;
 mod guard;
 mod inspect;
+pub mod jobs;
 mod key;
 pub mod leader;
 mod lock_set;
@@ -148,6 +152,8 @@ mod docs_doctests {
     struct Semaphores;
     #[doc = include_str!("../../docs/status.md")]
     struct Status;
+    #[doc = include_str!("../../docs/scheduled-jobs.md")]
+    struct ScheduledJobs;
     #[cfg(feature = "mysql")]
     #[doc = include_str!("../../docs/mysql.md")]
     struct MySql;

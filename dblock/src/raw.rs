@@ -315,7 +315,9 @@ pub(crate) fn check_lease(
 
 /// A backend: what every backend does (its supertraits included); the few defaults are
 /// what only some backends have.
-pub(crate) trait RawLocks: FencingStore + StatusSource + Send + Sync + 'static {
+pub(crate) trait RawLocks:
+    FencingStore + StatusSource + RunStore + Send + Sync + 'static
+{
     /// `"postgres"`, `"sqlite"`: what [`Locks::backend_name`](crate::Locks::backend_name)
     /// says.
     fn name(&self) -> &'static str;
@@ -368,7 +370,8 @@ pub(crate) trait RawLocks: FencingStore + StatusSource + Send + Sync + 'static {
     fn bench_floor(&self) -> Result<Arc<dyn BenchFloor>, Error>;
 
     /// The one-time setup for roles that may not create dblock's tables: creates them and
-    /// grants `grant_to` what fenced locks need; what was made ready, as SQL names it. By
+    /// grants `grant_to` what fenced locks and claims of slots need; what was made ready,
+    /// as SQL names it (tables separated by `, `). By
     /// default refused: a backend that creates its tables on first use has none to do.
     fn setup<'a>(&'a self, grant_to: &'a [&'a str]) -> BoxFuture<'a, Result<String, Error>> {
         let _ = grant_to;
@@ -648,6 +651,173 @@ pub(crate) struct LatestGrant {
 pub(crate) trait FencingStore: Send + Sync {
     /// The latest fenced grant of `key`, if any.
     fn latest_grant(&self, key: Key) -> BoxFuture<'_, Result<Option<LatestGrant>, Error>>;
+}
+
+/// The table of dblock's own that records each claim of a scheduled slot (see
+/// [`jobs`](crate::jobs)): `dblock_runs`, beside the fencing table.
+pub(crate) const RUNS_TABLE: &str = "dblock_runs";
+
+/// One claim of a slot of a name, as the record of runs keeps it (see
+/// [`jobs`](crate::jobs)): which slot, who claimed it and when, and how the run ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Run {
+    /// The namespace the name is keyed in.
+    pub namespace: String,
+    /// The name.
+    pub name: String,
+    /// The slot: a period's boundary on the database's clock (RFC 3339, UTC), or the
+    /// text the claimant named it by.
+    pub slot: String,
+    /// 1 for the first claim of the slot; one more each time a later process took it
+    /// over after a failure or a death (`retry_failed`).
+    pub attempt: u32,
+    /// The host of the process that claimed it.
+    pub host: String,
+    /// Its operating-system process id.
+    pub pid: u32,
+    /// Its program (the file name of its executable).
+    pub program: String,
+    /// When it claimed the slot, on the database's clock.
+    pub started: SystemTime,
+    /// When its outcome was recorded, on the database's clock; `None` while there is
+    /// none.
+    pub finished: Option<SystemTime>,
+    /// The outcome recorded: 0 for success, anything else a failure (`dblock run`
+    /// records its own exit code for the run); `None` while there is none.
+    pub exit_code: Option<i32>,
+}
+
+/// How a claimed run ended, as far as the record says (see [`Run::outcome`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Outcome {
+    /// No outcome recorded: the run is under way, or its claimant died, lost its lock or
+    /// dropped its guard without finishing (while the name's lock is free, one of these).
+    Unfinished,
+    /// Recorded with exit code 0.
+    Succeeded,
+    /// Recorded with a non-zero exit code.
+    Failed {
+        /// The exit code recorded.
+        exit_code: i32,
+    },
+}
+
+impl Run {
+    /// How it ended, as far as the record says.
+    pub fn outcome(&self) -> Outcome {
+        match self.exit_code {
+            _ if self.finished.is_none() => Outcome::Unfinished,
+            Some(0) => Outcome::Succeeded,
+            Some(exit_code) => Outcome::Failed { exit_code },
+            None => Outcome::Unfinished,
+        }
+    }
+
+    /// `program[pid]@host`: who claimed it.
+    pub fn holder(&self) -> String {
+        format!("{}[{}]@{}", self.program, self.pid, self.host)
+    }
+}
+
+/// A [`Run`] as the stores read it: slot, namespace, name, attempt, host, pid, program,
+/// started and finished (microseconds since the Unix epoch), exit code.
+pub(crate) type RunRow = (
+    String,
+    String,
+    String,
+    i64,
+    String,
+    i64,
+    String,
+    i64,
+    Option<i64>,
+    Option<i64>,
+);
+
+impl Run {
+    /// The run a store's row describes (numbers out of range read as 0, or `i32::MAX`
+    /// for an exit code).
+    pub(crate) fn from_row(r: RunRow) -> Run {
+        Run {
+            slot: r.0,
+            namespace: r.1,
+            name: r.2,
+            attempt: u32::try_from(r.3).unwrap_or(0),
+            host: r.4,
+            pid: u32::try_from(r.5).unwrap_or(0),
+            program: r.6,
+            started: from_unix_micros(r.7),
+            finished: r.8.map(from_unix_micros),
+            exit_code: r.9.map(|c| i32::try_from(c).unwrap_or(i32::MAX)),
+        }
+    }
+}
+
+/// A claim about to be recorded: the name's key and names, the slot, and this process.
+#[derive(Debug, Clone)]
+pub(crate) struct NewClaim<'a> {
+    pub(crate) key: Key,
+    pub(crate) namespace: &'a str,
+    pub(crate) name: &'a str,
+    pub(crate) slot: &'a str,
+    pub(crate) host: &'a str,
+    pub(crate) pid: u32,
+    pub(crate) program: &'a str,
+}
+
+/// A time as microseconds since the Unix epoch, as the stores read and write it (before
+/// the epoch: the epoch).
+pub(crate) fn from_unix_micros(us: i64) -> SystemTime {
+    std::time::UNIX_EPOCH + Duration::from_micros(u64::try_from(us).unwrap_or(0))
+}
+
+/// The record of claimed slots and their runs (`dblock_runs`, see
+/// [`jobs`](crate::jobs)), and the database's clock that decides slots: every backend
+/// keeps one, created on first use (and by [`RawLocks::setup`] where roles may not create
+/// tables). The claim algorithm is the friendly layer's (`jobs.rs`); a store only reads
+/// and writes rows, each call one atomic statement.
+pub(crate) trait RunStore: Send + Sync {
+    /// The database's clock now (PostgreSQL `clock_timestamp()`, MySQL
+    /// `UTC_TIMESTAMP(6)`; the host's on the embedded backend).
+    fn db_clock(&self) -> BoxFuture<'_, Result<SystemTime, Error>>;
+
+    /// Records `claim` as attempt 1 of its slot unless the slot has a claim already:
+    /// whether this call recorded it (the unique key on (key, slot) decides).
+    fn insert_claim<'a>(&'a self, claim: &'a NewClaim<'a>) -> BoxFuture<'a, Result<bool, Error>>;
+
+    /// The claim of `slot` of `key`, if any.
+    fn read_claim<'a>(
+        &'a self,
+        key: Key,
+        slot: &'a str,
+    ) -> BoxFuture<'a, Result<Option<Run>, Error>>;
+
+    /// Takes the slot's claim over for `claim`'s process if it is still attempt `seen`
+    /// and has failed or has no outcome: the new attempt's number, or `None` if the row
+    /// is no longer so (one statement: compare and set).
+    fn retake_claim<'a>(
+        &'a self,
+        claim: &'a NewClaim<'a>,
+        seen: u32,
+    ) -> BoxFuture<'a, Result<Option<u32>, Error>>;
+
+    /// Records `exit_code` and the time as the outcome of attempt `attempt` of the slot,
+    /// if that attempt is still the slot's claim and has no outcome yet: whether it did.
+    fn finish_claim<'a>(
+        &'a self,
+        key: Key,
+        slot: &'a str,
+        attempt: u32,
+        exit_code: i32,
+    ) -> BoxFuture<'a, Result<bool, Error>>;
+
+    /// The `limit` most recent claims of `key`, newest first.
+    fn recent_runs(&self, key: Key, limit: u32) -> BoxFuture<'_, Result<Vec<Run>, Error>>;
+
+    /// Deletes the claims of `key` older than its `keep` most recent ones.
+    fn prune_runs(&self, key: Key, keep: u32) -> BoxFuture<'_, Result<(), Error>>;
 }
 
 /// The cheapest correct way to do a lock cycle on a backend, issued directly: what

@@ -35,6 +35,17 @@ impl TestDb {
         TestDb::MySql(MyDb::new(tag).await)
     }
 
+    /// Another database of the test's own, of the same backend, that dblock has never
+    /// seen: on PostgreSQL a database of its own (dblock's tables are database-wide), a
+    /// MySQL database, an SQLite file. For tests of what dblock does on first contact.
+    pub async fn fresh(&self, tag: &str) -> TestDb {
+        match self {
+            TestDb::Postgres(_) => TestDb::postgres_own_database(tag).await,
+            TestDb::Sqlite(_) => TestDb::sqlite(tag).await,
+            TestDb::MySql(_) => TestDb::mysql(tag).await,
+        }
+    }
+
     /// The URL of this test's database (schema, file).
     pub fn url(&self) -> &str {
         match self {

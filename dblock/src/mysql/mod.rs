@@ -85,13 +85,15 @@
 //!
 //! Fencing tokens live in the InnoDB table `dblock_fencing` of the database (see
 //! [`fencing`](crate::fencing)), incremented on the lock's own connection in autocommit,
-//! so committed before the grant returns.
+//! so committed before the grant returns. Claims of scheduled slots are recorded in
+//! `dblock_runs` there (see [`jobs`](crate::jobs)).
 
 pub(crate) mod fence;
 mod floor;
 mod lock;
 pub(crate) mod migrate;
 mod pool;
+mod runs;
 mod setup;
 mod status;
 
@@ -219,6 +221,7 @@ pub(crate) struct MyBackend {
     /// Whether dblock opened the pool itself (the benchmark's floor needs its options).
     pub(crate) own: bool,
     fence_table_ready: tokio::sync::OnceCell<()>,
+    runs_table_ready: tokio::sync::OnceCell<()>,
     /// The benchmark's floor, one per handle: its connections, once open, serve every
     /// slice of a run (none is opened inside a timed slice after the warm-up).
     floor: std::sync::OnceLock<Arc<floor::Floor>>,
@@ -310,6 +313,7 @@ impl MyBackend {
             check_timeout: opts.check_timeout,
             own,
             fence_table_ready: tokio::sync::OnceCell::new(),
+            runs_table_ready: tokio::sync::OnceCell::new(),
             floor: std::sync::OnceLock::new(),
         }
     }

@@ -1,9 +1,10 @@
 //! The one-time setup on MySQL / MariaDB for users that may not create tables.
 //!
 //! Named locks need no privilege. Fencing tokens (and so leader election) keep the
-//! latest token of each name in `dblock_fencing`, in the URL's database; dblock creates
-//! it on first use when the user may, and otherwise needs it created once by a user that
-//! may, with the grants for the users that take fenced locks:
+//! latest token of each name in `dblock_fencing`, and claims of scheduled slots the
+//! record of runs in `dblock_runs`, in the URL's database; dblock creates them on first
+//! use when the user may, and otherwise needs them created once by a user that may, with
+//! the grants for the users that use them:
 //!
 //! ```text
 //! dblock setup --db mysql://owner@db/app --grant app_user
@@ -16,7 +17,16 @@
 //!     `key` BIGINT NOT NULL PRIMARY KEY, namespace TEXT NOT NULL, name TEXT NOT NULL,
 //!     token BIGINT NOT NULL, holder VARCHAR(255) NOT NULL, granted_at VARCHAR(32) NOT NULL)
 //!     ENGINE=InnoDB;
+//! CREATE TABLE IF NOT EXISTS app.dblock_runs (
+//!     `key` BIGINT NOT NULL,
+//!     slot VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
+//!     namespace TEXT CHARACTER SET utf8mb4 NOT NULL, name TEXT CHARACTER SET utf8mb4 NOT NULL,
+//!     attempt INT NOT NULL, host VARCHAR(255) CHARACTER SET utf8mb4 NOT NULL,
+//!     pid BIGINT NOT NULL, program VARCHAR(255) CHARACTER SET utf8mb4 NOT NULL,
+//!     started_at DATETIME(6) NOT NULL, finished_at DATETIME(6) NULL, exit_code INT NULL,
+//!     PRIMARY KEY (`key`, slot), KEY dblock_runs_started (`key`, started_at)) ENGINE=InnoDB;
 //! GRANT SELECT, INSERT, UPDATE ON app.dblock_fencing TO 'app_user'@'%';
+//! GRANT SELECT, INSERT, UPDATE, DELETE ON app.dblock_runs TO 'app_user'@'%';
 //! ```
 
 use super::{MyBackend, map_sqlx};
@@ -27,15 +37,16 @@ use crate::error::Error;
 /// ER_SPECIFIC_ACCESS_DENIED_ERROR.
 const ACCESS_DENIED: [u16; 4] = [1044, 1142, 1143, 1227];
 
-/// Creates dblock's fencing table (`dblock_fencing` in the handle's database) and grants
-/// the users in `grant_to` what fenced locks need on it (`SELECT`, `INSERT`, `UPDATE`);
-/// returns the table as SQL names it. A user is `name` (any host, `'name'@'%'`) or
+/// Creates dblock's tables (`dblock_fencing` and `dblock_runs` in the handle's database)
+/// and grants the users in `grant_to` what fenced locks and claims of slots need on them
+/// (`SELECT`, `INSERT`, `UPDATE`; and `DELETE` on the record of runs, which is pruned);
+/// returns the tables as SQL names them. A user is `name` (any host, `'name'@'%'`) or
 /// `name@host`. Idempotent; run it as a user that may create tables in the database and
 /// grant on them. `RawLocks::setup` on MySQL/MariaDB (`Locks::setup`).
 ///
 /// # Errors
 ///
-/// [`Error::PermissionDenied`] when this user may not create the table or grant on it;
+/// [`Error::PermissionDenied`] when this user may not create the tables or grant on them;
 /// [`Error::InvalidName`] for an empty user; connection and server errors.
 ///
 /// # Cancel safety
@@ -47,18 +58,23 @@ pub(crate) async fn setup(b: &MyBackend, grant_to: &[&str]) -> Result<String, Er
     b.ensure_fence_table()
         .await
         .map_err(|e| owner_needed(e, &fix))?;
+    b.ensure_runs_table()
+        .await
+        .map_err(|e| owner_needed(e, &fix))?;
+    let db = quote_ident(&b.database);
     for user in grant_to {
         let grantee = grantee(user)?;
-        let sql = format!(
-            "GRANT SELECT, INSERT, UPDATE ON {}.dblock_fencing TO {grantee}",
-            quote_ident(&b.database)
-        );
-        sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
-            .execute(&b.pool)
-            .await
-            .map_err(|e| permission(e, &fix))?;
+        for sql in [
+            format!("GRANT SELECT, INSERT, UPDATE ON {db}.dblock_fencing TO {grantee}"),
+            format!("GRANT SELECT, INSERT, UPDATE, DELETE ON {db}.dblock_runs TO {grantee}"),
+        ] {
+            sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+                .execute(&b.pool)
+                .await
+                .map_err(|e| permission(e, &fix))?;
+        }
     }
-    Ok(format!("{}.dblock_fencing", quote_ident(&b.database)))
+    Ok(format!("{db}.dblock_fencing, {db}.dblock_runs"))
 }
 
 /// `'user'@'host'` for `user@host`, `'user'@'%'` for `user`, quoted as string literals.

@@ -68,6 +68,8 @@ pub(crate) struct PgBackend {
     pub(crate) schema: Option<String>,
     /// Set once the fencing table is known to exist: its qualified name.
     pub(super) fence_ready: tokio::sync::OnceCell<Arc<str>>,
+    /// Set once the record of runs is known to exist: its qualified name.
+    pub(super) runs_ready: tokio::sync::OnceCell<Arc<str>>,
     /// Whether fencing tokens carry the server's timeline ([`EPOCH_SQL`]): cleared
     /// when the fencing table is first used on a server without it.
     ///
@@ -223,6 +225,7 @@ impl PgBackend {
                 check_timeout: opts.check_timeout,
                 schema,
                 fence_ready: tokio::sync::OnceCell::new(),
+                runs_ready: tokio::sync::OnceCell::new(),
                 fence_epoch: std::sync::atomic::AtomicBool::new(true),
                 pooler: (Pooler::None, Known::Declared),
                 server_port,

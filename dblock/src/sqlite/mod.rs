@@ -126,6 +126,7 @@ mod file;
 mod floor;
 mod migrate;
 mod queue;
+mod runs;
 mod status;
 mod sys;
 mod table;
@@ -401,6 +402,9 @@ impl Drop for WaiterCount<'_> {
     }
 }
 
+/// How long the database's writers wait for each other (SQLite's busy timeout).
+const DB_BUSY: Duration = Duration::from_secs(30);
+
 impl Shared {
     /// The database, opened on first use: WAL, `synchronous = FULL` (a fencing token
     /// must survive a crash), a busy timeout for other processes' writes.
@@ -413,15 +417,30 @@ impl Shared {
                     .create_if_missing(true)
                     .journal_mode(SqliteJournalMode::Wal)
                     .synchronous(SqliteSynchronous::Full)
-                    .busy_timeout(Duration::from_secs(30));
-                sqlx::sqlite::SqlitePoolOptions::new()
-                    .max_connections(4)
-                    .connect_with(opts)
-                    .await
-                    .map_err(|e| Error::Connect {
-                        target: format!("sqlite:{}", self.db_path.display()),
-                        message: e.to_string(),
-                    })
+                    .busy_timeout(DB_BUSY);
+                // Switching a fresh file to WAL while other processes open it too can answer
+                // SQLITE_BUSY at once, without the busy handler waiting: tried again, within
+                // the busy timeout, as a busy write would have been.
+                let started = Instant::now();
+                loop {
+                    let opened = sqlx::sqlite::SqlitePoolOptions::new()
+                        .max_connections(4)
+                        .connect_with(opts.clone())
+                        .await;
+                    match opened {
+                        Err(sqlx::Error::Database(e))
+                            if e.code().as_deref() == Some("5") && started.elapsed() < DB_BUSY =>
+                        {
+                            tokio::time::sleep(Duration::from_millis(10)).await;
+                        }
+                        opened => {
+                            return opened.map_err(|e| Error::Connect {
+                                target: format!("sqlite:{}", self.db_path.display()),
+                                message: e.to_string(),
+                            });
+                        }
+                    }
+                }
             })
             .await
     }

@@ -1,13 +1,14 @@
 //! The backend's other SQL, beside the lock logic: fencing tokens (`fence`, and `token`,
 //! the statement that takes one), the migration runner's store (`migrate`,
-//! `bookkeeping`, `adopt`), `status`, `setup`, the benchmark's floor (`floor`) and locks in
-//! the caller's own transaction (`xact`).
+//! `bookkeeping`, `adopt`), `status`, `setup`, the record of scheduled runs (`runs`), the
+//! benchmark's floor (`floor`) and locks in the caller's own transaction (`xact`).
 
 pub(crate) mod adopt;
 pub(crate) mod bookkeeping;
 pub(crate) mod fence;
 pub(crate) mod floor;
 pub(crate) mod migrate;
+pub(crate) mod runs;
 pub(crate) mod setup;
 pub(crate) mod status;
 pub(crate) mod token;
