@@ -184,6 +184,7 @@ mod run;
 pub(crate) mod set;
 pub(crate) mod split;
 mod sqlx_config;
+pub(crate) mod sqlx_side;
 mod status;
 pub(crate) mod store;
 
@@ -191,15 +192,16 @@ use std::fmt;
 
 use crate::error::Error;
 use crate::locks::Locks;
-use run::Ctx;
+use run::{Ctx, Guards};
 use store::MigrationStore;
 
 pub use files::MAX_FILE_BYTES;
 pub use layout::Layout;
 pub use lint::Hazard;
-pub use plan::{Applied, MIGRATION_LOCK_KEY, Report, TABLE, lock_prefixed};
+pub use plan::{Applied, MIGRATION_LOCK_KEY, Report, TABLE, lock_prefixed, lock_prefixed_with};
 pub use set::{Migration, Migrations, NO_TRANSACTION_HEADER, SQLX_NO_TRANSACTION};
 pub use sqlx_config::SqlxConfig;
+pub use sqlx_side::{SqlxHistory, sqlx_lock_key, sqlx_mysql_lock_name};
 pub use status::{State, Status, StatusEntry};
 pub use store::ScriptPool;
 
@@ -230,8 +232,38 @@ pub use store::ScriptPool;
 /// is released when its transaction ends either way, and the script is applied whole or
 /// not at all.
 pub async fn run_script<P: ScriptPool + ?Sized>(pool: &P, ddl: &str) -> Result<(), Error> {
+    run_script_with_key(pool, MIGRATION_LOCK_KEY, ddl).await
+}
+
+/// [`run_script`] under advisory key `key` instead of [`MIGRATION_LOCK_KEY`]: the key
+/// a service's start-up scripts already take, so that it can move to dblock instance by
+/// instance (see [the module](self#the-callers-own-key)). The script is sent as
+/// [`lock_prefixed_with`]`(key, ddl)`, the very message such a service sends, so old
+/// and new instances exclude each other.
+///
+/// ```no_run
+/// # async fn demo(pool: sqlx::PgPool) -> Result<(), dblock::Error> {
+/// /// The key the server's scripts took before dblock: `FRAISE` and a version byte.
+/// const MIGRATION_LOCK_KEY: i64 = 0x4652_4149_5345_0001;
+/// const DDL: &str = "CREATE TABLE IF NOT EXISTS _fraiseql_cron_state (job text PRIMARY KEY);";
+/// dblock::migrate::run_script_with_key(&pool, MIGRATION_LOCK_KEY, DDL).await?;
+/// # Ok(()) }
+/// ```
+///
+/// # Errors
+///
+/// As [`run_script`].
+///
+/// # Cancel safety
+///
+/// As [`run_script`].
+pub async fn run_script_with_key<P: ScriptPool + ?Sized>(
+    pool: &P,
+    key: i64,
+    ddl: &str,
+) -> Result<(), Error> {
     check_script(ddl)?;
-    pool.run_locked(lock_prefixed(ddl)).await
+    pool.run_locked(lock_prefixed_with(key, ddl)).await
 }
 
 /// Refuses a start-up script with transaction control, which would end the lock early.
@@ -270,8 +302,24 @@ impl Locks {
     /// connection: the script is applied whole or not at all, and the lock is released.
     /// On SQLite, the transaction is rolled back and the lock released.
     pub async fn run_script(&self, ddl: &str) -> Result<(), Error> {
+        self.run_script_with_key(MIGRATION_LOCK_KEY, ddl).await
+    }
+
+    /// [`Locks::run_script`] under advisory key `key` instead of
+    /// [`MIGRATION_LOCK_KEY`] (see [`run_script_with_key`]). On PostgreSQL,
+    /// [`lock_prefixed_with`]`(key, ddl)` as one message; on SQLite, `key`'s byte of the
+    /// lock file; on MySQL, dblock's named lock of `key` (only dblock instances share it).
+    ///
+    /// # Errors
+    ///
+    /// As [`run_script`].
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`Locks::run_script`].
+    pub async fn run_script_with_key(&self, key: i64, ddl: &str) -> Result<(), Error> {
         check_script(ddl)?;
-        store(self)?.run_script(ddl).await
+        store(self)?.run_script(key, ddl).await
     }
 }
 
@@ -309,6 +357,8 @@ impl Migrations {
             ignore_missing: false,
             on_applied: None,
             sqlx: SqlxConfig::default(),
+            sqlx_history: SqlxHistory::default(),
+            guards: Guards::default(),
         }
     }
 }
@@ -332,6 +382,8 @@ pub struct Runner<'a> {
     ignore_missing: bool,
     on_applied: Option<OnApplied<'a>>,
     sqlx: SqlxConfig,
+    sqlx_history: SqlxHistory,
+    guards: Guards,
 }
 
 /// The callback of [`Runner::on_applied`].
@@ -344,6 +396,7 @@ impl fmt::Debug for Runner<'_> {
             .field("locks", self.locks)
             .field("ignore_missing", &self.ignore_missing)
             .field("sqlx", &self.sqlx)
+            .field("sqlx_history", &self.sqlx_history)
             .finish_non_exhaustive()
     }
 }
@@ -369,6 +422,32 @@ impl<'a> Runner<'a> {
     /// `_sqlx_migrations`, with either checksum accepted.
     pub fn sqlx_config(mut self, config: SqlxConfig) -> Self {
         self.sqlx = config;
+        self
+    }
+
+    /// Whether the run keeps sqlx's history (and holds sqlx's migration lock) beside
+    /// its own: [`SqlxHistory::Auto`] (the default) where sqlx's history table exists,
+    /// [`SqlxHistory::Always`], or [`SqlxHistory::Off`] once every instance runs dblock.
+    /// See [the module](crate::migrate#beside-sqlxs-migrator).
+    pub fn sqlx_history(mut self, mode: SqlxHistory) -> Self {
+        self.sqlx_history = mode;
+        self
+    }
+
+    /// For tests' controls only: keep sqlx's history without holding sqlx's lock, to
+    /// show the race the lock prevents. Never use it.
+    #[doc(hidden)]
+    pub fn __without_sqlx_lock(mut self) -> Self {
+        self.guards.sqlx_lock = false;
+        self
+    }
+
+    /// For tests' controls only: run migrations outside a transaction while sqlx's
+    /// migrators wait, to show the deadlock letting them go first prevents. Never use
+    /// it.
+    #[doc(hidden)]
+    pub fn __without_yielding_to_sqlx(mut self) -> Self {
+        self.guards.yield_to_sqlx = false;
         self
     }
 
@@ -402,7 +481,7 @@ impl<'a> Runner<'a> {
             Some(f) => f.as_mut(),
             None => &mut ignore,
         };
-        let c = ctx(self.locks, set, self.sqlx.clone())?;
+        let c = ctx(self.locks, set, self.sqlx.clone())?.beside(self.sqlx_history, self.guards);
         run::run(&c, self.ignore_missing, on_applied).await
     }
 
@@ -474,7 +553,8 @@ impl<'a> Runner<'a> {
             Some(f) => f.as_mut(),
             None => &mut ignore,
         };
-        run::revert(&ctx(self.locks, set, self.sqlx.clone())?, to, on_reverted).await
+        let c = ctx(self.locks, set, self.sqlx.clone())?.beside(self.sqlx_history, self.guards);
+        run::revert(&c, to, on_reverted).await
     }
 
     /// The server's `server_version_num` (`160004` for 16.4), for
@@ -515,8 +595,9 @@ impl<'a> Runner<'a> {
     /// closed, which releases the lock.
     pub async fn baseline(self, to: Option<i64>) -> Result<Vec<&'a Migration>, Error> {
         let (set, locks, sqlx) = (self.set, self.locks, self.sqlx);
+        let (mode, guards) = (self.sqlx_history, self.guards);
         let list = set.checked()?;
-        let versions = run::baseline(&ctx(locks, list, sqlx)?, to).await?;
+        let versions = run::baseline(&ctx(locks, list, sqlx)?.beside(mode, guards), to).await?;
         Ok(versions.into_iter().filter_map(|v| set.get(v)).collect())
     }
 }
@@ -537,7 +618,20 @@ fn ctx<'a>(locks: &'a Locks, set: &'a [Migration], sqlx: SqlxConfig) -> Result<C
         store: store(locks)?,
         set,
         sqlx,
+        sqlx_history: SqlxHistory::default(),
+        guards: Guards::default(),
     })
+}
+
+impl<'a> Ctx<'a> {
+    /// With how the run keeps sqlx's history.
+    fn beside(self, sqlx_history: SqlxHistory, guards: Guards) -> Ctx<'a> {
+        Ctx {
+            sqlx_history,
+            guards,
+            ..self
+        }
+    }
 }
 
 #[cfg(test)]

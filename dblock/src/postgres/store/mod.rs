@@ -1,7 +1,7 @@
 //! The backend's other SQL, beside the lock logic: fencing tokens (`fence`, and `token`,
 //! the statement that takes one), the migration runner's store (`migrate`,
-//! `bookkeeping`, `adopt`), `status`, `setup`, the benchmark's floor (`floor`) and locks in
-//! the caller's own transaction (`xact`).
+//! `bookkeeping`, `adopt`; `sqlx_side` beside sqlx's migrator), `status`, `setup`, the
+//! benchmark's floor (`floor`) and locks in the caller's own transaction (`xact`).
 
 pub(crate) mod adopt;
 pub(crate) mod bookkeeping;
@@ -9,6 +9,7 @@ pub(crate) mod fence;
 pub(crate) mod floor;
 pub(crate) mod migrate;
 pub(crate) mod setup;
+pub(crate) mod sqlx_side;
 pub(crate) mod status;
 pub(crate) mod token;
 pub mod xact;
