@@ -109,8 +109,12 @@ impl Ctx<'_> {
         if !l.keeps_sqlx {
             return Ok(());
         }
-        let lacking =
-            sqlx_side::missing(self.set, records, &l.history, self.sqlx.ignored_chars.as_ref());
+        let lacking = sqlx_side::missing(
+            self.set,
+            records,
+            &l.history,
+            self.sqlx.ignored_chars.as_ref(),
+        );
         s.write(Write::ToSqlx(&lacking)).await
     }
 }

@@ -154,7 +154,9 @@ pub(crate) fn missing(
         .iter()
         .filter(|r| !r.started() && !in_sqlx.contains(&r.version))
         .filter_map(|r| {
-            let i = set.binary_search_by_key(&r.version, Migration::version).ok()?;
+            let i = set
+                .binary_search_by_key(&r.version, Migration::version)
+                .ok()?;
             let m = set.get(i)?;
             Some(SqlxEntry {
                 execution_time: r.duration_ms.saturating_mul(1_000_000),
@@ -201,9 +203,18 @@ mod tests {
     #[test]
     fn descriptions_and_checksums_are_sqlxs() {
         let set = Migrations::from_sources([
-            ("m/20240101000000_create_users_table.sql", "CREATE TABLE u (x int);\r\n"),
-            ("m/20240102000000_add-email.up.sql", "ALTER TABLE u ADD e text;"),
-            ("m/20240102000000_add-email.down.sql", "ALTER TABLE u DROP e;"),
+            (
+                "m/20240101000000_create_users_table.sql",
+                "CREATE TABLE u (x int);\r\n",
+            ),
+            (
+                "m/20240102000000_add-email.up.sql",
+                "ALTER TABLE u ADD e text;",
+            ),
+            (
+                "m/20240102000000_add-email.down.sql",
+                "ALTER TABLE u DROP e;",
+            ),
         ])
         .unwrap();
         let set = set.checked().unwrap();
@@ -213,7 +224,10 @@ mod tests {
         let cr: BTreeSet<char> = ['\r'].into();
         let without_cr = sqlx_checksum("CREATE TABLE u (x int);\n", |_| false);
         assert_eq!(checksum(&set[0], Some(&cr)), without_cr);
-        assert_eq!(checksum(&set[0], Some(&BTreeSet::new())), set[0].sqlx_checksum());
+        assert_eq!(
+            checksum(&set[0], Some(&BTreeSet::new())),
+            set[0].sqlx_checksum()
+        );
         let e = entry(&set[1], None, Duration::from_micros(1500));
         assert_eq!((e.version, e.execution_time), (20240102000000, 1_500_000));
     }
@@ -255,7 +269,11 @@ mod tests {
         let m = missing(set, &records, &history, None);
         assert_eq!(m.len(), 1, "{m:?}");
         assert_eq!(
-            (m[0].version, m[0].execution_time, m[0].installed_on.as_str()),
+            (
+                m[0].version,
+                m[0].execution_time,
+                m[0].installed_on.as_str()
+            ),
             (2, 7_000_000, "2026-01-01T00:00:00.000Z")
         );
         assert_eq!(m[0].checksum, set[1].sqlx_checksum());

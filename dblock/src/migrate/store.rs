@@ -153,8 +153,7 @@ pub(crate) trait Session: Send {
     /// holding no snapshot, creates sqlx's table as sqlx would if `create`, and records
     /// each migration it applies there, as sqlx would, with dblock's row. The runner
     /// reads the histories again afterwards: a sqlx migrator may have held the lock.
-    fn keep_sqlx_history(&mut self, create: bool, lock: bool)
-    -> BoxFuture<'_, Result<(), Error>>;
+    fn keep_sqlx_history(&mut self, create: bool, lock: bool) -> BoxFuture<'_, Result<(), Error>>;
 
     /// Before a migration outside a transaction, while keeping sqlx's history: if a
     /// session waits for sqlx's lock, which this one holds, lets it go first (releases

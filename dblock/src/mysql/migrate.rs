@@ -360,8 +360,10 @@ impl MySession {
                 .push_bind(r.description.clone())
                 // The UTC text read as seconds since the epoch, so the session's time
                 // zone does not matter.
-                .push("coalesce(FROM_UNIXTIME(TIMESTAMPDIFF(MICROSECOND, '1970-01-01', \
-                       STR_TO_DATE(")
+                .push(
+                    "coalesce(FROM_UNIXTIME(TIMESTAMPDIFF(MICROSECOND, '1970-01-01', \
+                       STR_TO_DATE(",
+                )
                 .push_bind_unseparated(r.installed_on.clone())
                 .push_unseparated(", '%Y-%m-%dT%H:%i:%s.%fZ')) / 1000000), CURRENT_TIMESTAMP)")
                 .push("TRUE")
@@ -415,9 +417,8 @@ impl MySession {
         match w {
             Write::Started(m, _) => self.sqlx_started(m).await,
             Write::Finished(m, took) => {
-                let q = format!(
-                    "UPDATE {t} SET success = TRUE, execution_time = ? WHERE version = ?"
-                );
+                let q =
+                    format!("UPDATE {t} SET success = TRUE, execution_time = ? WHERE version = ?");
                 let nanos = sqlx_side::entry(m, None, took).execution_time;
                 sqlx::query(AssertSqlSafe(q))
                     .bind(nanos)
@@ -526,11 +527,7 @@ impl Session for MySession {
         ))))
     }
 
-    fn keep_sqlx_history(
-        &mut self,
-        create: bool,
-        lock: bool,
-    ) -> BoxFuture<'_, Result<(), Error>> {
+    fn keep_sqlx_history(&mut self, create: bool, lock: bool) -> BoxFuture<'_, Result<(), Error>> {
         Box::pin(async move {
             if lock {
                 let db: Option<String> = sqlx::query_scalar("SELECT DATABASE()")
@@ -542,7 +539,8 @@ impl Session for MySession {
                 self.sqlx_lock = Some(name);
             }
             if create {
-                self.run(&create_sqlx_table(&self.sqlx_table.clone())).await?;
+                self.run(&create_sqlx_table(&self.sqlx_table.clone()))
+                    .await?;
             }
             self.keeps_sqlx = true;
             Ok(())
@@ -567,7 +565,10 @@ impl Session for MySession {
         // sqlx's lock lives on the migrations' connection: released before it goes
         // back to the pool; if that is not confirmed (an error, this future dropped),
         // the connection is closed, which releases it.
-        let sqlx_lock = self.sqlx_lock.take().zip(self.conn.take().map(|c| Closing(Some(c))));
+        let sqlx_lock = self
+            .sqlx_lock
+            .take()
+            .zip(self.conn.take().map(|c| Closing(Some(c))));
         drop(self.conn.take());
         let released = self.guard.take().map(|g| g.release());
         Box::pin(async move {

@@ -365,11 +365,7 @@ impl Session for SqliteSession {
         })
     }
 
-    fn keep_sqlx_history(
-        &mut self,
-        create: bool,
-        _lock: bool,
-    ) -> BoxFuture<'_, Result<(), Error>> {
+    fn keep_sqlx_history(&mut self, create: bool, _lock: bool) -> BoxFuture<'_, Result<(), Error>> {
         // sqlx's SQLite migrator takes no lock: there is none to hold.
         Box::pin(async move {
             if create {

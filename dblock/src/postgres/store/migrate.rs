@@ -392,11 +392,7 @@ impl Session for PgSession {
         })
     }
 
-    fn keep_sqlx_history(
-        &mut self,
-        create: bool,
-        lock: bool,
-    ) -> BoxFuture<'_, Result<(), Error>> {
+    fn keep_sqlx_history(&mut self, create: bool, lock: bool) -> BoxFuture<'_, Result<(), Error>> {
         Box::pin(async move {
             if lock {
                 let db = self.q("SELECT pg_catalog.current_database()").await?;
