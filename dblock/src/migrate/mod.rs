@@ -163,7 +163,41 @@
 //!   [`Error::ForeignHistory`] naming the command that adopts,
 //!   `dblock migrate baseline DIR --to VERSION` ([`Runner::baseline`]).
 //!
-//! dblock does not write to those tables: switch every instance at once.
+//! dblock writes to none of those tables but sqlx's (below).
+//!
+//! # Beside sqlx's migrator
+//!
+//! During a rolling deploy, instances still calling sqlx's migrator at start-up and
+//! instances running dblock's share the database. While sqlx's history table exists
+//! ([`SqlxHistory::Auto`], the default; or always, [`SqlxHistory::Always`], which
+//! creates it), a run also holds sqlx's migration lock — the key sqlx derives from the
+//! database, [`sqlx_lock_key`], taken after dblock's and, like it, by polling, holding
+//! no snapshot — and writes each migration it applies into sqlx's history exactly as
+//! sqlx would (version, description, success, checksum, execution time in
+//! nanoseconds), in the migration's own transaction; what dblock recorded and sqlx's
+//! history lacks is written there too. So a sqlx instance that runs after dblock finds
+//! nothing to do, and one that runs before makes dblock wait, then be adopted.
+//!
+//! sqlx's migrator waits inside `pg_advisory_lock`, holding a snapshot that a
+//! concurrent index build would wait for. So before each migration outside a
+//! transaction, a run that sees sessions waiting for sqlx's key lets them go first: it
+//! releases that key, waits for it again by polling, reads sqlx's history again,
+//! adopts what they applied, and plans again. A sqlx instance that starts waiting after
+//! that look, while the index builds, still deadlocks with the build (PostgreSQL ends
+//! one of them): finish the switch before releases that build indexes concurrently.
+//! [`SqlxHistory::Off`] stops all of this once every instance runs dblock. On
+//! MySQL 8 the lock is sqlx's `GET_LOCK` name ([`sqlx_mysql_lock_name`]); sqlx takes
+//! none on MariaDB (its negative timeout is refused) or SQLite, where the history is
+//! still written. The recipe and what is and is not guaranteed:
+//! `docs/adopting-sqlx-migrations.md`.
+//!
+//! # The caller's own key
+//!
+//! A service whose start-up scripts already take an advisory key of their own moves to
+//! dblock instance by instance with [`run_script_with_key`] (and
+//! [`Locks::run_script_with_key`]): the script is sent as old instances send it,
+//! `SELECT pg_advisory_xact_lock(KEY);` then the DDL in one message, so old and new
+//! instances exclude each other while both run.
 //!
 //! # Status and dry runs
 //!

@@ -237,13 +237,23 @@ pub(crate) fn interrupted(set: &[Migration], r: &Record, by_statement: bool) -> 
     } else {
         "docs/mysql.md"
     };
+    // Sent whole (MySQL), a run keeping sqlx's history wrote sqlx's row first, as
+    // sqlx's MySQL migrator does: success = false until done.
+    let sqlx = if by_statement {
+        String::new()
+    } else {
+        format!(
+            " (and the same in _sqlx_migrations if it has a row for it: UPDATE … SET \
+             success = TRUE WHERE version = {v}, or DELETE … WHERE version = {v})"
+        )
+    };
     let explanation = format!(
         "was started at {} outside a transaction and never recorded as done: its run was \
          killed or lost its connection (or failed part way). {what}. Check the schema, \
          finish or undo what it did, then record the decision: UPDATE dblock_migrations \
          SET state = 'done' WHERE version = {v} (it is applied), or DELETE FROM \
          dblock_migrations WHERE version = {v} (the next run applies it again, from its \
-         first statement); see {docs}",
+         first statement){sqlx}; see {docs}",
         r.applied_at
     );
     Error::MigrationInterrupted {
