@@ -169,7 +169,7 @@ pub(crate) fn missing(
 
 /// `hex` (lowercase or uppercase digits, even length) as bytes; `None` if it is not.
 pub(crate) fn unhex(hex: &str) -> Option<Vec<u8>> {
-    if hex.len() % 2 != 0 {
+    if !hex.len().is_multiple_of(2) {
         return None;
     }
     (0..hex.len())

@@ -346,7 +346,7 @@ impl MySession {
 
     /// sqlx's rows `rows`, done, in one statement; `installed_on` the entry's (UTC) or
     /// now.
-    async fn to_sqlx(&mut self, rows: &[SqlxEntry]) -> Result<(), Error> {
+    async fn write_sqlx_rows(&mut self, rows: &[SqlxEntry]) -> Result<(), Error> {
         if rows.is_empty() {
             return Ok(());
         }
@@ -437,7 +437,7 @@ impl MySession {
                     .map_err(map_sqlx)?;
                 Ok(())
             }
-            Write::ToSqlx(rows) => self.to_sqlx(rows).await,
+            Write::ToSqlx(rows) => self.write_sqlx_rows(rows).await,
             Write::Progress(..) | Write::Reverted(_) | Write::Adopted(_) => Ok(()),
         }
     }
@@ -572,16 +572,16 @@ impl Session for MySession {
         drop(self.conn.take());
         let released = self.guard.take().map(|g| g.release());
         Box::pin(async move {
-            if let Some((name, mut conn)) = sqlx_lock {
-                if let Some(c) = conn.0.as_mut() {
-                    let r = sqlx::query("DO RELEASE_LOCK(?)")
-                        .bind(name)
-                        .execute(&mut **c)
-                        .await;
-                    if r.is_ok() {
-                        // Released: back to the pool.
-                        drop(conn.0.take());
-                    }
+            if let Some((name, mut conn)) = sqlx_lock
+                && let Some(c) = conn.0.as_mut()
+            {
+                let r = sqlx::query("DO RELEASE_LOCK(?)")
+                    .bind(name)
+                    .execute(&mut **c)
+                    .await;
+                if r.is_ok() {
+                    // Released: back to the pool.
+                    drop(conn.0.take());
                 }
             }
             match released {
