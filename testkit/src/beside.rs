@@ -30,6 +30,28 @@ pub async fn sqlx_expects(dir: &Path) -> Vec<(i64, String, String)> {
         .collect()
 }
 
+/// sqlx's history through sqlx's MySQL and SQLite drivers, as [`SqlxRow`]s.
+const SQLX_ROWS: &str = "SELECT version, description, success, lower(hex(checksum)), \
+                         execution_time FROM _sqlx_migrations ORDER BY version";
+
+/// A row of sqlx's history read through one of sqlx's drivers, columns in
+/// [`SqlxRow`]'s order.
+fn sqlx_row<R: Row>(r: &R) -> SqlxRow
+where
+    usize: sqlx::ColumnIndex<R>,
+    i64: for<'a> sqlx::Decode<'a, R::Database> + sqlx::Type<R::Database>,
+    bool: for<'a> sqlx::Decode<'a, R::Database> + sqlx::Type<R::Database>,
+    String: for<'a> sqlx::Decode<'a, R::Database> + sqlx::Type<R::Database>,
+{
+    SqlxRow {
+        version: r.get(0),
+        description: r.get(1),
+        success: r.get(2),
+        checksum: r.get(3),
+        execution_time: r.get(4),
+    }
+}
+
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
@@ -64,46 +86,17 @@ impl TestDb {
                 })
                 .collect(),
             TestDb::MySql(d) => {
-                let rows = sqlx::query(
-                    "SELECT version, description, success, LOWER(HEX(checksum)), \
-                     execution_time FROM _sqlx_migrations ORDER BY version",
-                )
-                .fetch_all(&mysql_pool(&d.url).await)
-                .await
-                .unwrap();
-                rows.iter()
-                    .map(|r| SqlxRow {
-                        version: r.get(0),
-                        description: r.get(1),
-                        success: r.get(2),
-                        checksum: r.get(3),
-                        execution_time: r.get(4),
-                    })
-                    .collect()
+                let pool = mysql_pool(&d.url).await;
+                let rows = sqlx::query(SQLX_ROWS).fetch_all(&pool).await.unwrap();
+                pool.close().await;
+                rows.iter().map(sqlx_row).collect()
             }
             TestDb::Sqlite(d) => {
-                let pool = sqlx::sqlite::SqlitePoolOptions::new()
-                    .max_connections(1)
-                    .connect_with(sqlx::sqlite::SqliteConnectOptions::new().filename(&d.path))
-                    .await
-                    .unwrap();
-                let rows = sqlx::query(
-                    "SELECT version, description, success, lower(hex(checksum)), \
-                     execution_time FROM _sqlx_migrations ORDER BY version",
-                )
-                .fetch_all(&pool)
-                .await
-                .unwrap();
+                let options = sqlx::sqlite::SqliteConnectOptions::new().filename(&d.path);
+                let pool = sqlx::SqlitePool::connect_with(options).await.unwrap();
+                let rows = sqlx::query(SQLX_ROWS).fetch_all(&pool).await.unwrap();
                 pool.close().await;
-                rows.iter()
-                    .map(|r| SqlxRow {
-                        version: r.get(0),
-                        description: r.get(1),
-                        success: r.get(2),
-                        checksum: r.get(3),
-                        execution_time: r.get(4),
-                    })
-                    .collect()
+                rows.iter().map(sqlx_row).collect()
             }
         }
     }
@@ -253,6 +246,24 @@ async fn mysql_pool(url: &str) -> sqlx::MySqlPool {
         .connect(url)
         .await
         .unwrap()
+}
+
+/// How sqlx's migrators and dblock's runners that ran at once ended.
+pub struct Outcomes {
+    pub sqlx: Vec<Result<(), String>>,
+    pub dblock: Vec<Result<dblock::migrate::Report, dblock::Error>>,
+}
+
+impl Outcomes {
+    /// Every runner's error, sqlx's first.
+    pub fn failures(&self) -> Vec<String> {
+        let sqlx = self.sqlx.iter().filter_map(|r| r.as_ref().err().cloned());
+        let dblock = self
+            .dblock
+            .iter()
+            .filter_map(|r| r.as_ref().err().map(|e| e.to_string()));
+        sqlx.chain(dblock).collect()
+    }
 }
 
 /// A gate: a migration whose SQL waits (inside its transaction) until the test opens

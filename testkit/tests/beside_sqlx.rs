@@ -18,10 +18,10 @@
 
 use std::path::Path;
 
-use dblock::migrate::{Migrations, Report, Runner, SqlxHistory};
+use dblock::migrate::{Migrations, Runner, SqlxHistory};
 use dblock_testkit::TestDb;
 use dblock_testkit::adoption::{FIRST, sqlx_migrate_on, sqlx_shaped_set, version};
-use dblock_testkit::beside::{portable_set, sqlx_expects, up_versions};
+use dblock_testkit::beside::{Outcomes, portable_set, sqlx_expects, up_versions};
 use dblock_testkit::migrations::MigrationDir;
 use dblock_testkit::testdb::within;
 use futures_util::future::join_all;
@@ -29,23 +29,6 @@ use tokio::sync::Barrier;
 
 const SQLX_RUNNERS: usize = 4;
 const DBLOCK_RUNNERS: usize = 4;
-
-/// How the runners ended.
-struct Outcomes {
-    sqlx: Vec<Result<(), String>>,
-    dblock: Vec<Result<Report, dblock::Error>>,
-}
-
-impl Outcomes {
-    fn failures(&self) -> Vec<String> {
-        let sqlx = self.sqlx.iter().filter_map(|r| r.as_ref().err().cloned());
-        let dblock = self
-            .dblock
-            .iter()
-            .filter_map(|r| r.as_ref().err().map(|e| e.to_string()));
-        sqlx.chain(dblock).collect()
-    }
-}
 
 /// `SQLX_RUNNERS` of sqlx's migrator on `dir` and `DBLOCK_RUNNERS` of dblock's on the
 /// same files, released at once, each on connections of its own.

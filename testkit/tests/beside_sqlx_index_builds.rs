@@ -21,7 +21,7 @@ use std::time::Duration;
 use dblock::migrate::{Report, Runner, SqlxHistory};
 use dblock_testkit::TestDb;
 use dblock_testkit::adoption::sqlx_migrate_on;
-use dblock_testkit::beside::{Gate, sqlx_expects, up_versions};
+use dblock_testkit::beside::{Gate, Outcomes, sqlx_expects, up_versions};
 use dblock_testkit::migrations::MigrationDir;
 use dblock_testkit::testdb::within;
 use futures_util::future::join_all;
@@ -72,23 +72,6 @@ fn release_switching() -> Vec<(String, String)> {
         files.push((file, sql));
     }
     files
-}
-
-/// How the runners ended.
-struct Outcomes {
-    sqlx: Vec<Result<(), String>>,
-    dblock: Vec<Result<Report, dblock::Error>>,
-}
-
-impl Outcomes {
-    fn failures(&self) -> Vec<String> {
-        let sqlx = self.sqlx.iter().filter_map(|r| r.as_ref().err().cloned());
-        let dblock = self
-            .dblock
-            .iter()
-            .filter_map(|r| r.as_ref().err().map(|e| e.to_string()));
-        sqlx.chain(dblock).collect()
-    }
 }
 
 /// dblock's runners on `dblock_files` start first; once one of them holds both locks

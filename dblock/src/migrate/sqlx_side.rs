@@ -100,6 +100,27 @@ fn crc32(bytes: &[u8]) -> u32 {
     !crc
 }
 
+/// sqlx 0.9's `CREATE TABLE IF NOT EXISTS` of its history (each driver's
+/// `ensure_migrations_table`), `table` as SQL names it (sqlx puts the configured name
+/// into its SQL as it is): on PostgreSQL (`postgres`) with `TIMESTAMPTZ` and `BYTEA`,
+/// on MySQL and SQLite with `TIMESTAMP` and `BLOB`.
+pub(crate) fn create_table(table: &str, postgres: bool) -> String {
+    let (at, now, bytes) = if postgres {
+        ("TIMESTAMPTZ", "now()", "BYTEA")
+    } else {
+        ("TIMESTAMP", "CURRENT_TIMESTAMP", "BLOB")
+    };
+    format!(
+        "CREATE TABLE IF NOT EXISTS {table} (\
+         version BIGINT PRIMARY KEY, \
+         description TEXT NOT NULL, \
+         installed_on {at} NOT NULL DEFAULT {now}, \
+         success BOOLEAN NOT NULL, \
+         checksum {bytes} NOT NULL, \
+         execution_time BIGINT NOT NULL)"
+    )
+}
+
 /// One row of sqlx's history, as sqlx writes it for a migration it applied.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct SqlxEntry {

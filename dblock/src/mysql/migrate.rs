@@ -252,19 +252,6 @@ struct MySession {
     sqlx_lock: Option<String>,
 }
 
-/// sqlx 0.9's MySQL history table (`ensure_migrations_table`).
-fn create_sqlx_table(table: &str) -> String {
-    format!(
-        "CREATE TABLE IF NOT EXISTS {table} (\
-         version BIGINT PRIMARY KEY, \
-         description TEXT NOT NULL, \
-         installed_on TIMESTAMP NOT NULL DEFAULT CURRENT_TIMESTAMP, \
-         success BOOLEAN NOT NULL, \
-         checksum BLOB NOT NULL, \
-         execution_time BIGINT NOT NULL)"
-    )
-}
-
 /// The first pause between two attempts at sqlx's lock; it doubles up to
 /// [`POLL_MAX`].
 const POLL_FIRST: Duration = Duration::from_millis(20);
@@ -539,7 +526,7 @@ impl Session for MySession {
                 self.sqlx_lock = Some(name);
             }
             if create {
-                self.run(&create_sqlx_table(&self.sqlx_table.clone()))
+                self.run(&sqlx_side::create_table(&self.sqlx_table, false))
                     .await?;
             }
             self.keeps_sqlx = true;

@@ -120,19 +120,6 @@ struct SqliteSession {
     has_state: bool,
 }
 
-/// sqlx 0.9's SQLite history table (`ensure_migrations_table`).
-fn create_sqlx_table(table: &str) -> String {
-    format!(
-        "CREATE TABLE IF NOT EXISTS {table} (\
-         version BIGINT PRIMARY KEY, \
-         description TEXT NOT NULL, \
-         installed_on TIMESTAMP NOT NULL DEFAULT CURRENT_TIMESTAMP, \
-         success BOOLEAN NOT NULL, \
-         checksum BLOB NOT NULL, \
-         execution_time BIGINT NOT NULL)"
-    )
-}
-
 /// sqlx's rows, done, in one statement on `conn`; `installed_on` the entry's or now.
 async fn to_sqlx(
     conn: &mut sqlx::SqliteConnection,
@@ -369,7 +356,7 @@ impl Session for SqliteSession {
         // sqlx's SQLite migrator takes no lock: there is none to hold.
         Box::pin(async move {
             if create {
-                let sql = create_sqlx_table(&self.sqlx_table);
+                let sql = sqlx_side::create_table(&self.sqlx_table, false);
                 self.run(&sql).await?;
             }
             self.keeps_sqlx = true;

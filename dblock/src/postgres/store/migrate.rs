@@ -403,7 +403,7 @@ impl Session for PgSession {
                 self.sqlx_key = Some(key);
             }
             if create {
-                self.q(&super::sqlx_side::create_table(&self.sqlx_table))
+                self.q(&sqlx_side::create_table(&self.sqlx_table, true))
                     .await?;
             }
             self.keeps_sqlx = true;

@@ -1,24 +1,10 @@
-//! The SQL of a PostgreSQL run beside sqlx's migrator: sqlx's history table as sqlx
-//! creates it, its rows as sqlx writes them, and the sessions waiting for sqlx's lock
-//! (see `migrate::sqlx_side`, and the store's session in `migrate.rs`).
+//! The SQL of a PostgreSQL run beside sqlx's migrator: sqlx's rows as sqlx writes them,
+//! and the sessions waiting for sqlx's lock (see `migrate::sqlx_side`, and the store's
+//! session in `migrate.rs`).
 
 use crate::key::Key;
 use crate::migrate::sqlx_side::SqlxEntry;
 use crate::postgres::sql::quote_literal;
-
-/// sqlx 0.9's `CREATE TABLE IF NOT EXISTS` of its history (`ensure_migrations_table`),
-/// `table` as SQL names it (sqlx puts the configured name into its SQL as it is).
-pub(crate) fn create_table(table: &str) -> String {
-    format!(
-        "CREATE TABLE IF NOT EXISTS {table} (\
-         version BIGINT PRIMARY KEY, \
-         description TEXT NOT NULL, \
-         installed_on TIMESTAMPTZ NOT NULL DEFAULT now(), \
-         success BOOLEAN NOT NULL, \
-         checksum BYTEA NOT NULL, \
-         execution_time BIGINT NOT NULL)"
-    )
-}
 
 /// The rows, in one statement: `success` true, `installed_on` the entry's time or the
 /// column's default (the transaction's start, as for sqlx).
