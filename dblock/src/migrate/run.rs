@@ -179,12 +179,6 @@ async fn apply_pending(
             };
             on_applied(&applied);
             report.applied.push(applied);
-            l.records.push(Record {
-                version: m.version(),
-                name: m.name().to_string(),
-                checksum: m.checksum().to_string(),
-                ..Record::default()
-            });
         }
         break;
     }
