@@ -7,8 +7,8 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use clap::{Args, Subcommand};
-use dblock::migrate::{Migrations, Runner, SqlxConfig, State, StatusEntry};
+use clap::{Args, Subcommand, ValueEnum};
+use dblock::migrate::{Migrations, Runner, SqlxConfig, SqlxHistory, State, StatusEntry};
 
 use crate::sqlx_toml::SqlxToml;
 use crate::{EXIT_BAD_MIGRATIONS, exit_code};
@@ -24,7 +24,10 @@ use crate::{EXIT_BAD_MIGRATIONS, exit_code};
                   is `-- dblock:no-transaction` or sqlx's `-- no-transaction` runs \
                   statement by statement outside one (CREATE INDEX CONCURRENTLY). On a \
                   database sqlx migrated, what _sqlx_migrations records is adopted (each \
-                  file's checksum verified), never applied again. A sqlx.toml in the \
+                  file's checksum verified), never applied again; while that history \
+                  exists, dblock also holds sqlx's migration lock and records what it \
+                  applies there, so instances still running sqlx's migrator during a \
+                  rolling deploy take turns with it (--sqlx-history). A sqlx.toml in the \
                   current directory is read as sqlx-cli reads it: [migrate] table-name \
                   and ignored-chars for adoption, migrations-dir as the default DIR.\n\n\
                   Exit: 0 everything is applied; 65 the migration set cannot be applied \
@@ -106,6 +109,32 @@ struct Target {
     /// current directory), else `migrations`, as sqlx-cli does.
     #[arg(value_name = "DIR")]
     dir: Option<PathBuf>,
+
+    /// Keep sqlx's history too, holding sqlx's migration lock, so that instances still
+    /// running sqlx's migrator take turns with dblock and never apply a migration
+    /// twice: `auto` where sqlx's history table exists, `always` (creating it: a fresh
+    /// database where sqlx instances may also start), `off` once every instance runs
+    /// dblock.
+    #[arg(long, value_enum, value_name = "WHEN", default_value_t = SqlxHistoryArg::Auto)]
+    sqlx_history: SqlxHistoryArg,
+}
+
+/// `--sqlx-history`'s values.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum SqlxHistoryArg {
+    Auto,
+    Always,
+    Off,
+}
+
+impl From<SqlxHistoryArg> for SqlxHistory {
+    fn from(a: SqlxHistoryArg) -> SqlxHistory {
+        match a {
+            SqlxHistoryArg::Auto => SqlxHistory::Auto,
+            SqlxHistoryArg::Always => SqlxHistory::Always,
+            SqlxHistoryArg::Off => SqlxHistory::Off,
+        }
+    }
 }
 
 pub fn main(args: MigrateArgs) -> u8 {
@@ -162,6 +191,7 @@ struct Opened<'a> {
     dir: &'a Path,
     sqlx: Option<SqlxConfig>,
     ignore_missing: bool,
+    sqlx_history: SqlxHistory,
 }
 
 impl Opened<'_> {
@@ -170,7 +200,8 @@ impl Opened<'_> {
         let runner = self
             .set
             .runner(&self.locks)
-            .ignore_missing(self.ignore_missing);
+            .ignore_missing(self.ignore_missing)
+            .sqlx_history(self.sqlx_history);
         match &self.sqlx {
             Some(config) => runner.sqlx_config(config.clone()),
             None => runner,
@@ -196,6 +227,7 @@ async fn open<'a>(
         dir,
         sqlx: toml.config.clone(),
         ignore_missing: target.ignore_missing,
+        sqlx_history: target.sqlx_history.into(),
     })
 }
 

@@ -252,6 +252,78 @@ async fn eight_processes_adopt_what_sqlx_applied_and_apply_the_rest_once() {
     db.drop().await;
 }
 
+/// A rolling deploy from sqlx to dblock, on a fresh database: four `dblock migrate
+/// --sqlx-history always` processes and four instances still running sqlx's migrator,
+/// at once. Every one succeeds, each migration runs once, both histories end complete.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dblock_processes_and_sqlx_migrators_at_once_apply_each_migration_once() {
+    let db = OwnDatabase::new("cli_beside_sqlx").await;
+    let files: Vec<(String, String)> = sqlx_shaped_set()
+        .into_iter()
+        .filter(|(_, sql)| !sql.starts_with("-- no-transaction"))
+        .collect();
+    let d = MigrationDir::new(&files);
+    let mut runs = Vec::new();
+    for _ in 0..4 {
+        let state = tempfile::tempdir().unwrap();
+        let mut c = dblock(state.path());
+        c.args([
+            "migrate",
+            "--db",
+            &db.url,
+            "--sqlx-history",
+            "always",
+            dir_arg(&d),
+        ]);
+        runs.push(tokio::spawn(async move {
+            let _state = state;
+            bounded(c).await
+        }));
+    }
+    let mut sqlx_runs = Vec::new();
+    for _ in 0..4 {
+        let (url, dir) = (db.url.clone(), d.path().to_path_buf());
+        sqlx_runs.push(tokio::spawn(
+            async move { sqlx_migrate(&url, &dir, None).await },
+        ));
+    }
+    for r in runs {
+        let out = r.await.unwrap();
+        assert_eq!(code(&out), 0, "{out:?}");
+    }
+    for r in sqlx_runs {
+        r.await.unwrap().unwrap();
+    }
+    let twice: i64 = db
+        .one("SELECT count(*) FROM (SELECT file FROM migration_log GROUP BY file HAVING count(*) > 1) x")
+        .await;
+    assert_eq!(twice, 0);
+    let logged: i64 = db.one("SELECT count(*) FROM migration_log").await;
+    assert_eq!(
+        logged as usize,
+        files.len()
+            - files
+                .iter()
+                .filter(|(f, _)| f.ends_with(".down.sql"))
+                .count()
+    );
+    let dblock_versions = db.versions("dblock_migrations").await;
+    assert_eq!(dblock_versions.len(), MIGRATIONS - 6);
+    assert_eq!(db.versions("_sqlx_migrations").await, dblock_versions);
+    // A value the option does not know is a usage error.
+    let out = dblock_args(&[
+        "migrate",
+        "--db",
+        &db.url,
+        "--sqlx-history",
+        "sometimes",
+        dir_arg(&d),
+    ])
+    .await;
+    assert_eq!(code(&out), 64, "{out:?}");
+    db.drop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_edited_file_exits_65_naming_it_and_the_command_that_adopts() {
     let db = OwnDatabase::new("cli_edited").await;

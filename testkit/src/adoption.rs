@@ -99,8 +99,9 @@ impl OwnDatabase {
     }
 }
 
-/// Applies `dir` with sqlx's own migrator (the code `sqlx migrate run` runs), up to
-/// version `to` or all of it: `_sqlx_migrations` then holds exactly sqlx's rows.
+/// Applies `dir` with sqlx's own migrator (`Migrator::run`, what services call at
+/// start-up), up to version `to` or all of it: `_sqlx_migrations` then holds exactly
+/// sqlx's rows.
 pub async fn sqlx_migrate(url: &str, dir: &Path, to: Option<i64>) -> Result<(), String> {
     let pool = sqlx::postgres::PgPoolOptions::new()
         .max_connections(1)
@@ -139,8 +140,8 @@ pub async fn sqlx_migrate_sqlite(path: &Path, dir: &Path, to: Option<i64>) -> Re
     res.map_err(|e| e.to_string())
 }
 
-/// [`sqlx_migrate`] on any backend's test database: sqlx's own migrator (the code
-/// `sqlx migrate run` runs), up to version `to`, writing sqlx's history as sqlx does.
+/// [`sqlx_migrate`] on any backend's test database: sqlx's own migrator
+/// (`Migrator::run`), up to version `to`, writing sqlx's history as sqlx does.
 pub async fn sqlx_migrate_on(
     db: &crate::TestDb,
     dir: &Path,

@@ -9,6 +9,7 @@
 
 pub mod adoption;
 pub mod appdb;
+pub mod beside;
 pub mod cluster;
 pub mod mariadb_server;
 pub mod migrations;

@@ -119,9 +119,9 @@ async fn eight_runners_apply_an_sqlx_shaped_set_once_on_a_fresh_database() {
 }
 
 /// The control for the test above: the same set, eight runners at once, with sqlx's
-/// own migrator (the code `sqlx migrate run` runs). It fails in most runners (measured:
-/// 7 of 8, four runs out of four: `deadlock detected` beside the concurrent index builds,
-/// and an index built twice), so the fixture does exercise what dblock's lock prevents.
+/// own migrator (`Migrator::run`, what services call at start-up). It fails in most
+/// runners (measured: 7 of 8, four runs out of four: `deadlock detected` beside the
+/// concurrent index builds, and an index built twice), so the fixture does exercise what dblock's lock prevents.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn control_sqlxs_own_migrator_fails_with_eight_runners_at_once() {
     let db = OwnDatabase::new("adopt_sqlx_control").await;

@@ -3,17 +3,20 @@
 //! apply each migration once (with the control that races without the lock), a failing
 //! migration stops the run and frees the lock, an interrupted one is refused with what
 //! ran until someone decides, edited and unknown migrations are refused, status and dry
-//! runs change nothing, sqlx's history is adopted, baselines record without running,
-//! and reverts run where DDL is transactional. Each test has a database of its own: the
+//! runs change nothing, sqlx's history is adopted (and kept, as sqlx writes it, until
+//! turned off), baselines record without running, and reverts run where DDL is
+//! transactional. Each test has a database of its own: the
 //! migration lock is database-wide. A backend's own traps stay in its own file
 //! (`migrations.rs`, `adoption.rs` for PostgreSQL; `dblock-cli/tests/mysql_migrate.rs`).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use dblock::Error;
-use dblock::migrate::State;
+use dblock::migrate::{SqlxHistory, State};
 use dblock_testkit::adoption::sqlx_migrate_on;
+use dblock_testkit::beside::sqlx_expects;
 use dblock_testkit::migrations::{MigrationDir, with_a_slow_no_transaction_migration};
 use dblock_testkit::testdb::within;
 use dblock_testkit::{TestDb, eventually};
@@ -569,6 +572,108 @@ async fn reverts_run_down_files_newest_first_where_ddl_is_transactional(db: &Tes
     );
 }
 
+/// Beside sqlx's migrator, one after the other: what dblock applies it records in
+/// sqlx's history exactly as sqlx's own code would (so sqlx's migrator then finds
+/// nothing to do), what sqlx applies dblock adopts, and `SqlxHistory::Off` leaves
+/// sqlx's history and lock alone; while sqlx's lock is held (PostgreSQL, MySQL 8: where
+/// sqlx takes one), a run that keeps sqlx's history waits for it.
+async fn sqlxs_history_is_kept_as_sqlx_writes_it_until_turned_off(db: &TestDb) {
+    let log = |f: &str| format!("INSERT INTO log (f) VALUES ('{f}');");
+    let mut files = vec![
+        (
+            "20240101000000_create_log.sql".to_string(),
+            format!("CREATE TABLE log (f VARCHAR(64));\n{}", log("a")),
+        ),
+        (
+            "20240102000000_b_table.up.sql".to_string(),
+            format!("CREATE TABLE b (x INT);\n{}", log("b")),
+        ),
+        (
+            "20240102000000_b_table.down.sql".to_string(),
+            "DROP TABLE b;".to_string(),
+        ),
+        (
+            "20240103000000_outside.sql".to_string(),
+            "-- no-transaction\nCREATE TABLE c (x INT);\nCREATE TABLE c2 (x INT);\n".to_string(),
+        ),
+    ];
+    let d = MigrationDir::new(&files);
+    let locks = db.locks().await;
+    // A fresh database where sqlx's instances may start too: asked to keep its history.
+    let report = d
+        .set()
+        .runner(&locks)
+        .sqlx_history(SqlxHistory::Always)
+        .run()
+        .await
+        .unwrap();
+    assert_eq!(report.applied.len(), 3);
+    let applied = db.sqlx_rows().await;
+    assert!(applied.iter().all(|r| r.execution_time > 0), "{applied:?}");
+    let seen = |rows: Vec<dblock_testkit::beside::SqlxRow>| {
+        // Nanoseconds; a row filled in later has dblock's milliseconds (0 for a fast one).
+        assert!(
+            rows.iter().all(|r| r.success && r.execution_time >= 0),
+            "{rows:?}"
+        );
+        rows.into_iter()
+            .map(|r| (r.version, r.description, r.checksum))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(seen(db.sqlx_rows().await), sqlx_expects(d.path()).await);
+    // sqlx's migrator finds nothing to do.
+    sqlx_migrate_on(db, d.path(), None).await.unwrap();
+    assert_eq!(db.scalar("SELECT count(*) FROM log").await, 2);
+
+    // sqlx applies the next; dblock adopts it, and has nothing to write.
+    files.push((
+        "20240104000000_d.sql".to_string(),
+        format!("CREATE TABLE d (x INT);\n{}", log("d")),
+    ));
+    d.write(&files[4].0, &files[4].1);
+    sqlx_migrate_on(db, d.path(), None).await.unwrap();
+    let report = d.set().run(&locks).await.unwrap();
+    assert_eq!((report.applied.len(), report.adopted), (0, 1));
+    assert_eq!(seen(db.sqlx_rows().await), sqlx_expects(d.path()).await);
+
+    // While sqlx's lock is held, a run that keeps sqlx's history waits for it.
+    files.push((
+        "20240105000000_e.sql".to_string(),
+        format!("CREATE TABLE e (x INT);\n{}", log("e")),
+    ));
+    d.write(&files[5].0, &files[5].1);
+    let set = d.set();
+    let holder = db.hold_sqlx_lock().await;
+    if !matches!(db, TestDb::Sqlite(_)) {
+        let waited = tokio::time::timeout(Duration::from_millis(700), set.run(&locks)).await;
+        assert!(waited.is_err(), "the run waited for sqlx's lock");
+        assert!(!db.has_table("e").await);
+    }
+    // Off: neither sqlx's lock nor its history.
+    let report = within(60, "a run with sqlx's history off", async {
+        set.runner(&locks)
+            .sqlx_history(SqlxHistory::Off)
+            .run()
+            .await
+    })
+    .await
+    .unwrap();
+    assert_eq!(report.applied.len(), 1);
+    drop(holder);
+    let rows = seen(db.sqlx_rows().await);
+    assert_eq!(rows.len(), 4, "sqlx's history left alone");
+    assert_eq!(db.done_versions().await.len(), 5);
+    // Turned back on, what sqlx's history lacks is filled in (dblock's times).
+    set.run(&locks).await.unwrap();
+    assert_eq!(seen(db.sqlx_rows().await), sqlx_expects(d.path()).await);
+    sqlx_migrate_on(db, d.path(), None).await.unwrap();
+    assert_eq!(
+        db.scalar("SELECT count(*) FROM log").await,
+        4,
+        "nothing twice"
+    );
+}
+
 dblock_testkit::every_backend!(
     own_database: eight_runners_at_once_apply_each_migration_exactly_once,
     a_failing_migration_stops_the_run_names_it_and_frees_the_lock,
@@ -579,4 +684,5 @@ dblock_testkit::every_backend!(
     sqlxs_history_is_adopted_and_an_edited_file_named,
     baseline_records_migrations_without_running_them,
     reverts_run_down_files_newest_first_where_ddl_is_transactional,
+    sqlxs_history_is_kept_as_sqlx_writes_it_until_turned_off,
 );

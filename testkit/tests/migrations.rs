@@ -1,5 +1,6 @@
 //! Migrations' PostgreSQL traps (and SQLite's): the seed's experiment with and without
-//! the lock, start-up scripts, the lock taken before the table is read, a handle on an
+//! the lock, start-up scripts (under dblock's key, and under a service's own beside its
+//! old instances), the lock taken before the table is read, a handle on an
 //! sqlx pool, cancellation, and the concurrent-index trap. What every backend must do
 //! is tested once for all in `every_backend_migrations.rs`. Each PostgreSQL test has a
 //! database of its own: the migration lock is database-wide.
@@ -135,6 +136,97 @@ async fn lock_prefixed_scripts_never_fail_when_run_at_once() {
         }
     }
     assert!(s.migration_lock_of_sessions().await.is_empty());
+}
+
+/// The seed's own key: `FRAISE` and a version byte.
+const SERVICE_KEY: i64 = 0x4652_4149_5345_0001;
+
+/// Instances switching one by one: four old ones send each script as the seed does
+/// (`SELECT pg_advisory_xact_lock(SERVICE_KEY);` then the script, one message), four new
+/// ones run it with dblock (two on an sqlx pool, two on a handle) under `key` (the
+/// service's own, or with `None` dblock's), all at once, in rounds from an empty schema
+/// and then with the tables in place; returns every failure.
+async fn old_and_new_instances_at_once(s: &PgSchema, key: Option<i64>) -> Vec<String> {
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(2)
+        .connect(&s.url)
+        .await
+        .unwrap();
+    let handle = s.locks().await;
+    let mut all = Vec::new();
+    for round in 0..4 {
+        if round < 2 {
+            s.empty().await;
+        }
+        let barrier = Arc::new(Barrier::new(RUNNERS));
+        let mut tasks = Vec::new();
+        for i in 0..RUNNERS {
+            let old = admin_connect(&s.url).await;
+            let (pool, handle, barrier) = (pool.clone(), handle.clone(), barrier.clone());
+            tasks.push(tokio::spawn(async move {
+                barrier.wait().await;
+                let mut failures = Vec::new();
+                for sub in SUBSYSTEMS {
+                    let ddl = seed_script(sub);
+                    let res = match (i % 4, key) {
+                        (0 | 1, _) => old
+                            .batch_execute(&format!(
+                                "SELECT pg_advisory_xact_lock({SERVICE_KEY});\n{ddl}"
+                            ))
+                            .await
+                            .map_err(|e| e.to_string()),
+                        (2, Some(k)) => dblock::migrate::run_script_with_key(&pool, k, &ddl)
+                            .await
+                            .map_err(|e| e.to_string()),
+                        (2, None) => dblock::migrate::run_script(&pool, &ddl)
+                            .await
+                            .map_err(|e| e.to_string()),
+                        (_, Some(k)) => handle
+                            .run_script_with_key(k, &ddl)
+                            .await
+                            .map_err(|e| e.to_string()),
+                        (_, None) => handle.run_script(&ddl).await.map_err(|e| e.to_string()),
+                    };
+                    if let Err(e) = res {
+                        failures.push(format!("round {round}: {e}"));
+                    }
+                }
+                failures
+            }));
+        }
+        for t in tasks {
+            all.extend(t.await.unwrap());
+        }
+    }
+    all
+}
+
+/// A service whose start-up scripts take a key of their own moves to dblock instance by
+/// instance: dblock's scripts under that key, beside old instances still sending the
+/// seed's message, never fail.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn old_and_dblock_instances_take_turns_under_the_services_own_key() {
+    let s = PgSchema::own_database("mig_own_key").await;
+    let failures = old_and_new_instances_at_once(&s, Some(SERVICE_KEY)).await;
+    assert!(failures.is_empty(), "{failures:?}");
+    for sub in SUBSYSTEMS {
+        assert!(s.has_relation(&format!("_app_{sub}")).await);
+    }
+}
+
+/// The control: the same with dblock's scripts under dblock's own key, which the old
+/// instances do not take: the two kinds race (duplicate catalogue keys, deadlocks).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn control_under_different_keys_old_and_new_instances_race() {
+    let s = PgSchema::own_database("mig_two_keys").await;
+    let failures = old_and_new_instances_at_once(&s, None).await;
+    eprintln!("under two keys: {} failures: {failures:?}", failures.len());
+    assert!(
+        failures
+            .iter()
+            .any(|f| f.contains("duplicate key") || f.contains("deadlock")),
+        "the control must race: {failures:?}"
+    );
 }
 
 /// The seed's experiment with the runner: eight runners on separate connections start

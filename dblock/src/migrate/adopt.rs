@@ -58,6 +58,8 @@ pub(crate) struct OtherTool {
 #[derive(Debug, Clone, Default)]
 pub(crate) struct History {
     pub(crate) sqlx: Vec<SqlxRow>,
+    /// sqlx's history table exists (it may be empty).
+    pub(crate) sqlx_table: bool,
     pub(crate) others: Vec<OtherTool>,
 }
 
@@ -110,7 +112,7 @@ pub(crate) fn sqlx_matches(m: &Migration, hex: &str, ignored: Option<&BTreeSet<c
 
 /// sqlx's checksum of `sql` with the characters `ignored` picks left out: the SHA-384 of
 /// what remains (sqlx's `checksum_fragments`), in lowercase hex.
-fn sqlx_checksum(sql: &str, ignored: impl Fn(char) -> bool) -> String {
+pub(crate) fn sqlx_checksum(sql: &str, ignored: impl Fn(char) -> bool) -> String {
     let mut d = Sha384::new();
     for piece in sql.split(ignored) {
         d.update(piece.as_bytes());
@@ -332,7 +334,7 @@ mod tests {
                 row(2, "SELECT 2;", true),
                 row(9, "x", true),
             ],
-            others: Vec::new(),
+            ..History::default()
         };
         let r = reconcile(set, &[], &h, Sqlx::DEFAULT);
         assert_eq!(
@@ -351,7 +353,7 @@ mod tests {
         // Whitespace-insensitive checksums (sqlx's ignored-chars) match too.
         let ws = History {
             sqlx: vec![row(1, "SELECT1;", true)],
-            others: Vec::new(),
+            ..History::default()
         };
         assert_eq!(reconcile(set, &[], &ws, Sqlx::DEFAULT).adopt.len(), 1);
 
@@ -362,7 +364,7 @@ mod tests {
                 row(3, "SELECT 33;", true),
                 row(4, "SELECT 4;", false),
             ],
-            others: Vec::new(),
+            ..History::default()
         };
         let r = reconcile(set, &[], &edited, Sqlx::DEFAULT);
         let e = refusal(&[], &edited, &r, Sqlx::DEFAULT).unwrap();
@@ -389,6 +391,7 @@ mod tests {
     fn other_tools_histories_are_refused_with_the_command_that_adopts_them() {
         let h = History {
             sqlx: Vec::new(),
+            sqlx_table: false,
             others: vec![OtherTool {
                 tool: "golang-migrate",
                 table: "schema_migrations",

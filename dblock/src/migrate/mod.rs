@@ -164,7 +164,41 @@
 //!   [`Error::ForeignHistory`] naming the command that adopts,
 //!   `dblock migrate baseline DIR --to VERSION` ([`Runner::baseline`]).
 //!
-//! dblock does not write to those tables: switch every instance at once.
+//! dblock writes to none of those tables but sqlx's (below).
+//!
+//! # Beside sqlx's migrator
+//!
+//! During a rolling deploy, instances still calling sqlx's migrator at start-up and
+//! instances running dblock's share the database. While sqlx's history table exists
+//! ([`SqlxHistory::Auto`], the default; or always, [`SqlxHistory::Always`], which
+//! creates it), a run also holds sqlx's migration lock — the key sqlx derives from the
+//! database, [`sqlx_lock_key`], taken after dblock's and, like it, by polling, holding
+//! no snapshot — and writes each migration it applies into sqlx's history exactly as
+//! sqlx would (version, description, success, checksum, execution time in
+//! nanoseconds), in the migration's own transaction; what dblock recorded and sqlx's
+//! history lacks is written there too. So a sqlx instance that runs after dblock finds
+//! nothing to do, and one that runs before makes dblock wait, then be adopted.
+//!
+//! sqlx's migrator waits inside `pg_advisory_lock`, holding a snapshot that a
+//! concurrent index build would wait for. So before each migration outside a
+//! transaction, a run that sees sessions waiting for sqlx's key lets them go first: it
+//! releases that key, waits for it again by polling, reads sqlx's history again,
+//! adopts what they applied, and plans again. A sqlx instance that starts waiting after
+//! that look, while the index builds, still deadlocks with the build (PostgreSQL ends
+//! one of them): finish the switch before releases that build indexes concurrently.
+//! [`SqlxHistory::Off`] stops all of this once every instance runs dblock. On
+//! MySQL 8 the lock is sqlx's `GET_LOCK` name ([`sqlx_mysql_lock_name`]); sqlx takes
+//! none on MariaDB (its negative timeout is refused) or SQLite, where the history is
+//! still written. The recipe and what is and is not guaranteed:
+//! `docs/adopting-sqlx-migrations.md`.
+//!
+//! # The caller's own key
+//!
+//! A service whose start-up scripts already take an advisory key of their own moves to
+//! dblock instance by instance with [`run_script_with_key`] (and
+//! [`Locks::run_script_with_key`]): the script is sent as old instances send it,
+//! `SELECT pg_advisory_xact_lock(KEY);` then the DDL in one message, so old and new
+//! instances exclude each other while both run.
 //!
 //! # Status and dry runs
 //!
@@ -185,6 +219,7 @@ mod run;
 pub(crate) mod set;
 pub(crate) mod split;
 mod sqlx_config;
+pub(crate) mod sqlx_side;
 mod status;
 pub(crate) mod store;
 
@@ -192,15 +227,16 @@ use std::fmt;
 
 use crate::error::Error;
 use crate::locks::Locks;
-use run::Ctx;
+use run::{Ctx, Guards};
 use store::MigrationStore;
 
 pub use files::MAX_FILE_BYTES;
 pub use layout::Layout;
 pub use lint::Hazard;
-pub use plan::{Applied, MIGRATION_LOCK_KEY, Report, TABLE, lock_prefixed};
+pub use plan::{Applied, MIGRATION_LOCK_KEY, Report, TABLE, lock_prefixed, lock_prefixed_with};
 pub use set::{Migration, Migrations, NO_TRANSACTION_HEADER, SQLX_NO_TRANSACTION};
 pub use sqlx_config::SqlxConfig;
+pub use sqlx_side::{SqlxHistory, sqlx_lock_key, sqlx_mysql_lock_name};
 pub use status::{State, Status, StatusEntry};
 pub use store::ScriptPool;
 
@@ -231,8 +267,38 @@ pub use store::ScriptPool;
 /// is released when its transaction ends either way, and the script is applied whole or
 /// not at all.
 pub async fn run_script<P: ScriptPool + ?Sized>(pool: &P, ddl: &str) -> Result<(), Error> {
+    run_script_with_key(pool, MIGRATION_LOCK_KEY, ddl).await
+}
+
+/// [`run_script`] under advisory key `key` instead of [`MIGRATION_LOCK_KEY`]: the key
+/// a service's start-up scripts already take, so that it can move to dblock instance by
+/// instance (see [the module](self#the-callers-own-key)). The script is sent as
+/// [`lock_prefixed_with`]`(key, ddl)`, the very message such a service sends, so old
+/// and new instances exclude each other.
+///
+/// ```no_run
+/// # async fn demo(pool: sqlx::PgPool) -> Result<(), dblock::Error> {
+/// /// The key the server's scripts took before dblock: `FRAISE` and a version byte.
+/// const MIGRATION_LOCK_KEY: i64 = 0x4652_4149_5345_0001;
+/// const DDL: &str = "CREATE TABLE IF NOT EXISTS _fraiseql_cron_state (job text PRIMARY KEY);";
+/// dblock::migrate::run_script_with_key(&pool, MIGRATION_LOCK_KEY, DDL).await?;
+/// # Ok(()) }
+/// ```
+///
+/// # Errors
+///
+/// As [`run_script`].
+///
+/// # Cancel safety
+///
+/// As [`run_script`].
+pub async fn run_script_with_key<P: ScriptPool + ?Sized>(
+    pool: &P,
+    key: i64,
+    ddl: &str,
+) -> Result<(), Error> {
     check_script(ddl)?;
-    pool.run_locked(lock_prefixed(ddl)).await
+    pool.run_locked(lock_prefixed_with(key, ddl)).await
 }
 
 /// Refuses a start-up script with transaction control, which would end the lock early.
@@ -275,8 +341,24 @@ impl Locks {
     /// applied, and a statement it was running may finish after the lock is released
     /// (the script must be idempotent, and the next start runs it again).
     pub async fn run_script(&self, ddl: &str) -> Result<(), Error> {
+        self.run_script_with_key(MIGRATION_LOCK_KEY, ddl).await
+    }
+
+    /// [`Locks::run_script`] under advisory key `key` instead of
+    /// [`MIGRATION_LOCK_KEY`] (see [`run_script_with_key`]). On PostgreSQL,
+    /// [`lock_prefixed_with`]`(key, ddl)` as one message; on SQLite, `key`'s byte of the
+    /// lock file; on MySQL, dblock's named lock of `key` (only dblock instances share it).
+    ///
+    /// # Errors
+    ///
+    /// As [`run_script`].
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`Locks::run_script`].
+    pub async fn run_script_with_key(&self, key: i64, ddl: &str) -> Result<(), Error> {
         check_script(ddl)?;
-        store(self)?.run_script(ddl).await
+        store(self)?.run_script(key, ddl).await
     }
 }
 
@@ -314,6 +396,8 @@ impl Migrations {
             ignore_missing: false,
             on_applied: None,
             sqlx: SqlxConfig::default(),
+            sqlx_history: SqlxHistory::default(),
+            guards: Guards::default(),
         }
     }
 }
@@ -337,6 +421,8 @@ pub struct Runner<'a> {
     ignore_missing: bool,
     on_applied: Option<OnApplied<'a>>,
     sqlx: SqlxConfig,
+    sqlx_history: SqlxHistory,
+    guards: Guards,
 }
 
 /// The callback of [`Runner::on_applied`].
@@ -349,6 +435,7 @@ impl fmt::Debug for Runner<'_> {
             .field("locks", self.locks)
             .field("ignore_missing", &self.ignore_missing)
             .field("sqlx", &self.sqlx)
+            .field("sqlx_history", &self.sqlx_history)
             .finish_non_exhaustive()
     }
 }
@@ -374,6 +461,32 @@ impl<'a> Runner<'a> {
     /// `_sqlx_migrations`, with either checksum accepted.
     pub fn sqlx_config(mut self, config: SqlxConfig) -> Self {
         self.sqlx = config;
+        self
+    }
+
+    /// Whether the run keeps sqlx's history (and holds sqlx's migration lock) beside
+    /// its own: [`SqlxHistory::Auto`] (the default) where sqlx's history table exists,
+    /// [`SqlxHistory::Always`], or [`SqlxHistory::Off`] once every instance runs dblock.
+    /// See [the module](crate::migrate#beside-sqlxs-migrator).
+    pub fn sqlx_history(mut self, mode: SqlxHistory) -> Self {
+        self.sqlx_history = mode;
+        self
+    }
+
+    /// For tests' controls only: keep sqlx's history without holding sqlx's lock, to
+    /// show the race the lock prevents. Never use it.
+    #[doc(hidden)]
+    pub fn __without_sqlx_lock(mut self) -> Self {
+        self.guards.sqlx_lock = false;
+        self
+    }
+
+    /// For tests' controls only: run migrations outside a transaction while sqlx's
+    /// migrators wait, to show the deadlock letting them go first prevents. Never use
+    /// it.
+    #[doc(hidden)]
+    pub fn __without_yielding_to_sqlx(mut self) -> Self {
+        self.guards.yield_to_sqlx = false;
         self
     }
 
@@ -407,7 +520,7 @@ impl<'a> Runner<'a> {
             Some(f) => f.as_mut(),
             None => &mut ignore,
         };
-        let c = ctx(self.locks, set, self.sqlx.clone())?;
+        let c = ctx(self.locks, set, self.sqlx.clone())?.beside(self.sqlx_history, self.guards);
         run::run(&c, self.ignore_missing, on_applied).await
     }
 
@@ -479,7 +592,8 @@ impl<'a> Runner<'a> {
             Some(f) => f.as_mut(),
             None => &mut ignore,
         };
-        run::revert(&ctx(self.locks, set, self.sqlx.clone())?, to, on_reverted).await
+        let c = ctx(self.locks, set, self.sqlx.clone())?.beside(self.sqlx_history, self.guards);
+        run::revert(&c, to, on_reverted).await
     }
 
     /// The server's `server_version_num` (`160004` for 16.4), for
@@ -520,8 +634,9 @@ impl<'a> Runner<'a> {
     /// closed, which releases the lock.
     pub async fn baseline(self, to: Option<i64>) -> Result<Vec<&'a Migration>, Error> {
         let (set, locks, sqlx) = (self.set, self.locks, self.sqlx);
+        let (mode, guards) = (self.sqlx_history, self.guards);
         let list = set.checked()?;
-        let versions = run::baseline(&ctx(locks, list, sqlx)?, to).await?;
+        let versions = run::baseline(&ctx(locks, list, sqlx)?.beside(mode, guards), to).await?;
         Ok(versions.into_iter().filter_map(|v| set.get(v)).collect())
     }
 }
@@ -545,7 +660,20 @@ fn ctx<'a>(locks: &'a Locks, set: &'a [Migration], sqlx: SqlxConfig) -> Result<C
         store: store(locks)?,
         set,
         sqlx,
+        sqlx_history: SqlxHistory::default(),
+        guards: Guards::default(),
     })
+}
+
+impl<'a> Ctx<'a> {
+    /// With how the run keeps sqlx's history.
+    fn beside(self, sqlx_history: SqlxHistory, guards: Guards) -> Ctx<'a> {
+        Ctx {
+            sqlx_history,
+            guards,
+            ..self
+        }
+    }
 }
 
 #[cfg(test)]

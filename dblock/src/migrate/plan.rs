@@ -42,7 +42,23 @@ pub const TABLE: &str = "dblock_migrations";
 /// );
 /// ```
 pub fn lock_prefixed(ddl: &str) -> String {
-    format!("SELECT pg_advisory_xact_lock({MIGRATION_LOCK_KEY});\n{ddl}")
+    lock_prefixed_with(MIGRATION_LOCK_KEY, ddl)
+}
+
+/// `ddl` with the acquisition of advisory key `key`, transaction-scoped, as its first
+/// statement: [`lock_prefixed`] under a key of the caller's own — the one a service's
+/// start-up scripts already take, so that its old and new instances exclude each other
+/// while both run (see [`run_script_with_key`](super::run_script_with_key)).
+///
+/// ```
+/// let sql = dblock::migrate::lock_prefixed_with(0x4652_4149_5345_0001, "CREATE TABLE IF NOT EXISTS t (x int);");
+/// assert_eq!(
+///     sql,
+///     "SELECT pg_advisory_xact_lock(5067184313930678273);\nCREATE TABLE IF NOT EXISTS t (x int);"
+/// );
+/// ```
+pub fn lock_prefixed_with(key: i64, ddl: &str) -> String {
+    format!("SELECT pg_advisory_xact_lock({key});\n{ddl}")
 }
 
 /// What a run did.
@@ -221,13 +237,23 @@ pub(crate) fn interrupted(set: &[Migration], r: &Record, by_statement: bool) -> 
     } else {
         "docs/mysql.md"
     };
+    // Sent whole (MySQL), a run keeping sqlx's history wrote sqlx's row first, as
+    // sqlx's MySQL migrator does: success = false until done.
+    let sqlx = if by_statement {
+        String::new()
+    } else {
+        format!(
+            " (and the same in _sqlx_migrations if it has a row for it: UPDATE … SET \
+             success = TRUE WHERE version = {v}, or DELETE … WHERE version = {v})"
+        )
+    };
     let explanation = format!(
         "was started at {} outside a transaction and never recorded as done: its run was \
          killed or lost its connection (or failed part way). {what}. Check the schema, \
          finish or undo what it did, then record the decision: UPDATE dblock_migrations \
          SET state = 'done' WHERE version = {v} (it is applied), or DELETE FROM \
          dblock_migrations WHERE version = {v} (the next run applies it again, from its \
-         first statement); see {docs}",
+         first statement){sqlx}; see {docs}",
         r.applied_at
     );
     Error::MigrationInterrupted {

@@ -4,8 +4,11 @@
 //! Every backend runs this same loop; what differs is only what the store does with
 //! each step (see `store.rs`). Under the lock, in order: the bookkeeping table is
 //! created if missing, the records are read (a migration started and never finished is
-//! refused), other tools' histories are adopted or refused, the plan is made, and each
-//! pending migration is applied after checking that the lock is still held.
+//! refused), other tools' histories are read — and, where sqlx's is kept too, sqlx's
+//! lock taken and its history read again under it — then adopted or refused, the plan
+//! is made, and each pending migration is applied after checking that the lock is
+//! still held. Before a migration outside a transaction, sqlx migrators waiting for
+//! sqlx's lock go first, and the plan is made again from what they applied.
 
 use std::time::{Duration, Instant};
 
@@ -14,6 +17,7 @@ use super::plan::{Applied, Record, Report, failed, plan, refuse_interrupted};
 use super::revert::{self, targets};
 use super::set::{Migration, file_name_of};
 use super::sqlx_config::{SqlxConfig, check_table_name};
+use super::sqlx_side::{self, SqlxHistory};
 use super::store::{MigrationStore, Options, Recorded, Session, Then, Write};
 use crate::error::{Capability, Error};
 
@@ -22,6 +26,35 @@ pub(crate) struct Ctx<'a> {
     pub(crate) store: &'a dyn MigrationStore,
     pub(crate) set: &'a [Migration],
     pub(crate) sqlx: SqlxConfig,
+    pub(crate) sqlx_history: SqlxHistory,
+    pub(crate) guards: Guards,
+}
+
+/// The protections of a run beside sqlx's migrator, each on unless a test's control
+/// turns it off to show the race it prevents.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Guards {
+    /// Hold sqlx's lock while keeping its history.
+    pub(crate) sqlx_lock: bool,
+    /// Let sqlx's waiters go first before a migration outside a transaction.
+    pub(crate) yield_to_sqlx: bool,
+}
+
+impl Default for Guards {
+    fn default() -> Guards {
+        Guards {
+            sqlx_lock: true,
+            yield_to_sqlx: true,
+        }
+    }
+}
+
+/// What is read under the lock before anything is decided.
+struct Locked {
+    records: Vec<Record>,
+    history: History,
+    /// The session keeps sqlx's history (and holds sqlx's lock).
+    keeps_sqlx: bool,
 }
 
 impl Ctx<'_> {
@@ -34,6 +67,7 @@ impl Ctx<'_> {
         })?;
         Ok(Options {
             sqlx_table: table.to_string(),
+            sqlx_ignored: self.sqlx.ignored_chars.clone(),
         })
     }
 
@@ -43,13 +77,45 @@ impl Ctx<'_> {
     }
 
     /// Under the lock: the table, the records (refusing an interrupted migration), and
-    /// other tools' histories.
-    async fn recorded(&self, s: &mut dyn Session) -> Result<(Vec<Record>, History), Error> {
+    /// other tools' histories; where sqlx's history is kept too, sqlx's lock is taken
+    /// and its history read again under it.
+    async fn recorded(&self, s: &mut dyn Session) -> Result<Locked, Error> {
         s.ensure_table().await?;
         let records = s.records().await?;
         refuse_interrupted(self.set, &records, self.by_statement())?;
-        let history = s.history().await?;
-        Ok((records, history))
+        let mut history = s.history().await?;
+        let keeps_sqlx = match self.sqlx_history.keeps(&history) {
+            Some(create) => {
+                s.keep_sqlx_history(create, self.guards.sqlx_lock).await?;
+                history = s.history().await?;
+                true
+            }
+            None => false,
+        };
+        Ok(Locked {
+            records,
+            history,
+            keeps_sqlx,
+        })
+    }
+
+    /// What sqlx's history lacks of `records`, written there (when it is kept).
+    async fn complete_sqlx(
+        &self,
+        s: &mut dyn Session,
+        l: &Locked,
+        records: &[Record],
+    ) -> Result<(), Error> {
+        if !l.keeps_sqlx {
+            return Ok(());
+        }
+        let lacking = sqlx_side::missing(
+            self.set,
+            records,
+            &l.history,
+            self.sqlx.ignored_chars.as_ref(),
+        );
+        s.write(Write::ToSqlx(&lacking)).await
     }
 }
 
@@ -79,30 +145,46 @@ async fn apply_pending(
     ignore_missing: bool,
     on_applied: &mut (dyn FnMut(&Applied) + Send),
 ) -> Result<Report, Error> {
-    let (mut records, history) = c.recorded(s).await?;
-    // Another tool's history: adopted, or refused, before anything is applied.
-    let adopted = adopt::adopt(c.set, &mut records, &history, c.sqlx.sqlx())?;
-    let pending = plan(c.set, &records, ignore_missing)?;
-    s.write(Write::Adopted(&adopted)).await?;
-    let mut report = Report {
-        applied: Vec::with_capacity(pending.len()),
-        already_applied: c.set.len() - pending.len(),
-        adopted: adopted.len(),
-    };
-    for m in pending {
-        // Never start a migration without the lock.
-        s.check().await?;
-        let duration = apply(c, s, m).await?;
-        let applied = Applied {
-            version: m.version(),
-            name: m.name().to_string(),
-            file_name: m.file_name().to_string(),
-            duration,
-            no_transaction: m.no_transaction(),
-        };
-        on_applied(&applied);
-        report.applied.push(applied);
+    let mut l = c.recorded(s).await?;
+    let mut report = Report::default();
+    'plan: loop {
+        let mut records = l.records.clone();
+        // Another tool's history: adopted, or refused, before anything is applied.
+        let adopted = adopt::adopt(c.set, &mut records, &l.history, c.sqlx.sqlx())?;
+        let pending = plan(c.set, &records, ignore_missing)?;
+        s.write(Write::Adopted(&adopted)).await?;
+        c.complete_sqlx(s, &l, &records).await?;
+        report.adopted += adopted.len();
+        for m in pending {
+            if l.keeps_sqlx
+                && m.no_transaction()
+                && c.guards.yield_to_sqlx
+                && s.yield_to_sqlx_waiters().await?
+            {
+                // sqlx's migrators went first: what they applied is adopted, and the
+                // plan made again.
+                l.records = s.records().await?;
+                l.history = s.history().await?;
+                continue 'plan;
+            }
+            // Never start a migration without the lock.
+            s.check().await?;
+            let duration = apply(c, s, m).await?;
+            let applied = Applied {
+                version: m.version(),
+                name: m.name().to_string(),
+                file_name: m.file_name().to_string(),
+                duration,
+                no_transaction: m.no_transaction(),
+            };
+            on_applied(&applied);
+            report.applied.push(applied);
+        }
+        break;
     }
+    // Every migration of the set is applied now: by this run, or before it (or, by
+    // sqlx's migrators, while it let them go first).
+    report.already_applied = c.set.len() - report.applied.len();
     Ok(report)
 }
 
@@ -180,9 +262,11 @@ pub(crate) async fn baseline(c: &Ctx<'_>, to: Option<i64>) -> Result<Vec<i64>, E
     let opts = c.options()?;
     let mut s = c.store.lock(&opts, "a migration baseline").await?;
     let res = async {
-        let (records, history) = c.recorded(&mut *s).await?;
-        let rows = adopt::baseline(c.set, &records, &history, to, c.sqlx.sqlx())?;
+        let l = c.recorded(&mut *s).await?;
+        let rows = adopt::baseline(c.set, &l.records, &l.history, to, c.sqlx.sqlx())?;
         s.write(Write::Adopted(&rows)).await?;
+        let all: Vec<Record> = l.records.iter().chain(&rows).cloned().collect();
+        c.complete_sqlx(&mut *s, &l, &all).await?;
         Ok(rows.iter().map(|r| r.version).collect())
     }
     .await;
@@ -218,7 +302,11 @@ async fn revert_locked(
     to: Option<i64>,
     on_reverted: &mut (dyn FnMut(&Applied) + Send),
 ) -> Result<Vec<Applied>, Error> {
-    let (mut records, history) = c.recorded(s).await?;
+    let Locked {
+        mut records,
+        history,
+        ..
+    } = c.recorded(s).await?;
     let adopted = adopt::adopt(c.set, &mut records, &history, c.sqlx.sqlx())?;
     let todo = targets(c.set, &records, to)?;
     s.write(Write::Adopted(&adopted)).await?;

@@ -7,6 +7,7 @@
 //! everything else — what to adopt, what to apply, in what order, what to refuse — so
 //! every backend behaves alike.
 
+use std::collections::BTreeSet;
 use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
@@ -14,6 +15,7 @@ use std::time::Duration;
 use super::adopt::History;
 use super::plan::Record;
 use super::set::Migration;
+use super::sqlx_side::SqlxEntry;
 use crate::error::Error;
 
 /// A boxed, sendable future (as the raw interface returns; defined here too so that this
@@ -21,13 +23,15 @@ use crate::error::Error;
 pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// What a run reads and writes besides dblock's own table: the names it was given.
-/// (Issue 27 adds here: writing sqlx's history too, and the caller's own lock key.)
 #[derive(Debug, Clone)]
 pub(crate) struct Options {
     /// sqlx's history table as SQL names it (sqlx.toml's `table-name`, checked by
     /// [`check_table_name`](super::sqlx_config::check_table_name)); `_sqlx_migrations`
     /// unless configured.
     pub(crate) sqlx_table: String,
+    /// sqlx.toml's `ignored-chars`, for the checksums written into sqlx's history
+    /// (`None`: the file as it is, sqlx's default).
+    pub(crate) sqlx_ignored: Option<BTreeSet<char>>,
 }
 
 /// What is recorded, read without the lock.
@@ -60,6 +64,10 @@ pub(crate) enum Write<'a> {
     /// Rows of migrations recorded as applied without running them (adopted, baseline),
     /// in one statement: all or none.
     Adopted(&'a [Record]),
+    /// Rows for sqlx's history only (migrations dblock recorded that it lacks), in one
+    /// statement; only once the session keeps sqlx's history
+    /// ([`Session::keep_sqlx_history`]).
+    ToSqlx(&'a [SqlxEntry]),
 }
 
 /// What a backend can do without the migration lock, and taking it.
@@ -67,8 +75,9 @@ pub(crate) trait MigrationStore: Send + Sync {
     /// The backend as messages name it: `"PostgreSQL"`, `"MySQL/MariaDB"`, `"SQLite"`.
     fn backend(&self) -> &'static str;
 
-    /// The start-up script primitive: `ddl` whole, under the migration lock.
-    fn run_script<'a>(&'a self, ddl: &'a str) -> BoxFuture<'a, Result<(), Error>>;
+    /// The start-up script primitive: `ddl` whole, under the lock of advisory key
+    /// `key` (the migration lock's, or the caller's own).
+    fn run_script<'a>(&'a self, key: i64, ddl: &'a str) -> BoxFuture<'a, Result<(), Error>>;
 
     /// What is recorded, read without the lock, never creating anything.
     fn read<'a>(&'a self, opts: &'a Options) -> BoxFuture<'a, Result<Recorded, Error>>;
@@ -138,6 +147,24 @@ pub(crate) trait Session: Send {
         sql: &'a str,
         then: Then<'a>,
     ) -> BoxFuture<'a, Result<Duration, Error>>;
+
+    /// From now on, keeps sqlx's history too: holds sqlx's migration lock (where sqlx
+    /// takes one; with `lock`, which only a test's control turns off), waited for
+    /// holding no snapshot, creates sqlx's table as sqlx would if `create`, and records
+    /// each migration it applies there, as sqlx would, with dblock's row. The runner
+    /// reads the histories again afterwards: a sqlx migrator may have held the lock.
+    fn keep_sqlx_history(&mut self, create: bool, lock: bool) -> BoxFuture<'_, Result<(), Error>>;
+
+    /// Before a migration outside a transaction, while keeping sqlx's history: if a
+    /// session waits for sqlx's lock, which this one holds, lets it go first (releases
+    /// the lock and waits for it again, holding no snapshot) and returns `true`; the
+    /// runner then reads the histories again. A waiter for a lock blocks inside a
+    /// statement holding a snapshot, and a concurrent index build waits for every such
+    /// snapshot: building while one waits would deadlock. `false` where sqlx's waiters
+    /// hold nothing a migration waits for (MySQL) or sqlx takes no lock (SQLite).
+    fn yield_to_sqlx_waiters(&mut self) -> BoxFuture<'_, Result<bool, Error>> {
+        Box::pin(std::future::ready(Ok(false)))
+    }
 
     /// After statements run in autocommit: whether one of them left a transaction open
     /// (a `BEGIN` without its `COMMIT`), which is then rolled back.

@@ -19,8 +19,14 @@
 //! to have the next run apply it again (`DELETE FROM dblock_migrations WHERE version = V`).
 //!
 //! sqlx's history (`_sqlx_migrations`, which sqlx's MySQL migrator keeps in the
-//! database) is adopted as on the other backends.
+//! database) is adopted as on the other backends. Where it is kept too (see
+//! `migrate::sqlx_side`), the run also holds sqlx's lock — `GET_LOCK` of
+//! [`sqlx_mysql_lock_name`], polled on the migrations' connection — and writes sqlx's
+//! row as sqlx's MySQL migrator does: `success = FALSE` before the file, `TRUE` and the
+//! execution time after. A session waiting in `GET_LOCK` holds no metadata lock a
+//! migration could wait for, so sqlx's waiters are never let go first here.
 
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use sqlx::pool::PoolConnection;
@@ -33,6 +39,7 @@ use crate::migrate::MIGRATION_LOCK_KEY;
 use crate::migrate::adopt::{History, SqlxRow};
 use crate::migrate::plan::{Record, RecordState, millis};
 use crate::migrate::set::Migration;
+use crate::migrate::sqlx_side::{self, SqlxEntry, sqlx_mysql_lock_name, unhex};
 use crate::migrate::store::{BoxFuture, MigrationStore, Options, Recorded, Session, Then, Write};
 use crate::raw::{Mode, RawHeld, Req, Scope, Wait};
 
@@ -41,8 +48,8 @@ impl MigrationStore for MyBackend {
         "MySQL/MariaDB"
     }
 
-    fn run_script<'a>(&'a self, ddl: &'a str) -> BoxFuture<'a, Result<(), Error>> {
-        Box::pin(run_script(self, ddl))
+    fn run_script<'a>(&'a self, key: i64, ddl: &'a str) -> BoxFuture<'a, Result<(), Error>> {
+        Box::pin(run_script(self, key, ddl))
     }
 
     fn read<'a>(&'a self, opts: &'a Options) -> BoxFuture<'a, Result<Recorded, Error>> {
@@ -76,12 +83,15 @@ impl MigrationStore for MyBackend {
         _what: &'static str,
     ) -> BoxFuture<'a, Result<Box<dyn Session + 'a>, Error>> {
         Box::pin(async move {
-            let guard = lock(self).await?;
+            let guard = lock(self, MIGRATION_LOCK_KEY).await?;
             let conn = connection(self).await?;
             let s: Box<dyn Session + 'a> = Box::new(MySession {
                 conn: Some(conn),
                 guard: Some(guard),
                 sqlx_table: opts.sqlx_table.clone(),
+                sqlx_ignored: opts.sqlx_ignored.clone(),
+                keeps_sqlx: false,
+                sqlx_lock: None,
             });
             Ok(s)
         })
@@ -105,9 +115,10 @@ const NOW: &str = "DATE_FORMAT(UTC_TIMESTAMP(3), '%Y-%m-%dT%H:%i:%s.%fZ')";
 /// MySQL's `ER_NO_SUCH_TABLE`.
 const NO_SUCH_TABLE: &str = "1146";
 
-/// Waits for the migration lock: held until the returned half-guard drops.
-async fn lock(b: &MyBackend) -> Result<Box<dyn RawHeld>, Error> {
-    let key = Key::from_i64(MIGRATION_LOCK_KEY);
+/// Waits for the migration lock (or the lock of the caller's `key`): held until the
+/// returned half-guard drops.
+async fn lock(b: &MyBackend, key: i64) -> Result<Box<dyn RawHeld>, Error> {
+    let key = Key::from_i64(key);
     let req = Req {
         namespace: crate::DEFAULT_NAMESPACE,
         name: "dblock migration lock",
@@ -132,9 +143,9 @@ async fn connection(b: &MyBackend) -> Result<PoolConnection<MySql>, Error> {
     b.pool.acquire().await.map_err(map_sqlx)
 }
 
-/// A start-up script under the migration lock.
-pub(crate) async fn run_script(b: &MyBackend, ddl: &str) -> Result<(), Error> {
-    let guard = lock(b).await?;
+/// A start-up script under the lock of `key`.
+pub(crate) async fn run_script(b: &MyBackend, key: i64, ddl: &str) -> Result<(), Error> {
+    let guard = lock(b, key).await?;
     let mut conn = connection(b).await?;
     let r = sqlx::raw_sql(AssertSqlSafe(ddl.to_string()))
         .execute(&mut *conn)
@@ -218,6 +229,7 @@ async fn history(conn: &mut PoolConnection<MySql>, table: &str) -> Result<Histor
         .collect::<Result<_, Error>>()?;
     Ok(History {
         sqlx,
+        sqlx_table: true,
         others: Vec::new(),
     })
 }
@@ -232,6 +244,28 @@ struct MySession {
     conn: Option<PoolConnection<MySql>>,
     guard: Option<Box<dyn RawHeld>>,
     sqlx_table: String,
+    /// sqlx.toml's `ignored-chars`, for the checksums written into sqlx's history.
+    sqlx_ignored: Option<BTreeSet<char>>,
+    /// The session keeps sqlx's history.
+    keeps_sqlx: bool,
+    /// sqlx's lock name, held on `conn` while keeping sqlx's history.
+    sqlx_lock: Option<String>,
+}
+
+/// The first pause between two attempts at sqlx's lock; it doubles up to
+/// [`POLL_MAX`].
+const POLL_FIRST: Duration = Duration::from_millis(20);
+const POLL_MAX: Duration = Duration::from_millis(100);
+
+/// A connection closed when dropped, unless taken back out.
+struct Closing(Option<PoolConnection<MySql>>);
+
+impl Drop for Closing {
+    fn drop(&mut self) {
+        if let Some(conn) = self.0.take() {
+            drop(conn.detach());
+        }
+    }
 }
 
 impl Drop for MySession {
@@ -260,7 +294,80 @@ impl MySession {
         Ok(())
     }
 
+    /// Waits for sqlx's lock `name` on the migrations' connection, trying without
+    /// waiting now and then (cancellable, unlike a `GET_LOCK` that waits).
+    async fn take_sqlx_lock(&mut self, name: &str) -> Result<(), Error> {
+        let mut pause = POLL_FIRST;
+        loop {
+            let got: Option<i64> = sqlx::query_scalar("SELECT GET_LOCK(?, 0)")
+                .bind(name)
+                .fetch_one(&mut **self.conn()?)
+                .await
+                .map_err(map_sqlx)?;
+            if got == Some(1) {
+                return Ok(());
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(POLL_MAX);
+        }
+    }
+
+    /// sqlx's row of `m` as its MySQL migrator writes it before the file:
+    /// `success = FALSE`, `execution_time = -1`.
+    async fn sqlx_started(&mut self, m: &Migration) -> Result<(), Error> {
+        let row = sqlx_side::entry(m, self.sqlx_ignored.as_ref(), Duration::ZERO);
+        let q = format!(
+            "INSERT INTO {} (version, description, success, checksum, execution_time) \
+             VALUES (?, ?, FALSE, ?, -1)",
+            self.sqlx_table
+        );
+        sqlx::query(AssertSqlSafe(q))
+            .bind(row.version)
+            .bind(row.description)
+            .bind(unhex(&row.checksum).unwrap_or_default())
+            .execute(&mut **self.conn()?)
+            .await
+            .map_err(map_sqlx)?;
+        Ok(())
+    }
+
+    /// sqlx's rows `rows`, done, in one statement; `installed_on` the entry's (UTC) or
+    /// now.
+    async fn write_sqlx_rows(&mut self, rows: &[SqlxEntry]) -> Result<(), Error> {
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let mut q = sqlx::QueryBuilder::<MySql>::new(format!(
+            "INSERT INTO {} (version, description, installed_on, success, checksum, \
+             execution_time) ",
+            self.sqlx_table
+        ));
+        q.push_values(rows, |mut v, r| {
+            v.push_bind(r.version)
+                .push_bind(r.description.clone())
+                // The UTC text read as seconds since the epoch, so the session's time
+                // zone does not matter.
+                .push(
+                    "coalesce(FROM_UNIXTIME(TIMESTAMPDIFF(MICROSECOND, '1970-01-01', \
+                       STR_TO_DATE(",
+                )
+                .push_bind_unseparated(r.installed_on.clone())
+                .push_unseparated(", '%Y-%m-%dT%H:%i:%s.%fZ')) / 1000000), CURRENT_TIMESTAMP)")
+                .push("TRUE")
+                .push_bind(unhex(&r.checksum).unwrap_or_default())
+                .push_bind(r.execution_time);
+        });
+        q.build()
+            .execute(&mut **self.conn()?)
+            .await
+            .map_err(map_sqlx)?;
+        Ok(())
+    }
+
     async fn write_one(&mut self, w: Write<'_>) -> Result<(), Error> {
+        if self.keeps_sqlx {
+            self.write_sqlx(w).await?;
+        }
         let q = match w {
             // Sent whole, whatever the file says: the row is all there is to record.
             Write::Started(m, _) => started(m),
@@ -283,9 +390,44 @@ impl MySession {
                 ));
             }
             Write::Adopted(rows) => return self.record(rows).await,
+            Write::ToSqlx(_) => return Ok(()),
         };
         q.execute(&mut **self.conn()?).await.map_err(map_sqlx)?;
         Ok(())
+    }
+
+    /// sqlx's side of a bookkeeping change, made first: a migration is recorded as
+    /// started in both histories before its file runs, and done in sqlx's before
+    /// dblock's row says so (a run that stops between the two leaves dblock's row
+    /// started, which the next run refuses until someone looks).
+    async fn write_sqlx(&mut self, w: Write<'_>) -> Result<(), Error> {
+        let t = self.sqlx_table.clone();
+        match w {
+            Write::Started(m, _) => self.sqlx_started(m).await,
+            Write::Finished(m, took) => {
+                let q =
+                    format!("UPDATE {t} SET success = TRUE, execution_time = ? WHERE version = ?");
+                let nanos = sqlx_side::entry(m, None, took).execution_time;
+                sqlx::query(AssertSqlSafe(q))
+                    .bind(nanos)
+                    .bind(m.version())
+                    .execute(&mut **self.conn()?)
+                    .await
+                    .map_err(map_sqlx)?;
+                Ok(())
+            }
+            Write::Unstarted(m) => {
+                let q = format!("DELETE FROM {t} WHERE version = ? AND NOT success");
+                sqlx::query(AssertSqlSafe(q))
+                    .bind(m.version())
+                    .execute(&mut **self.conn()?)
+                    .await
+                    .map_err(map_sqlx)?;
+                Ok(())
+            }
+            Write::ToSqlx(rows) => self.write_sqlx_rows(rows).await,
+            Write::Progress(..) | Write::Reverted(_) | Write::Adopted(_) => Ok(()),
+        }
     }
 
     /// Records `rows` as done, in one statement (all or none).
@@ -373,6 +515,26 @@ impl Session for MySession {
         ))))
     }
 
+    fn keep_sqlx_history(&mut self, create: bool, lock: bool) -> BoxFuture<'_, Result<(), Error>> {
+        Box::pin(async move {
+            if lock {
+                let db: Option<String> = sqlx::query_scalar("SELECT DATABASE()")
+                    .fetch_one(&mut **self.conn()?)
+                    .await
+                    .map_err(map_sqlx)?;
+                let name = sqlx_mysql_lock_name(&db.unwrap_or_default());
+                self.take_sqlx_lock(&name).await?;
+                self.sqlx_lock = Some(name);
+            }
+            if create {
+                self.run(&sqlx_side::create_table(&self.sqlx_table, false))
+                    .await?;
+            }
+            self.keeps_sqlx = true;
+            Ok(())
+        })
+    }
+
     fn end_open_transaction(&mut self) -> BoxFuture<'_, Result<bool, Error>> {
         Box::pin(async move {
             let conn = self.conn()?;
@@ -388,9 +550,28 @@ impl Session for MySession {
     }
 
     fn end(&mut self, ok: bool) -> BoxFuture<'_, Result<(), Error>> {
+        // sqlx's lock lives on the migrations' connection: released before it goes
+        // back to the pool; if that is not confirmed (an error, this future dropped),
+        // the connection is closed, which releases it.
+        let sqlx_lock = self
+            .sqlx_lock
+            .take()
+            .zip(self.conn.take().map(|c| Closing(Some(c))));
         drop(self.conn.take());
         let released = self.guard.take().map(|g| g.release());
         Box::pin(async move {
+            if let Some((name, mut conn)) = sqlx_lock
+                && let Some(c) = conn.0.as_mut()
+            {
+                let r = sqlx::query("DO RELEASE_LOCK(?)")
+                    .bind(name)
+                    .execute(&mut **c)
+                    .await;
+                if r.is_ok() {
+                    // Released: back to the pool.
+                    drop(conn.0.take());
+                }
+            }
             match released {
                 Some(r) if ok => r.await,
                 // After a failure, the run's error is the one to report.

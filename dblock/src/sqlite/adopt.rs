@@ -45,6 +45,7 @@ pub(crate) async fn history(
         .collect::<Result<_, Error>>()?;
     Ok(History {
         sqlx,
+        sqlx_table: true,
         others: Vec::new(),
     })
 }

@@ -3,8 +3,13 @@
 //! in the SQLite database, and each migration runs in a `BEGIN IMMEDIATE` transaction
 //! with its row (SQLite's DDL is transactional). The runner itself is `migrate::run`.
 //!
+//! sqlx's SQLite migrator takes no lock, so there is none to share: keeping sqlx's
+//! history here means writing sqlx's row with each migration, in its transaction, so
+//! that a sqlx migrator starting afterwards finds it applied.
+//!
 //! [`MIGRATION_LOCK_KEY`]: crate::migrate::MIGRATION_LOCK_KEY
 
+use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use sqlx::pool::PoolConnection;
@@ -20,6 +25,7 @@ use crate::key::Key;
 use crate::migrate::adopt::History;
 use crate::migrate::plan::{MIGRATION_LOCK_KEY, Record, millis};
 use crate::migrate::set::Migration;
+use crate::migrate::sqlx_side::{self, SqlxEntry, unhex};
 use crate::migrate::store::{BoxFuture, MigrationStore, Options, Recorded, Session, Then, Write};
 use crate::raw::{Mode, RawHeld};
 
@@ -28,8 +34,8 @@ impl MigrationStore for SqliteBackend {
         "SQLite"
     }
 
-    fn run_script<'a>(&'a self, ddl: &'a str) -> BoxFuture<'a, Result<(), Error>> {
-        Box::pin(run_script(self, ddl))
+    fn run_script<'a>(&'a self, key: i64, ddl: &'a str) -> BoxFuture<'a, Result<(), Error>> {
+        Box::pin(run_script(self, key, ddl))
     }
 
     fn read<'a>(&'a self, opts: &'a Options) -> BoxFuture<'a, Result<Recorded, Error>> {
@@ -72,6 +78,8 @@ impl MigrationStore for SqliteBackend {
                 conn: Some(conn),
                 held: Some(held),
                 sqlx_table: opts.sqlx_table.clone(),
+                sqlx_ignored: opts.sqlx_ignored.clone(),
+                keeps_sqlx: false,
                 has_state: false,
             });
             Ok(s)
@@ -83,9 +91,10 @@ impl MigrationStore for SqliteBackend {
     }
 }
 
-/// The seed's primitive on SQLite: the script in one transaction under the lock.
-async fn run_script(b: &SqliteBackend, ddl: &str) -> Result<(), Error> {
-    let _lock = lock(b).await?;
+/// The seed's primitive on SQLite: the script in one transaction under the lock of
+/// `key`'s byte.
+async fn run_script(b: &SqliteBackend, key: i64, ddl: &str) -> Result<(), Error> {
+    let _lock = b.lock_key(Key::from_i64(key)).await?;
     let mut conn = connection(b).await?;
     // Dropped unfinished, the transaction rolls back (sent to the connection's worker
     // at once, ahead of anything else on it).
@@ -103,8 +112,39 @@ struct SqliteSession {
     conn: Option<PoolConnection<Sqlite>>,
     held: Option<SqliteHeld>,
     sqlx_table: String,
+    /// sqlx.toml's `ignored-chars`, for the checksums written into sqlx's history.
+    sqlx_ignored: Option<BTreeSet<char>>,
+    /// The session keeps sqlx's history.
+    keeps_sqlx: bool,
     /// The table has the columns of a started migration.
     has_state: bool,
+}
+
+/// sqlx's rows, done, in one statement on `conn`; `installed_on` the entry's or now.
+async fn to_sqlx(
+    conn: &mut sqlx::SqliteConnection,
+    table: &str,
+    rows: &[SqlxEntry],
+) -> Result<(), Error> {
+    if rows.is_empty() {
+        return Ok(());
+    }
+    let mut q = sqlx::QueryBuilder::<Sqlite>::new(format!(
+        "INSERT INTO {table} (version, description, installed_on, success, checksum, \
+         execution_time) "
+    ));
+    q.push_values(rows, |mut v, r| {
+        v.push_bind(r.version)
+            .push_bind(r.description.clone())
+            .push("coalesce(nullif(")
+            .push_bind_unseparated(r.installed_on.clone())
+            .push_unseparated(", ''), CURRENT_TIMESTAMP)")
+            .push("TRUE")
+            .push_bind(unhex(&r.checksum).unwrap_or_default())
+            .push_bind(r.execution_time);
+    });
+    q.build().execute(conn).await.map_err(map)?;
+    Ok(())
 }
 
 impl SqliteSession {
@@ -123,7 +163,16 @@ impl SqliteSession {
         Ok(())
     }
 
+    /// sqlx's row of `m`, applied in `took`, when the session keeps sqlx's history.
+    fn sqlx_row(&self, m: &Migration, took: Duration) -> Option<SqlxEntry> {
+        self.keeps_sqlx
+            .then(|| sqlx_side::entry(m, self.sqlx_ignored.as_ref(), took))
+    }
+
     async fn write_one(&mut self, w: Write<'_>) -> Result<(), Error> {
+        if let Write::Finished(m, took) = w {
+            return self.finish(m, took).await;
+        }
         let conn = self.conn.as_mut().ok_or_else(ended)?;
         let q = match w {
             Write::Started(m, statements) => {
@@ -148,22 +197,40 @@ impl SqliteSession {
                     .bind(i64::try_from(k).unwrap_or(i64::MAX))
                     .bind(m.version())
             }
-            Write::Finished(m, took) => sqlx::query(
-                "UPDATE dblock_migrations SET state = 'done', statements_done = NULL, \
-                 applied_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now'), duration_ms = ?1 \
-                 WHERE version = ?2",
-            )
-            .bind(millis(took))
-            .bind(m.version()),
+            Write::Finished(..) => return Ok(()),
             Write::Unstarted(m) => sqlx::query(
                 "DELETE FROM dblock_migrations WHERE version = ?1 AND state = 'started'",
             )
             .bind(m.version()),
             Write::Reverted(m) => return forget(conn, &self.sqlx_table, m).await,
             Write::Adopted(rows) => return super::adopt::record(conn, rows).await,
+            Write::ToSqlx(rows) => return to_sqlx(conn, &self.sqlx_table, rows).await,
         };
         q.execute(&mut **conn).await.map_err(map)?;
         Ok(())
+    }
+
+    /// A migration run outside a transaction, recorded as done: its row, and sqlx's, in
+    /// one transaction.
+    async fn finish(&mut self, m: &Migration, took: Duration) -> Result<(), Error> {
+        let row = self.sqlx_row(m, took);
+        let table = self.sqlx_table.clone();
+        let conn = self.conn()?;
+        let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.map_err(map)?;
+        sqlx::query(
+            "UPDATE dblock_migrations SET state = 'done', statements_done = NULL, \
+             applied_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now'), duration_ms = ?1 \
+             WHERE version = ?2",
+        )
+        .bind(millis(took))
+        .bind(m.version())
+        .execute(&mut *tx)
+        .await
+        .map_err(map)?;
+        if let Some(row) = row {
+            to_sqlx(&mut tx, &table, std::slice::from_ref(&row)).await?;
+        }
+        tx.commit().await.map_err(map)
     }
 }
 
@@ -257,6 +324,8 @@ impl Session for SqliteSession {
     ) -> BoxFuture<'a, Result<Duration, Error>> {
         Box::pin(async move {
             let table = self.sqlx_table.clone();
+            let keeps_sqlx = self.keeps_sqlx;
+            let ignored = self.sqlx_ignored.clone();
             let conn = self.conn()?;
             // IMMEDIATE: the write lock up front, so the transaction never has to
             // upgrade a read lock (which SQLite may refuse at once, busy timeout or not).
@@ -271,11 +340,27 @@ impl Session for SqliteSession {
             match then {
                 Then::Applied(m) => {
                     insert(m, took).execute(&mut *tx).await.map_err(map)?;
+                    if keeps_sqlx {
+                        let row = sqlx_side::entry(m, ignored.as_ref(), took);
+                        to_sqlx(&mut tx, &table, std::slice::from_ref(&row)).await?;
+                    }
                 }
                 Then::Reverted(m) => forget(&mut tx, &table, m).await?,
             }
             tx.commit().await.map_err(map)?;
             Ok(took)
+        })
+    }
+
+    fn keep_sqlx_history(&mut self, create: bool, _lock: bool) -> BoxFuture<'_, Result<(), Error>> {
+        // sqlx's SQLite migrator takes no lock: there is none to hold.
+        Box::pin(async move {
+            if create {
+                let sql = sqlx_side::create_table(&self.sqlx_table, false);
+                self.run(&sql).await?;
+            }
+            self.keeps_sqlx = true;
+            Ok(())
         })
     }
 

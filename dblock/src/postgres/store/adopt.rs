@@ -30,7 +30,10 @@ pub(crate) async fn history(armed: &Armed, sqlx_table: &str) -> Result<History, 
     let found = first_value(&found, 0).unwrap_or_default();
     for tool in found.split(',').filter(|t| !t.is_empty()) {
         match tool {
-            "sqlx" => h.sqlx = sqlx_rows(armed, sqlx_table).await?,
+            "sqlx" => {
+                h.sqlx = sqlx_rows(armed, sqlx_table).await?;
+                h.sqlx_table = true;
+            }
             "golang-migrate" => {
                 let rows = q(
                     armed,

@@ -119,7 +119,16 @@ pub(crate) async fn wait_for_lock(
     armed: &Armed,
     deadline: Option<tokio::time::Instant>,
 ) -> Result<(), Error> {
-    let sql = format!("SELECT pg_try_advisory_lock({MIGRATION_LOCK_KEY})");
+    wait_for_key(armed, MIGRATION_LOCK_KEY, deadline).await
+}
+
+/// [`wait_for_lock`] for advisory key `key` (sqlx's migration lock, say).
+pub(crate) async fn wait_for_key(
+    armed: &Armed,
+    key: i64,
+    deadline: Option<tokio::time::Instant>,
+) -> Result<(), Error> {
+    let sql = format!("SELECT pg_catalog.pg_try_advisory_lock({key})");
     let started = tokio::time::Instant::now();
     let mut pause = POLL_FIRST;
     loop {

@@ -3,16 +3,18 @@
 //! lock; each migration in a transaction of its own with its bookkeeping row, or
 //! statement by statement in autocommit. The runner itself is `migrate::run`.
 
+use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use super::bookkeeping::{
     POOLER_FIX, add_state_columns, create_table, holds_lock_sql, lock_held_sql, q, read_records,
-    state_columns_sql, table, wait_for_lock,
+    state_columns_sql, table, wait_for_key, wait_for_lock,
 };
 use crate::error::{Error, LossReason};
 use crate::migrate::adopt::History;
-use crate::migrate::plan::{MIGRATION_LOCK_KEY, Record, lock_prefixed, millis};
+use crate::migrate::plan::{MIGRATION_LOCK_KEY, Record, lock_prefixed_with, millis};
 use crate::migrate::set::Migration;
+use crate::migrate::sqlx_side::{self, sqlx_lock_key};
 use crate::migrate::store::{
     BoxFuture, MigrationStore, Options, Recorded, ScriptPool, Session, Then, Write, sealed,
 };
@@ -26,8 +28,8 @@ impl MigrationStore for PgBackend {
         "PostgreSQL"
     }
 
-    fn run_script<'a>(&'a self, ddl: &'a str) -> BoxFuture<'a, Result<(), Error>> {
-        Box::pin(run_script(self, ddl))
+    fn run_script<'a>(&'a self, key: i64, ddl: &'a str) -> BoxFuture<'a, Result<(), Error>> {
+        Box::pin(run_script(self, key, ddl))
     }
 
     fn read<'a>(&'a self, opts: &'a Options) -> BoxFuture<'a, Result<Recorded, Error>> {
@@ -93,10 +95,10 @@ async fn server_version_num(b: &PgBackend) -> Result<u32, Error> {
 /// is still there (PostgreSQL 14 and later), in milliseconds.
 const CLIENT_CHECK_MS: u32 = 1000;
 
-/// The seed's primitive on one of the handle's connections.
-async fn run_script(b: &PgBackend, ddl: &str) -> Result<(), Error> {
+/// The seed's primitive on one of the handle's connections, under advisory key `key`.
+async fn run_script(b: &PgBackend, key: i64, ddl: &str) -> Result<(), Error> {
     let armed = Armed::new(b.pinned().await?);
-    let res = armed.conn().query(&lock_prefixed(ddl)).await;
+    let res = armed.conn().query(&lock_prefixed_with(key, ddl)).await;
     let conn = armed.disarm();
     match res {
         // A failed multi-statement message rolls its implicit transaction back: the
@@ -149,6 +151,12 @@ struct PgSession {
     table: String,
     /// sqlx's table, as SQL names it.
     sqlx_table: String,
+    /// sqlx.toml's `ignored-chars`, for the checksums written into sqlx's history.
+    sqlx_ignored: Option<BTreeSet<char>>,
+    /// The session keeps sqlx's history (see `Session::keep_sqlx_history`).
+    keeps_sqlx: bool,
+    /// sqlx's lock, held (as a session lock) while keeping sqlx's history.
+    sqlx_key: Option<i64>,
     /// The table has the columns of a started migration.
     has_state: bool,
 }
@@ -166,6 +174,9 @@ impl PgSession {
             checking: false,
             role: b.role.clone(),
             sqlx_table: opts.sqlx_table.clone(),
+            sqlx_ignored: opts.sqlx_ignored.clone(),
+            keeps_sqlx: false,
+            sqlx_key: None,
             has_state: false,
         };
         // Set for the run only where the session lacks it (dblock's own connections
@@ -198,15 +209,29 @@ impl PgSession {
         q(self.armed()?, sql).await
     }
 
-    /// The INSERT of a done row.
+    /// The INSERT of a done row (and, keeping sqlx's history, of sqlx's row).
     fn insert(&self, m: &Migration, took: Duration) -> String {
         format!(
-            "INSERT INTO {} (version, name, checksum, duration_ms) VALUES ({}, {}, {}, {})",
+            "INSERT INTO {} (version, name, checksum, duration_ms) VALUES ({}, {}, {}, {}){}",
             self.table,
             m.version(),
             quote_literal(m.name()),
             quote_literal(m.checksum()),
-            millis(took)
+            millis(took),
+            self.to_sqlx(m, took)
+        )
+    }
+
+    /// `; ` and the INSERT of sqlx's row of `m`, applied in `took`, when the session
+    /// keeps sqlx's history; else nothing.
+    fn to_sqlx(&self, m: &Migration, took: Duration) -> String {
+        if !self.keeps_sqlx {
+            return String::new();
+        }
+        let row = sqlx_side::entry(m, self.sqlx_ignored.as_ref(), took);
+        format!(
+            "; {}",
+            super::sqlx_side::insert(&self.sqlx_table, std::slice::from_ref(&row))
         )
     }
 
@@ -252,11 +277,13 @@ impl PgSession {
                 "UPDATE {t} SET statements_done = {k} WHERE version = {}",
                 m.version()
             ),
+            // One message, so one implicit transaction with sqlx's row.
             Write::Finished(m, took) => format!(
                 "UPDATE {t} SET state = 'done', statements_done = NULL, applied_at = now(), \
-                 duration_ms = {} WHERE version = {}",
+                 duration_ms = {} WHERE version = {}{}",
                 millis(took),
-                m.version()
+                m.version(),
+                self.to_sqlx(m, took)
             ),
             Write::Unstarted(m) => format!(
                 "DELETE FROM {t} WHERE version = {} AND state = 'started'",
@@ -267,6 +294,8 @@ impl PgSession {
                 super::adopt::record(self.armed()?, &self.table, rows).await?;
                 return Ok(None);
             }
+            Write::ToSqlx(&[]) => return Ok(None),
+            Write::ToSqlx(rows) => super::sqlx_side::insert(&self.sqlx_table, rows),
         }))
     }
 }
@@ -360,6 +389,49 @@ impl Session for PgSession {
         })
     }
 
+    fn keep_sqlx_history(&mut self, create: bool, lock: bool) -> BoxFuture<'_, Result<(), Error>> {
+        Box::pin(async move {
+            if lock {
+                let db = self.q("SELECT pg_catalog.current_database()").await?;
+                let key = sqlx_lock_key(&first_value(&db, 0).unwrap_or_default());
+                // As dblock's own: polled in autocommit, so no snapshot is held while
+                // a sqlx migrator holding it builds an index concurrently.
+                wait_for_key(self.armed()?, key, None).await?;
+                self.sqlx_key = Some(key);
+            }
+            if create {
+                self.q(&sqlx_side::create_table(&self.sqlx_table, true))
+                    .await?;
+            }
+            self.keeps_sqlx = true;
+            Ok(())
+        })
+    }
+
+    fn yield_to_sqlx_waiters(&mut self) -> BoxFuture<'_, Result<bool, Error>> {
+        Box::pin(async move {
+            let Some(key) = self.sqlx_key else {
+                return Ok(false);
+            };
+            let waiting = self.q(&super::sqlx_side::waiters(key)).await?;
+            if first_value(&waiting, 0).as_deref().is_none_or(|n| n == "0") {
+                return Ok(false);
+            }
+            // The waiters are granted the lock in turn as it is released; polling, this
+            // session holds no snapshot while their migrators run.
+            self.sqlx_key = None;
+            let released = self
+                .q(&format!("SELECT pg_catalog.pg_advisory_unlock({key})"))
+                .await?;
+            if first_value(&released, 0).as_deref() != Some("t") {
+                return Err(lock_gone());
+            }
+            wait_for_key(self.armed()?, key, None).await?;
+            self.sqlx_key = Some(key);
+            Ok(true)
+        })
+    }
+
     fn end_open_transaction(&mut self) -> BoxFuture<'_, Result<bool, Error>> {
         Box::pin(async move {
             // In autocommit a statement's transaction starts with it.
@@ -391,6 +463,10 @@ impl PgSession {
         if !ok {
             // Ends a failed migration's transaction (a warning if there is none).
             stmts.push("ROLLBACK".to_string());
+        }
+        // sqlx's lock first: taken after dblock's, released before it.
+        if let Some(key) = self.sqlx_key.take() {
+            stmts.push(format!("SELECT pg_catalog.pg_advisory_unlock({key})"));
         }
         let unlock_at = self.locked.then(|| {
             stmts.push(format!("SELECT pg_advisory_unlock({MIGRATION_LOCK_KEY})"));
