@@ -16,8 +16,16 @@
 //!     `key` BIGINT NOT NULL PRIMARY KEY, namespace TEXT NOT NULL, name TEXT NOT NULL,
 //!     token BIGINT NOT NULL, holder VARCHAR(255) NOT NULL, granted_at VARCHAR(32) NOT NULL)
 //!     ENGINE=InnoDB;
+//! CREATE TABLE IF NOT EXISTS app.dblock_leaders (
+//!     `key` BIGINT NOT NULL PRIMARY KEY, namespace TEXT NOT NULL, name TEXT NOT NULL,
+//!     token BIGINT NOT NULL, holder VARCHAR(255) NOT NULL,
+//!     value TEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NULL,
+//!     published_at VARCHAR(32) NOT NULL) ENGINE=InnoDB;
 //! GRANT SELECT, INSERT, UPDATE ON app.dblock_fencing TO 'app_user'@'%';
+//! GRANT SELECT, INSERT, UPDATE ON app.dblock_leaders TO 'app_user'@'%';
 //! ```
+//!
+//! (`dblock_leaders` keeps the values election leaders publish.)
 
 use super::{MyBackend, map_sqlx};
 use crate::error::Error;
@@ -47,16 +55,23 @@ pub(crate) async fn setup(b: &MyBackend, grant_to: &[&str]) -> Result<String, Er
     b.ensure_fence_table()
         .await
         .map_err(|e| owner_needed(e, &fix))?;
+    // The leaders' table (values published by election leaders) beside it.
+    sqlx::raw_sql(super::leader::TABLE_DDL)
+        .execute(&b.pool)
+        .await
+        .map_err(|e| permission(e, &fix))?;
     for user in grant_to {
         let grantee = grantee(user)?;
-        let sql = format!(
-            "GRANT SELECT, INSERT, UPDATE ON {}.dblock_fencing TO {grantee}",
-            quote_ident(&b.database)
-        );
-        sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
-            .execute(&b.pool)
-            .await
-            .map_err(|e| permission(e, &fix))?;
+        for table in ["dblock_fencing", "dblock_leaders"] {
+            let sql = format!(
+                "GRANT SELECT, INSERT, UPDATE ON {}.{table} TO {grantee}",
+                quote_ident(&b.database)
+            );
+            sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+                .execute(&b.pool)
+                .await
+                .map_err(|e| permission(e, &fix))?;
+        }
     }
     Ok(format!("{}.dblock_fencing", quote_ident(&b.database)))
 }

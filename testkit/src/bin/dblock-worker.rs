@@ -26,6 +26,10 @@
 //!     stands for election NAME; while leader, inserts its token into `leader_log`
 //!     every 20 ms, fenced (unless --no-fence); prints `leader TOKEN`, `rejected TOKEN`,
 //!     `lost`. A --stubborn leader ignores the loss of its term and keeps writing.
+//! dblock-worker lead URL NAME VALUE
+//!     stands for election NAME publishing VALUE (`-`: none), prints `leader TOKEN`; then
+//!     for each line `publish X` on stdin publishes X and prints `published` or
+//!     `error KIND`; holds the term until killed.
 //! dblock-worker lock-all URL NAMES ITERATIONS DIR [--one-by-one] [--no-lock]
 //!     NAMES is comma-separated. Prints `ready`, waits for a line on stdin, then
 //!     ITERATIONS times: takes every name with `lock_all` (or, --one-by-one, with one
@@ -45,7 +49,8 @@
 //!     name, held a moment), `limit2` (a fenced try of a slot of a limit-2 semaphore,
 //!     a slot held until stdin closes),
 //!     `lock-all` (three shared names), `status`, `leader` (who leads, then a term of
-//!     its own, resigned) — and prints `ok ANSWER` or `error KIND: MESSAGE`.
+//!     its own publishing a value, read back, resigned) — and prints `ok ANSWER` or
+//!     `error KIND: MESSAGE`.
 //! ```
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -325,6 +330,34 @@ async fn main() {
                 drop(term);
             }
         }
+        "lead" => {
+            let mut election = dblock::leader::Election::new(&locks, &name);
+            if arg(3) != "-" {
+                election = election.value(arg(3));
+            }
+            let term = election.campaign().await.unwrap();
+            println!("leader {}", term.token());
+            std::io::stdout().flush().unwrap();
+            let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<String>();
+            std::thread::spawn(move || {
+                for line in std::io::stdin().lines() {
+                    let Ok(line) = line else { break };
+                    if tx.send(line).is_err() {
+                        break;
+                    }
+                }
+            });
+            while let Some(line) = rx.recv().await {
+                if let Some(v) = line.strip_prefix("publish ") {
+                    match term.publish(v).await {
+                        Ok(()) => println!("published"),
+                        Err(e) => println!("error {e:?}"),
+                    }
+                    std::io::stdout().flush().unwrap();
+                }
+            }
+            std::future::pending::<()>().await;
+        }
         "hold-share" => {
             let mut guard = locks.lock(&name).await.unwrap();
             let mut cmd = std::process::Command::new("sleep");
@@ -394,12 +427,27 @@ async fn first_contact(url: &str, feature: &str, index: &str) -> Result<String, 
         }
         "status" => format!("{} locks", locks.status(&[]).await?.len()),
         "leader" => {
-            let election = dblock::leader::Election::new(&locks, "leader");
+            // Published on election (the leaders' table made on first use by all at
+            // once), read back by this process without standing, before and after.
+            let own = format!("addr-{index}");
+            let election = dblock::leader::Election::new(&locks, "leader").value(own.clone());
             let before = election.leader().await?;
+            let watching = locks.current_leader("leader").await?;
             let term = election.campaign().await?;
             let token = term.token();
+            let now = locks.current_leader("leader").await?;
             term.resign().await?;
-            format!("leader {token} (before: {})", before.is_some())
+            let seen = now.as_ref().and_then(|l| l.value.as_deref());
+            if seen != Some(own.as_str()) || now.and_then(|l| l.token) != Some(token) {
+                return Err(dblock::Error::Unsupported(format!(
+                    "read back {seen:?} as this term's value, not {own:?}"
+                )));
+            }
+            format!(
+                "leader {token} (before: {}, {})",
+                before.is_some(),
+                watching.is_some()
+            )
         }
         other => panic!("unknown feature {other:?}"),
     })

@@ -1,5 +1,5 @@
 //! The backend's other SQL, beside the lock logic: fencing tokens (`fence`, and `token`,
-//! the statement that takes one), the migration runner's store (`migrate`,
+//! the statement that takes one), leaders' values (`leader`), the migration runner's store (`migrate`,
 //! `bookkeeping`, `adopt`), `status`, `setup`, the benchmark's floor (`floor`) and locks in
 //! the caller's own transaction (`xact`).
 
@@ -7,6 +7,7 @@ pub(crate) mod adopt;
 pub(crate) mod bookkeeping;
 pub(crate) mod fence;
 pub(crate) mod floor;
+pub(crate) mod leader;
 pub(crate) mod migrate;
 pub(crate) mod setup;
 pub(crate) mod status;

@@ -18,9 +18,16 @@
 //! CREATE TABLE IF NOT EXISTS public.dblock_fencing (
 //!     key bigint PRIMARY KEY, namespace text NOT NULL, name text NOT NULL,
 //!     token bigint NOT NULL, holder text NOT NULL, granted_at timestamptz NOT NULL);
+//! CREATE TABLE IF NOT EXISTS public.dblock_leaders (
+//!     key bigint PRIMARY KEY, namespace text NOT NULL, name text NOT NULL,
+//!     token bigint NOT NULL, holder text NOT NULL, value text,
+//!     published_at timestamptz NOT NULL);
 //! GRANT USAGE ON SCHEMA public TO app_user;
-//! GRANT SELECT, INSERT, UPDATE ON public.dblock_fencing TO app_user;
+//! GRANT SELECT, INSERT, UPDATE ON public.dblock_fencing, public.dblock_leaders TO app_user;
 //! ```
+//!
+//! (`dblock_leaders` keeps the values election leaders publish: see
+//! [`Term::publish`](crate::leader::Term::publish).)
 //!
 //! Every permission error dblock meets on its own table says which command fixes it
 //! ([`Error::PermissionDenied`]).
@@ -47,7 +54,13 @@ async fn setup(b: &PgBackend, grant_to: &[&str]) -> Result<String, Error> {
     let schema = PG_FENCING_SCHEMA;
     let table = format!("{}.{}", quote_ident(schema), FENCING_TABLE);
     let armed = Armed::new(b.pinned().await?);
-    let ddl = super::fence::table_ddl(&table);
+    // The leaders' table (values published by election leaders) beside it.
+    let leaders = super::leader::leaders_table();
+    let ddl = format!(
+        "{}; {}",
+        super::fence::table_ddl(&table),
+        super::leader::table_ddl(&leaders)
+    );
     let fix = format!(
         "run dblock setup as a role that may create tables in schema {schema:?} and grant on \
          them (its owner)"
@@ -62,12 +75,16 @@ async fn setup(b: &PgBackend, grant_to: &[&str]) -> Result<String, Error> {
         };
         let lit = quote_literal(&name);
         let tlit = quote_literal(&table);
+        let llit = quote_literal(&leaders);
         let sql = format!(
             "GRANT USAGE ON SCHEMA {s} TO {grantee}; \
-             GRANT SELECT, INSERT, UPDATE ON {table} TO {grantee}; \
+             GRANT SELECT, INSERT, UPDATE ON {table}, {leaders} TO {grantee}; \
              SELECT has_table_privilege({lit}, {tlit}, 'SELECT') \
              AND has_table_privilege({lit}, {tlit}, 'INSERT') \
-             AND has_table_privilege({lit}, {tlit}, 'UPDATE')",
+             AND has_table_privilege({lit}, {tlit}, 'UPDATE') \
+             AND has_table_privilege({lit}, {llit}, 'SELECT') \
+             AND has_table_privilege({lit}, {llit}, 'INSERT') \
+             AND has_table_privilege({lit}, {llit}, 'UPDATE')",
             s = quote_ident(schema)
         );
         let rows = armed
