@@ -73,6 +73,7 @@ pub mod bench;
 mod conninfo;
 mod error;
 pub mod fencing;
+pub mod fleet;
 mod guard;
 mod inspect;
 mod key;

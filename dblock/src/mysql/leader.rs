@@ -1,7 +1,8 @@
 //! Leaders' values on MySQL / MariaDB: `dblock_leaders` in the handle's database, one
 //! row per election name (keyed like the fencing table), written by the leader of the
 //! term it names and read by anyone with the fencing table's record of the latest term.
-//! Created on the first publish (as the fencing table is), or by `dblock setup`.
+//! Created on the first publish (as the fencing table is), or by `dblock setup`; its
+//! DDL is beside the fencing table's (`fence::LEADERS_DDL`).
 
 use sqlx::MySqlPool;
 
@@ -13,17 +14,6 @@ use crate::status::from_unix_ms;
 
 /// ER_NO_SUCH_TABLE.
 const NO_SUCH_TABLE: u16 = 1146;
-
-/// The DDL of the leaders' table. Values are kept as written (`utf8mb4_bin`), whatever
-/// the database's default character set.
-pub(crate) const TABLE_DDL: &str = "CREATE TABLE IF NOT EXISTS dblock_leaders (\
-     `key` BIGINT NOT NULL PRIMARY KEY, \
-     namespace TEXT NOT NULL, \
-     name TEXT NOT NULL, \
-     token BIGINT NOT NULL, \
-     holder VARCHAR(255) NOT NULL, \
-     value TEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NULL, \
-     published_at VARCHAR(32) NOT NULL) ENGINE=InnoDB";
 
 /// A term's grant time (the fencing table's `granted_at`, written as UTC text) in
 /// microseconds since the Unix epoch: arithmetic on a `DATETIME`, whatever the
@@ -103,7 +93,7 @@ async fn publish(b: &MyBackend, fence: &Fence, value: &str) -> Result<(), Error>
         match done {
             Ok(_) => return Ok(()),
             Err(e) if no_such_table(&e) && !created => {
-                sqlx::raw_sql(TABLE_DDL)
+                sqlx::raw_sql(super::fence::LEADERS_DDL)
                     .execute(&b.pool)
                     .await
                     .map_err(|e| super::setup::permission(e, &fix))?;

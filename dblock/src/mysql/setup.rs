@@ -56,7 +56,7 @@ pub(crate) async fn setup(b: &MyBackend, grant_to: &[&str]) -> Result<String, Er
         .await
         .map_err(|e| owner_needed(e, &fix))?;
     // The leaders' table (values published by election leaders) beside it.
-    sqlx::raw_sql(super::leader::TABLE_DDL)
+    sqlx::raw_sql(super::fence::LEADERS_DDL)
         .execute(&b.pool)
         .await
         .map_err(|e| permission(e, &fix))?;

@@ -49,7 +49,8 @@
 //!     name, held a moment), `limit2` (a fenced try of a slot of a limit-2 semaphore,
 //!     a slot held until stdin closes),
 //!     `lock-all` (three shared names), `status`, `leader` (who leads, then a term of
-//!     its own publishing a value, read back, resigned) — and prints `ok ANSWER` or
+//!     the shared election, resigned; then a term of an election of its own, INDEX,
+//!     publishing a value that is read back) — and prints `ok ANSWER` or
 //!     `error KIND: MESSAGE`.
 //! ```
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -427,27 +428,28 @@ async fn first_contact(url: &str, feature: &str, index: &str) -> Result<String, 
         }
         "status" => format!("{} locks", locks.status(&[]).await?.len()),
         "leader" => {
-            // Published on election (the leaders' table made on first use by all at
-            // once), read back by this process without standing, before and after.
-            let own = format!("addr-{index}");
-            let election = dblock::leader::Election::new(&locks, "leader").value(own.clone());
+            // One election shared by all, then one of its own each, publishing a value
+            // (the leaders' table made on first use by all at once), read back without
+            // standing, before and after.
+            let election = dblock::leader::Election::new(&locks, "leader");
             let before = election.leader().await?;
-            let watching = locks.current_leader("leader").await?;
             let term = election.campaign().await?;
             let token = term.token();
-            let now = locks.current_leader("leader").await?;
+            term.resign().await?;
+            let value = format!("addr-{index}");
+            let watching = locks.current_leader(&own).await?;
+            let mine = dblock::leader::Election::new(&locks, &own).value(value.clone());
+            let term = mine.campaign().await?;
+            let now = locks.current_leader(&own).await?;
             term.resign().await?;
             let seen = now.as_ref().and_then(|l| l.value.as_deref());
-            if seen != Some(own.as_str()) || now.and_then(|l| l.token) != Some(token) {
+            if seen != Some(value.as_str()) || watching.is_some() {
                 return Err(dblock::Error::Unsupported(format!(
-                    "read back {seen:?} as this term's value, not {own:?}"
+                    "read back {seen:?} as this term's value, not {value:?} (a leader before: \
+                     {watching:?})"
                 )));
             }
-            format!(
-                "leader {token} (before: {}, {})",
-                before.is_some(),
-                watching.is_some()
-            )
+            format!("leader {token} (before: {})", before.is_some())
         }
         other => panic!("unknown feature {other:?}"),
     })
