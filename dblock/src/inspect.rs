@@ -107,8 +107,9 @@ impl Locks {
     }
 
     /// The one-time setup for roles that may not create dblock's tables: creates the
-    /// fencing table and grants the roles in `grant_to` what fenced locks (and leader
-    /// election) need on it; returns the table, as SQL names it. Idempotent. Run it as a
+    /// fencing table and the leaders' table and grants the roles in `grant_to` what
+    /// fenced locks and leader election (with published values) need on them; returns the
+    /// fencing table, as SQL names it. Idempotent. Run it as a
     /// role that may create the table and grant on it. `dblock setup --db URL --grant
     /// ROLE` runs it.
     ///
@@ -122,9 +123,17 @@ impl Locks {
     /// CREATE TABLE IF NOT EXISTS public.dblock_fencing (
     ///     key bigint PRIMARY KEY, namespace text NOT NULL, name text NOT NULL,
     ///     token bigint NOT NULL, holder text NOT NULL, granted_at timestamptz NOT NULL);
+    /// CREATE TABLE IF NOT EXISTS public.dblock_leaders (
+    ///     key bigint PRIMARY KEY, namespace text NOT NULL, name text NOT NULL,
+    ///     token bigint NOT NULL, holder text NOT NULL, value text,
+    ///     published_at timestamptz NOT NULL);
     /// GRANT USAGE ON SCHEMA public TO app_user;
-    /// GRANT SELECT, INSERT, UPDATE ON public.dblock_fencing TO app_user;
+    /// GRANT SELECT, INSERT, UPDATE ON public.dblock_fencing, public.dblock_leaders TO app_user;
     /// ```
+    ///
+    /// (`dblock_leaders` keeps the values election leaders publish,
+    /// [`Term::publish`](crate::leader::Term::publish); it is created and granted alike,
+    /// on MySQL/MariaDB too.)
     ///
     /// ```no_run
     /// # async fn demo() -> Result<(), dblock::Error> {

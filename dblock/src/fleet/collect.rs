@@ -341,7 +341,7 @@ enum Source {
     Ready(Locks),
     /// Built on the first scrape that can, so that an exporter started while its server
     /// is down reports that instead of failing to start.
-    Connecting(Builder, OnceCell<Locks>),
+    Connecting(Box<Builder>, OnceCell<Locks>),
 }
 
 /// The fleet's view as metrics: each [`scrape`](Exporter::scrape) reads the server
@@ -388,7 +388,7 @@ impl Exporter {
     /// An exporter whose handle `builder` builds on the first scrape that can: a server
     /// down when the exporter starts is a failed scrape, retried at the next.
     pub fn connecting(builder: Builder) -> Exporter {
-        Exporter::from_source(Source::Connecting(builder, OnceCell::new()))
+        Exporter::from_source(Source::Connecting(Box::new(builder), OnceCell::new()))
     }
 
     fn from_source(source: Source) -> Exporter {
@@ -438,7 +438,7 @@ impl Exporter {
     async fn handle(&self) -> Result<&Locks, Error> {
         match &self.source {
             Source::Ready(l) => Ok(l),
-            Source::Connecting(b, cell) => cell.get_or_try_init(|| b.clone().build()).await,
+            Source::Connecting(b, cell) => cell.get_or_try_init(|| (**b).clone().build()).await,
         }
     }
 

@@ -42,9 +42,9 @@ pub fn render(scraped: &Scraped, refresh: Duration) -> String {
     }
     out.push_str("</header>\n");
     if let Some(e) = scraped.error() {
-        let _ = write!(
+        let _ = writeln!(
             out,
-            "<p class=\"error\" role=\"alert\" id=\"error\">The database could not be read: {}</p>\n",
+            "<p class=\"error\" role=\"alert\" id=\"error\">The database could not be read: {}</p>",
             html(e)
         );
     }
@@ -126,7 +126,7 @@ fn row(out: &mut String, s: &super::collect::Scrape, l: &LockStatus) {
     // Holders and since when.
     out.push_str("<td data-label=\"Holder\">");
     if l.holders.is_empty() {
-        out.push_str("—");
+        out.push('—');
     }
     for (i, h) in l.holders.iter().enumerate() {
         if i > 0 {
@@ -136,7 +136,7 @@ fn row(out: &mut String, s: &super::collect::Scrape, l: &LockStatus) {
     }
     out.push_str("</td><td data-label=\"Since\">");
     if l.holders.is_empty() {
-        out.push_str("—");
+        out.push('—');
     }
     for (i, h) in l.holders.iter().enumerate() {
         if i > 0 {
