@@ -166,12 +166,7 @@ fn party_line(p: &Party, now: SystemTime) -> String {
 }
 
 fn show_age(d: Duration) -> String {
-    let s = d.as_secs();
-    match s {
-        0..60 => format!("{:.1}s", d.as_secs_f64()),
-        60..3600 => format!("{}m{:02}s", s / 60, s % 60),
-        _ => format!("{}h{:02}m", s / 3600, (s % 3600) / 60),
-    }
+    dblock::status::age_text(d)
 }
 
 /// Who holds `name` — its slots, for a `semaphore` — as one phrase

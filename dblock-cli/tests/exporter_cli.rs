@@ -197,6 +197,8 @@ async fn the_exporter_reports_holders_waiters_and_leaders(url: &str) {
             "deploy:7",
             "--election",
             "nobody-leads",
+            "--election",
+            "shard:*",
         ],
     )
     .await;
@@ -222,6 +224,8 @@ async fn the_exporter_reports_holders_waiters_and_leaders(url: &str) {
     promtool_passes(&text);
 
     let mut holder = run(s, url, &[], "deploy:7", &["sleep", "120"]);
+    // A leader found by prefix: reported once its term is recorded.
+    let mut shard = run(s, url, &[], "shard:1", &["sleep", "120"]);
     let mut batch: Vec<Child> = ["batch:1", "batch:2"]
         .iter()
         // Fenced (the default): the embedded backend and MySQL name a lock that is not
@@ -292,6 +296,15 @@ async fn the_exporter_reports_holders_waiters_and_leaders(url: &str) {
         value(&text, "dblock_exporter_scrape_success", ""),
         Some(1.0)
     );
+    assert_eq!(
+        value(
+            &text,
+            "dblock_server_election_leader_present",
+            "election=\"shard:1\""
+        ),
+        Some(1.0),
+        "{text}"
+    );
     // Names not asked for are never labels of their own.
     assert!(!text.contains("batch:1"), "{text}");
     promtool_passes(&text);
@@ -303,6 +316,7 @@ async fn the_exporter_reports_holders_waiters_and_leaders(url: &str) {
     for b in &mut batch {
         b.kill().await.unwrap();
     }
+    shard.kill().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -698,6 +698,27 @@ pub(crate) trait LeaderStore: Send + Sync {
     ) -> BoxFuture<'a, Result<Vec<TermRecord>, Error>>;
 }
 
+/// The condition of a [`LeaderStore::terms`] read on a backend that binds `?`
+/// parameters — each key, then for each prefix its namespace, its length in characters
+/// and itself — over the fencing table aliased `f`, whose key column SQL names `key`;
+/// `head` is the backend's first `?` characters of `f.name` (`LEFT(f.name, ?)`). `None`
+/// when nothing is asked.
+pub(crate) fn terms_condition(
+    keys: usize,
+    prefixes: usize,
+    key: &str,
+    head: &str,
+) -> Option<String> {
+    let mut cond: Vec<String> = Vec::new();
+    if keys > 0 {
+        cond.push(format!("f.{key} IN ({})", vec!["?"; keys].join(",")));
+    }
+    for _ in 0..prefixes {
+        cond.push(format!("(f.namespace = ? AND {head} = ?)"));
+    }
+    (!cond.is_empty()).then(|| cond.join(" OR "))
+}
+
 /// The table leaders publish their values in, beside the fencing table.
 pub(crate) const LEADERS_TABLE: &str = "dblock_leaders";
 

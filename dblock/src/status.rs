@@ -139,6 +139,16 @@ pub fn age(since: SystemTime, now: SystemTime) -> Duration {
     now.duration_since(since).unwrap_or_default()
 }
 
+/// An age as `dblock status` and the exporter's page show it: `41.2s`, `3m10s`, `2h05m`.
+pub fn age_text(d: Duration) -> String {
+    let s = d.as_secs();
+    match s {
+        0..60 => format!("{:.1}s", d.as_secs_f64()),
+        60..3600 => format!("{}m{:02}s", s / 60, s % 60),
+        _ => format!("{}h{:02}m", s / 3600, (s % 3600) / 60),
+    }
+}
+
 /// `s` as it may be shown to an operator — on a terminal or a web page: control
 /// characters (a newline, an escape sequence's ESC, C1 controls), line and paragraph
 /// separators and the invisible or reordering format characters (bidirectional

@@ -9,7 +9,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use super::collect::{Scraped, Since};
 use crate::raw::{LockStatus, Party};
-use crate::status::{age, mode_str, scope_str, shown};
+use crate::status::{age, age_text, mode_str, scope_str, shown};
 
 /// The most locks the page lists (the rest are counted).
 pub const MAX_ROWS: usize = 500;
@@ -213,16 +213,6 @@ pub(crate) fn html(s: &str) -> String {
         }
     }
     out
-}
-
-/// `41.2s`, `3m10s`, `2h05m`.
-fn age_text(d: Duration) -> String {
-    let s = d.as_secs();
-    match s {
-        0..60 => format!("{:.1}s", d.as_secs_f64()),
-        60..3600 => format!("{}m{:02}s", s / 60, s % 60),
-        _ => format!("{}h{:02}m", s / 3600, (s % 3600) / 60),
-    }
 }
 
 /// `05:30:12 UTC`.

@@ -9,7 +9,7 @@ use sqlx::MySqlPool;
 use super::{MyBackend, map_sqlx};
 use crate::error::Error;
 use crate::key::Key;
-use crate::raw::{BoxFuture, Fence, LeaderStore, TermRecord, check_leader_value};
+use crate::raw::{BoxFuture, Fence, LeaderStore, TermRecord, check_leader_value, terms_condition};
 use crate::status::from_unix_ms;
 
 /// ER_NO_SUCH_TABLE.
@@ -120,21 +120,13 @@ async fn terms(
     keys: &[Key],
     prefixes: &[(&str, &str)],
 ) -> Result<Vec<TermRecord>, Error> {
-    let mut cond: Vec<String> = Vec::new();
-    if !keys.is_empty() {
-        cond.push(format!("f.`key` IN ({})", vec!["?"; keys.len()].join(",")));
-    }
-    for _ in prefixes {
-        cond.push("(f.namespace = ? AND LEFT(f.name, ?) = ?)".into());
-    }
-    if cond.is_empty() {
+    let Some(cond) = terms_condition(keys.len(), prefixes.len(), "`key`", "LEFT(f.name, ?)") else {
         return Ok(Vec::new());
-    }
+    };
     let select = |value: &str, join: &str| {
         format!(
             "SELECT f.`key`, f.namespace, f.name, f.holder, f.token, {GRANTED_US}, {value} \
-             FROM dblock_fencing f{join} WHERE {} ORDER BY f.`key`",
-            cond.join(" OR ")
+             FROM dblock_fencing f{join} WHERE {cond} ORDER BY f.`key`"
         )
     };
     let run = |sql: String| async move {

@@ -5,7 +5,7 @@
 use super::{Shared, SqliteBackend};
 use crate::error::Error;
 use crate::key::Key;
-use crate::raw::{BoxFuture, Fence, LeaderStore, TermRecord, check_leader_value};
+use crate::raw::{BoxFuture, Fence, LeaderStore, TermRecord, check_leader_value, terms_condition};
 use crate::status::from_unix_ms;
 
 /// The DDL of the leaders' table.
@@ -104,24 +104,17 @@ async fn terms(
     keys: &[Key],
     prefixes: &[(&str, &str)],
 ) -> Result<Vec<TermRecord>, Error> {
-    let mut cond: Vec<String> = Vec::new();
-    if !keys.is_empty() {
-        cond.push(format!("f.key IN ({})", vec!["?"; keys.len()].join(",")));
-    }
-    for _ in prefixes {
-        cond.push("(f.namespace = ? AND substr(f.name, 1, ?) = ?)".into());
-    }
-    if cond.is_empty() {
+    let head = "substr(f.name, 1, ?)";
+    let Some(cond) = terms_condition(keys.len(), prefixes.len(), "key", head) else {
         return Ok(Vec::new());
-    }
+    };
     let db = shared.db().await?;
     ensure_tables(db).await?;
     let sql = format!(
         "SELECT f.key, f.namespace, f.name, f.holder, f.token, \
          (julianday(f.granted_at) - 2440587.5) * 86400000.0, l.value \
          FROM dblock_fencing f LEFT JOIN dblock_leaders l \
-         ON l.key = f.key AND l.token = f.token WHERE {} ORDER BY f.key",
-        cond.join(" OR ")
+         ON l.key = f.key AND l.token = f.token WHERE {cond} ORDER BY f.key"
     );
     let mut q = sqlx::query_as::<_, Row>(sqlx::AssertSqlSafe(sql));
     for k in keys {
