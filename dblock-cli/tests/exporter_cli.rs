@@ -501,11 +501,11 @@ async fn a_silent_server_is_a_failed_scrape_at_the_deadline_not_a_hang() {
     assert_eq!(status, 200);
     assert!(page.contains("id=\"error\""), "{page}");
     assert!(exp.alive(), "{}", exp.said());
-    assert!(
-        exp.said().contains("scrape failed: timed out"),
-        "{}",
-        exp.said()
-    );
+    let said = eventually(10, &mut || async {
+        exp.said().contains("scrape failed: timed out")
+    })
+    .await;
+    assert!(said, "{}", exp.said());
 }
 
 /// A server that is down when the exporter starts: it serves anyway, says so once, and
@@ -535,11 +535,12 @@ async fn a_server_down_at_start_is_reported_until_it_is_up() {
     .await;
     assert!(up, "{}", exp.said());
     assert!(exp.alive());
-    assert!(
-        exp.said().contains("scrapes succeed again"),
-        "{}",
-        exp.said()
-    );
+    // Said on stderr, which this test reads on a task of its own.
+    let said = eventually(10, &mut || async {
+        exp.said().contains("scrapes succeed again")
+    })
+    .await;
+    assert!(said, "{}", exp.said());
 }
 
 /// A failover: the exporter reads a primary and its standby by one URL (read-write
