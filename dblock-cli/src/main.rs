@@ -11,6 +11,7 @@
 //! dblock migrate [--db URL] [--ignore-missing] DIR [--dry-run]
 //! dblock migrate status [--db URL] [--ignore-missing] DIR
 //! dblock setup [--db URL] [--grant ROLE]...
+//! dblock exporter [--db URL] [--namespace NS] --listen ADDR [--name PATTERN]... [--group PATTERN]... [--election PATTERN]...
 //! dblock migrate baseline [--db URL] DIR [--to VERSION]
 //! dblock migrate revert [--db URL] DIR [--to VERSION]
 //! dblock migrate new NAME [DIR]
@@ -57,6 +58,7 @@ macro_rules! err {
 }
 
 mod duration;
+mod exporter;
 mod migrate;
 mod notice;
 mod run;
@@ -123,6 +125,8 @@ enum Command {
     /// Create dblock's fencing table once, as the schema's owner, and grant roles that
     /// may not create tables what fenced locks and leader election need.
     Setup(setup::SetupArgs),
+    /// Serve the fleet's view over HTTP: /metrics (Prometheus) and / (who holds what).
+    Exporter(exporter::ExporterArgs),
 }
 
 #[derive(Args, Debug)]
@@ -196,6 +200,7 @@ fn main() -> ExitCode {
         Command::Run(args) => block_on(false, run::run(args)),
         Command::Migrate(args) => migrate::main(args),
         Command::Setup(args) => block_on(false, setup::setup(args)),
+        Command::Exporter(args) => block_on(false, exporter::exporter(args)),
         Command::Status(args) => block_on(false, status::status(args)),
         Command::Runs(args) => block_on(false, runs::runs(args)),
         Command::Release(args) => block_on(false, status::release(args)),

@@ -9,37 +9,10 @@ use dblock::status::{LockStatus, Party, age, mode_str, scope_str};
 
 use crate::{EXIT_USAGE, exit_code, one_line};
 
-/// `s` as it may reach an operator's terminal: control characters (a newline, an
-/// escape sequence's ESC, C1 controls), line and paragraph separators and the
-/// invisible or reordering format characters (bidirectional overrides, zero-width
-/// characters) are written `\u{..}`, and a backslash `\\`, so a name chosen by any
-/// client of the database prints as one line that shows what it is.
+/// `s` as it may reach an operator's terminal: see [`dblock::status::shown`] (control,
+/// separator and invisible or reordering characters written `\u{..}`, a backslash `\\`).
 pub(crate) fn shown(s: &str) -> std::borrow::Cow<'_, str> {
-    fn hidden(c: char) -> bool {
-        c.is_control()
-            || matches!(
-                c,
-                '\\'
-                    | '\u{061c}'
-                    | '\u{200b}'..='\u{200f}'
-                    | '\u{2028}'..='\u{202e}'
-                    | '\u{2060}'..='\u{206f}'
-                    | '\u{feff}'
-                    | '\u{fff9}'..='\u{fffb}'
-            )
-    }
-    if !s.chars().any(hidden) {
-        return std::borrow::Cow::Borrowed(s);
-    }
-    let mut out = String::with_capacity(s.len() + 8);
-    for c in s.chars() {
-        match c {
-            '\\' => out.push_str("\\\\"),
-            c if hidden(c) => out.push_str(&format!("\\u{{{:x}}}", c as u32)),
-            c => out.push(c),
-        }
-    }
-    std::borrow::Cow::Owned(out)
+    dblock::status::shown(s)
 }
 
 /// [`shown`], quoted: `"name"` (a quote inside written `\"`).
@@ -197,12 +170,7 @@ fn party_line(p: &Party, now: SystemTime) -> String {
 }
 
 pub(crate) fn show_age(d: Duration) -> String {
-    let s = d.as_secs();
-    match s {
-        0..60 => format!("{:.1}s", d.as_secs_f64()),
-        60..3600 => format!("{}m{:02}s", s / 60, s % 60),
-        _ => format!("{}h{:02}m", s / 3600, (s % 3600) / 60),
-    }
+    dblock::status::age_text(d)
 }
 
 /// Who holds `name` — its slots, for a `semaphore` — as one phrase

@@ -107,11 +107,12 @@ impl Locks {
     }
 
     /// The one-time setup for roles that may not create dblock's tables: creates the
-    /// fencing table and the record of runs (claims of scheduled slots, see
-    /// [`jobs`](crate::jobs)) and grants the roles in `grant_to` what fenced locks,
-    /// leader election and claims need on them; returns the tables, as SQL names them,
-    /// separated by `, `. Idempotent. Run it as a role that may create the tables and
-    /// grant on them. `dblock setup --db URL --grant ROLE` runs it.
+    /// fencing table, the leaders' table and the record of runs (claims of scheduled
+    /// slots, see [`jobs`](crate::jobs)) and grants the roles in `grant_to` what fenced
+    /// locks, leader election (with published values) and claims need on them; returns
+    /// the tables, as SQL names them, separated by `, `. Idempotent. Run it as a role that
+    /// may create the tables and grant on them. `dblock setup --db URL --grant ROLE` runs
+    /// it.
     ///
     /// On PostgreSQL the tables are `public.dblock_fencing` and `public.dblock_runs` (one
     /// each per database; on PostgreSQL 15 and later only a schema's owner may create in
@@ -124,6 +125,10 @@ impl Locks {
     /// CREATE TABLE IF NOT EXISTS public.dblock_fencing (
     ///     key bigint PRIMARY KEY, namespace text NOT NULL, name text NOT NULL,
     ///     token bigint NOT NULL, holder text NOT NULL, granted_at timestamptz NOT NULL);
+    /// CREATE TABLE IF NOT EXISTS public.dblock_leaders (
+    ///     key bigint PRIMARY KEY, namespace text NOT NULL, name text NOT NULL,
+    ///     token bigint NOT NULL, holder text NOT NULL, value text,
+    ///     published_at timestamptz NOT NULL);
     /// CREATE TABLE IF NOT EXISTS public.dblock_runs (
     ///     key bigint NOT NULL, slot text NOT NULL, namespace text NOT NULL,
     ///     name text NOT NULL, attempt integer NOT NULL, host text NOT NULL,
@@ -131,12 +136,14 @@ impl Locks {
     ///     finished_at timestamptz, exit_code integer, PRIMARY KEY (key, slot));
     /// CREATE INDEX IF NOT EXISTS dblock_runs_started ON public.dblock_runs (key, started_at);
     /// GRANT USAGE ON SCHEMA public TO app_user;
-    /// GRANT SELECT, INSERT, UPDATE ON public.dblock_fencing TO app_user;
+    /// GRANT SELECT, INSERT, UPDATE ON public.dblock_fencing, public.dblock_leaders TO app_user;
     /// GRANT SELECT, INSERT, UPDATE, DELETE ON public.dblock_runs TO app_user;
     /// ```
     ///
-    /// On MySQL/MariaDB the tables are `dblock_fencing` and `dblock_runs` in the URL's
-    /// database, with the same grants (see [`mysql`](crate::mysql)'s setup).
+    /// (`dblock_leaders` keeps the values election leaders publish,
+    /// [`Term::publish`](crate::leader::Term::publish).) On MySQL/MariaDB the tables are
+    /// `dblock_fencing`, `dblock_leaders` and `dblock_runs` in the URL's database, with the
+    /// same grants (see [`mysql`](crate::mysql)'s setup).
     ///
     /// ```no_run
     /// # async fn demo() -> Result<(), dblock::Error> {

@@ -79,6 +79,7 @@ pub mod bench;
 mod conninfo;
 mod error;
 pub mod fencing;
+pub mod fleet;
 mod guard;
 mod inspect;
 pub mod jobs;

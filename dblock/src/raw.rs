@@ -316,7 +316,7 @@ pub(crate) fn check_lease(
 /// A backend: what every backend does (its supertraits included); the few defaults are
 /// what only some backends have.
 pub(crate) trait RawLocks:
-    FencingStore + StatusSource + RunStore + Send + Sync + 'static
+    FencingStore + LeaderStore + StatusSource + RunStore + Send + Sync + 'static
 {
     /// `"postgres"`, `"sqlite"`: what [`Locks::backend_name`](crate::Locks::backend_name)
     /// says.
@@ -636,6 +636,16 @@ pub(crate) trait StatusSource: Send + Sync {
 
     /// Ends the sessions holding `asked`'s lock; who was ended (empty: nobody held it).
     fn terminate<'a>(&'a self, asked: Asked<'a>) -> BoxFuture<'a, Result<Vec<Party>, Error>>;
+
+    /// Every lock the backend can list, as [`status`](StatusSource::status) with nothing
+    /// asked, and besides them the locks of `asked` — where a backend lists only what it
+    /// is asked for (MySQL's holders nobody waits for) or shows an unnamed lock by another
+    /// key (the embedded backend's byte offset) — each once, under its key. The fleet's
+    /// view reads this once a scrape: everything, with the names the operator labels.
+    fn status_all<'a>(
+        &'a self,
+        asked: &'a [Asked<'a>],
+    ) -> BoxFuture<'a, Result<Vec<LockStatus>, Error>>;
 }
 
 /// The latest fenced grant of a key, as the fencing table records it.
@@ -819,6 +829,90 @@ pub(crate) trait RunStore: Send + Sync {
     /// Deletes the claims of `key` older than its `keep` most recent ones.
     fn prune_runs(&self, key: Key, keep: u32) -> BoxFuture<'_, Result<(), Error>>;
 }
+
+/// One term of an election (a fenced name) as the fencing table records it, with the
+/// value its leader published for it ([`LeaderStore`]).
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct TermRecord {
+    pub(crate) key: Key,
+    pub(crate) namespace: String,
+    pub(crate) name: String,
+    /// `host:pid` of the process granted the term.
+    pub(crate) holder: String,
+    pub(crate) token: i64,
+    /// When the term was granted, by the server's clock (the embedded backend's: this
+    /// host's).
+    pub(crate) granted_at: Option<SystemTime>,
+    /// What the term's leader published, if it published anything in this term.
+    pub(crate) value: Option<String>,
+}
+
+/// The longest value a leader may publish, in bytes.
+pub(crate) const MAX_LEADER_VALUE: usize = 8192;
+
+/// Refuses a value no backend can keep alike: too long, or holding NUL (PostgreSQL's
+/// text cannot).
+pub(crate) fn check_leader_value(value: &str) -> Result<(), Error> {
+    if value.len() > MAX_LEADER_VALUE || value.contains('\0') {
+        return Err(Error::InvalidRequest {
+            reason: format!(
+                "a leader's value is at most {MAX_LEADER_VALUE} bytes of text without NUL (this \
+             one is {} bytes{})",
+                value.len(),
+                if value.contains('\0') {
+                    ", with NUL"
+                } else {
+                    ""
+                }
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// Leaders' values: a leader publishes one for its term (an address, say), and any
+/// process reads the latest terms with their values without campaigning. Every backend
+/// keeps them in a table of its own beside the fencing table (`dblock_leaders`), keyed
+/// like it; a value counts only for the term whose token it was published with.
+pub(crate) trait LeaderStore: Send + Sync {
+    /// Publishes `value` for the term `fence` was granted, if that term is still the
+    /// name's latest fenced grant ([`Error::StaleToken`] otherwise): a deposed leader
+    /// never overwrites its successor's value. Creates the table on first use.
+    fn publish<'a>(&'a self, fence: &'a Fence, value: &'a str) -> BoxFuture<'a, Result<(), Error>>;
+
+    /// The latest terms of the names of `keys`, and of every fenced name in namespace
+    /// `.0` beginning with `.1` for each of `prefixes`; each with the value published
+    /// for that term. Reads only: no table yet means no term (or no value).
+    fn terms<'a>(
+        &'a self,
+        keys: &'a [Key],
+        prefixes: &'a [(&'a str, &'a str)],
+    ) -> BoxFuture<'a, Result<Vec<TermRecord>, Error>>;
+}
+
+/// The condition of a [`LeaderStore::terms`] read on a backend that binds `?`
+/// parameters — each key, then for each prefix its namespace, its length in characters
+/// and itself — over the fencing table aliased `f`, whose key column SQL names `key`;
+/// `head` is the backend's first `?` characters of `f.name` (`LEFT(f.name, ?)`). `None`
+/// when nothing is asked.
+pub(crate) fn terms_condition(
+    keys: usize,
+    prefixes: usize,
+    key: &str,
+    head: &str,
+) -> Option<String> {
+    let mut cond: Vec<String> = Vec::new();
+    if keys > 0 {
+        cond.push(format!("f.{key} IN ({})", vec!["?"; keys].join(",")));
+    }
+    for _ in 0..prefixes {
+        cond.push(format!("(f.namespace = ? AND {head} = ?)"));
+    }
+    (!cond.is_empty()).then(|| cond.join(" OR "))
+}
+
+/// The table leaders publish their values in, beside the fencing table.
+pub(crate) const LEADERS_TABLE: &str = "dblock_leaders";
 
 /// The cheapest correct way to do a lock cycle on a backend, issued directly: what
 /// `dblock bench` measures dblock against. One set of raw connections (or descriptors),

@@ -197,6 +197,51 @@ pub fn age(since: SystemTime, now: SystemTime) -> Duration {
     now.duration_since(since).unwrap_or_default()
 }
 
+/// An age as `dblock status` and the exporter's page show it: `41.2s`, `3m10s`, `2h05m`.
+pub fn age_text(d: Duration) -> String {
+    let s = d.as_secs();
+    match s {
+        0..60 => format!("{:.1}s", d.as_secs_f64()),
+        60..3600 => format!("{}m{:02}s", s / 60, s % 60),
+        _ => format!("{}h{:02}m", s / 3600, (s % 3600) / 60),
+    }
+}
+
+/// `s` as it may be shown to an operator — on a terminal or a web page: control
+/// characters (a newline, an escape sequence's ESC, C1 controls), line and paragraph
+/// separators and the invisible or reordering format characters (bidirectional
+/// overrides, zero-width characters) are written `\u{..}`, and a backslash `\\`, so a
+/// name chosen by any client of the database shows as one line that shows what it is.
+pub fn shown(s: &str) -> std::borrow::Cow<'_, str> {
+    fn hidden(c: char) -> bool {
+        c.is_control()
+            || matches!(
+                c,
+                '\\'
+                    | '\u{061c}'
+                    | '\u{200b}'..='\u{200f}'
+                    | '\u{2028}'..='\u{202e}'
+                    | '\u{2060}'..='\u{206f}'
+                    | '\u{feff}'
+                    | '\u{fff9}'..='\u{fffb}'
+            )
+    }
+    if !s.chars().any(hidden) {
+        return std::borrow::Cow::Borrowed(s);
+    }
+    let mut out = String::with_capacity(s.len() + 8);
+    for c in s.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            c if hidden(c) => {
+                let _ = write!(out, "\\u{{{:x}}}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
 /// `"exclusive"` or `"shared"`.
 pub fn mode_str(m: Mode) -> &'static str {
     match m {

@@ -12,6 +12,7 @@ use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use dblock::leader::Role;
 use dblock::{Error, Locks};
 use dblock_testkit::{PgSchema, SqliteDb, TestDb};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
@@ -478,9 +479,19 @@ async fn sqlite_a_lost_lock_and_a_group_label_and_an_election() {
     assert_eq!(m.gauge("dblock_locks_held", &plain), 0.0);
 
     let election = dblock::leader::Election::new(&locks, "scheduler");
+    let leading = [("election", "scheduler")];
     let term = bounded("campaign", election.campaign()).await.unwrap();
     let token = term.token();
+    // Kubernetes' convention: a 0/1 gauge per election.
+    let m = Metrics::take(&snap);
+    assert_eq!(m.gauge("dblock_election_is_leader", &leading), 1.0);
     bounded("resign", term.resign()).await.unwrap();
+    let mut w = election.watch();
+    bounded("the term's end", w.wait_for(|r| *r == Role::Follower))
+        .await
+        .unwrap();
+    let m = Metrics::take(&snap);
+    assert_eq!(m.gauge("dblock_election_is_leader", &leading), 0.0);
     let elected = cap.with_message("elected leader");
     assert_eq!(elected.len(), 1);
     assert_eq!(elected[0].target, "dblock::leader");

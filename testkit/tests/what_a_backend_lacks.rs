@@ -33,13 +33,17 @@ async fn setup_is_refused_where_tables_are_made_on_first_use(db: &TestDb) {
     let locks = db.locks().await;
     let r = within(30, "setup", locks.setup(&[])).await;
     match db.backend() {
-        "postgres" => assert_eq!(r.unwrap(), "public.dblock_fencing, public.dblock_runs"),
+        "postgres" => assert_eq!(
+            r.unwrap(),
+            "public.dblock_fencing, public.dblock_leaders, public.dblock_runs"
+        ),
         "mysql" => {
             let tables = r.unwrap();
             let tables: Vec<&str> = tables.split(", ").collect();
-            assert_eq!(tables.len(), 2, "{tables:?}");
+            assert_eq!(tables.len(), 3, "{tables:?}");
             assert!(tables[0].ends_with(".dblock_fencing"), "{tables:?}");
-            assert!(tables[1].ends_with(".dblock_runs"), "{tables:?}");
+            assert!(tables[1].ends_with(".dblock_leaders"), "{tables:?}");
+            assert!(tables[2].ends_with(".dblock_runs"), "{tables:?}");
         }
         backend => unsupported(
             r,

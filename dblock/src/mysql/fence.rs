@@ -18,6 +18,17 @@ pub(crate) const TABLE_DDL: &str = "CREATE TABLE IF NOT EXISTS dblock_fencing (\
      holder VARCHAR(255) NOT NULL, \
      granted_at VARCHAR(32) NOT NULL) ENGINE=InnoDB";
 
+/// The DDL of the leaders' table (see `leader`), beside the fencing table. Values are kept as written (`utf8mb4_bin`), whatever
+/// the database's default character set.
+pub(crate) const LEADERS_DDL: &str = "CREATE TABLE IF NOT EXISTS dblock_leaders (\
+     `key` BIGINT NOT NULL PRIMARY KEY, \
+     namespace TEXT NOT NULL, \
+     name TEXT NOT NULL, \
+     token BIGINT NOT NULL, \
+     holder VARCHAR(255) NOT NULL, \
+     value TEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NULL, \
+     published_at VARCHAR(32) NOT NULL) ENGINE=InnoDB";
+
 /// What a fenced grant records.
 pub(crate) struct FenceRow {
     pub(crate) key: Key,

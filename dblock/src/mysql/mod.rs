@@ -90,6 +90,7 @@
 
 pub(crate) mod fence;
 mod floor;
+mod leader;
 mod lock;
 pub(crate) mod migrate;
 mod pool;

@@ -17,6 +17,11 @@
 //!     `key` BIGINT NOT NULL PRIMARY KEY, namespace TEXT NOT NULL, name TEXT NOT NULL,
 //!     token BIGINT NOT NULL, holder VARCHAR(255) NOT NULL, granted_at VARCHAR(32) NOT NULL)
 //!     ENGINE=InnoDB;
+//! CREATE TABLE IF NOT EXISTS app.dblock_leaders (
+//!     `key` BIGINT NOT NULL PRIMARY KEY, namespace TEXT NOT NULL, name TEXT NOT NULL,
+//!     token BIGINT NOT NULL, holder VARCHAR(255) NOT NULL,
+//!     value TEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NULL,
+//!     published_at VARCHAR(32) NOT NULL) ENGINE=InnoDB;
 //! CREATE TABLE IF NOT EXISTS app.dblock_runs (
 //!     `key` BIGINT NOT NULL,
 //!     slot VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
@@ -26,8 +31,11 @@
 //!     started_at DATETIME(6) NOT NULL, finished_at DATETIME(6) NULL, exit_code INT NULL,
 //!     PRIMARY KEY (`key`, slot), KEY dblock_runs_started (`key`, started_at)) ENGINE=InnoDB;
 //! GRANT SELECT, INSERT, UPDATE ON app.dblock_fencing TO 'app_user'@'%';
+//! GRANT SELECT, INSERT, UPDATE ON app.dblock_leaders TO 'app_user'@'%';
 //! GRANT SELECT, INSERT, UPDATE, DELETE ON app.dblock_runs TO 'app_user'@'%';
 //! ```
+//!
+//! (`dblock_leaders` keeps the values election leaders publish.)
 
 use super::{MyBackend, map_sqlx};
 use crate::error::Error;
@@ -58,6 +66,11 @@ pub(crate) async fn setup(b: &MyBackend, grant_to: &[&str]) -> Result<String, Er
     b.ensure_fence_table()
         .await
         .map_err(|e| owner_needed(e, &fix))?;
+    // The leaders' table (values published by election leaders) beside it.
+    sqlx::raw_sql(super::fence::LEADERS_DDL)
+        .execute(&b.pool)
+        .await
+        .map_err(|e| permission(e, &fix))?;
     b.ensure_runs_table()
         .await
         .map_err(|e| owner_needed(e, &fix))?;
@@ -66,6 +79,7 @@ pub(crate) async fn setup(b: &MyBackend, grant_to: &[&str]) -> Result<String, Er
         let grantee = grantee(user)?;
         for sql in [
             format!("GRANT SELECT, INSERT, UPDATE ON {db}.dblock_fencing TO {grantee}"),
+            format!("GRANT SELECT, INSERT, UPDATE ON {db}.dblock_leaders TO {grantee}"),
             format!("GRANT SELECT, INSERT, UPDATE, DELETE ON {db}.dblock_runs TO {grantee}"),
         ] {
             sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
@@ -74,7 +88,9 @@ pub(crate) async fn setup(b: &MyBackend, grant_to: &[&str]) -> Result<String, Er
                 .map_err(|e| permission(e, &fix))?;
         }
     }
-    Ok(format!("{db}.dblock_fencing, {db}.dblock_runs"))
+    Ok(format!(
+        "{db}.dblock_fencing, {db}.dblock_leaders, {db}.dblock_runs"
+    ))
 }
 
 /// `'user'@'host'` for `user@host`, `'user'@'%'` for `user`, quoted as string literals.

@@ -30,10 +30,26 @@ impl StatusSource for MyBackend {
     fn terminate<'a>(&'a self, asked: Asked<'a>) -> BoxFuture<'a, Result<Vec<Party>, Error>> {
         Box::pin(self.kill_holder(asked))
     }
+
+    fn status_all<'a>(
+        &'a self,
+        asked: &'a [Asked<'a>],
+    ) -> BoxFuture<'a, Result<Vec<LockStatus>, Error>> {
+        Box::pin(self.lock_status_of(asked, true))
+    }
 }
 
 impl MyBackend {
     async fn lock_status(&self, asked: &[Asked<'_>]) -> Result<Vec<LockStatus>, Error> {
+        self.lock_status_of(asked, asked.is_empty()).await
+    }
+
+    /// The locks of `asked`, and with `all` every lock this backend can list too.
+    async fn lock_status_of(
+        &self,
+        asked: &[Asked<'_>],
+        all: bool,
+    ) -> Result<Vec<LockStatus>, Error> {
         let mut locks: BTreeMap<i64, LockStatus> = BTreeMap::new();
         let add = |locks: &mut BTreeMap<i64, LockStatus>, key: Key, ns: &str, name: &str| {
             locks.entry(key.as_i64()).or_insert_with(|| LockStatus {
@@ -66,7 +82,7 @@ impl MyBackend {
             };
             for c in parse_comments(&info) {
                 let key = c.key();
-                if !asked.is_empty() && !asked.iter().any(|a| a.2 == key) {
+                if !all && !asked.iter().any(|a| a.2 == key) {
                     continue;
                 }
                 add(&mut locks, key, &c.namespace, &c.name);
@@ -84,7 +100,7 @@ impl MyBackend {
             }
         }
         // Fenced names, when listing everything.
-        if asked.is_empty() {
+        if all {
             let fenced: Vec<(i64, String, String)> =
                 sqlx::query_as("SELECT `key`, namespace, name FROM dblock_fencing")
                     .fetch_all(&self.pool)

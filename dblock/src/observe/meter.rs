@@ -28,6 +28,9 @@ pub(crate) const WAIT: &str = "dblock_lock_wait_seconds";
 pub(crate) const HELD_FOR: &str = "dblock_lock_held_seconds";
 /// Locks this process holds now.
 pub(crate) const HELD: &str = "dblock_locks_held";
+/// 1 while this process leads an election, 0 while it stands or after its term (label
+/// `election`: the election's name, which the program chooses).
+pub(crate) const LEADING: &str = "dblock_election_is_leader";
 
 static META: Metadata<'static> =
     Metadata::new(module_path!(), metrics::Level::INFO, Some(module_path!()));
@@ -180,6 +183,15 @@ pub(crate) fn ended(labels: &Labels, was_lost: bool, held_s: Option<f64>) {
     });
 }
 
+/// This process's role in election `name`: 1 leading, 0 not (Kubernetes' leader gauge).
+pub(crate) fn leading(name: &str, leads: bool) {
+    metrics::with_recorder(|r| {
+        let key = Key::from_parts(LEADING, vec![Label::new("election", name.to_owned())]);
+        r.register_gauge(&key, &META)
+            .set(if leads { 1.0 } else { 0.0 });
+    });
+}
+
 /// Describes every metric to the recorder (units and help text), for exporters that
 /// print them: called once per handle.
 pub(crate) fn describe() {
@@ -220,6 +232,11 @@ pub(crate) fn describe() {
             HELD.into(),
             Some(Unit::Count),
             "Locks this process holds now".into(),
+        );
+        r.describe_gauge(
+            LEADING.into(),
+            None,
+            "1 while this process leads the election, 0 while it stands or after its term".into(),
         );
     });
 }

@@ -82,7 +82,7 @@ pub(crate) async fn next_token(shared: &Shared, req: &Req<'_>) -> Result<i64, Er
 }
 
 /// The DDL of the fencing table.
-const TABLE_DDL: &str = "CREATE TABLE IF NOT EXISTS dblock_fencing (\
+pub(crate) const TABLE_DDL: &str = "CREATE TABLE IF NOT EXISTS dblock_fencing (\
      key INTEGER PRIMARY KEY, \
      namespace TEXT NOT NULL, \
      name TEXT NOT NULL, \

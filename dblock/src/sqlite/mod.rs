@@ -124,6 +124,7 @@ mod bookkeeping;
 pub(crate) mod fence;
 mod file;
 mod floor;
+mod leader;
 mod migrate;
 mod queue;
 mod runs;

@@ -57,6 +57,13 @@ impl StatusSource for SqliteBackend {
             ))
         })
     }
+
+    fn status_all<'a>(
+        &'a self,
+        asked: &'a [Asked<'a>],
+    ) -> BoxFuture<'a, Result<Vec<LockStatus>, Error>> {
+        Box::pin(self.lock_status_of(asked, true))
+    }
 }
 
 /// A byte-range lock found in a process's fdinfo.
@@ -68,6 +75,16 @@ struct Found {
 
 impl SqliteBackend {
     async fn lock_status(&self, asked: &[Asked<'_>]) -> Result<Vec<LockStatus>, Error> {
+        self.lock_status_of(asked, asked.is_empty()).await
+    }
+
+    /// The locks of `asked`, and with `all` every lock held in the file too (those asked
+    /// for under their keys, the others under their byte offsets).
+    async fn lock_status_of(
+        &self,
+        asked: &[Asked<'_>],
+        all: bool,
+    ) -> Result<Vec<LockStatus>, Error> {
         let path = self.shared.lock.path.clone();
         let (found, waiting) = tokio::task::spawn_blocking(move || scan(&path))
             .await
@@ -93,7 +110,7 @@ impl SqliteBackend {
             })
         };
         for f in found.iter().filter(|f| !gate_of(f) && !inherited(f)) {
-            if !wanted.is_empty() && !wanted.contains(&f.offset) {
+            if !all && !wanted.contains(&f.offset) {
                 continue;
             }
             let key = asked

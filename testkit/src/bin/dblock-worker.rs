@@ -26,6 +26,10 @@
 //!     stands for election NAME; while leader, inserts its token into `leader_log`
 //!     every 20 ms, fenced (unless --no-fence); prints `leader TOKEN`, `rejected TOKEN`,
 //!     `lost`. A --stubborn leader ignores the loss of its term and keeps writing.
+//! dblock-worker lead URL NAME VALUE
+//!     stands for election NAME publishing VALUE (`-`: none), prints `leader TOKEN`; then
+//!     for each line `publish X` on stdin publishes X and prints `published` or
+//!     `error KIND`; holds the term until killed.
 //! dblock-worker lock-all URL NAMES ITERATIONS DIR [--one-by-one] [--no-lock]
 //!     NAMES is comma-separated. Prints `ready`, waits for a line on stdin, then
 //!     ITERATIONS times: takes every name with `lock_all` (or, --one-by-one, with one
@@ -45,7 +49,9 @@
 //!     name, held a moment), `limit2` (a fenced try of a slot of a limit-2 semaphore,
 //!     a slot held until stdin closes),
 //!     `lock-all` (three shared names), `status`, `leader` (who leads, then a term of
-//!     its own, resigned) — and prints `ok ANSWER` or `error KIND: MESSAGE`.
+//!     the shared election, resigned; then a term of an election of its own, INDEX,
+//!     publishing a value that is read back) — and prints `ok ANSWER` or
+//!     `error KIND: MESSAGE`.
 //! ```
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -325,6 +331,34 @@ async fn main() {
                 drop(term);
             }
         }
+        "lead" => {
+            let mut election = dblock::leader::Election::new(&locks, &name);
+            if arg(3) != "-" {
+                election = election.value(arg(3));
+            }
+            let term = election.campaign().await.unwrap();
+            println!("leader {}", term.token());
+            std::io::stdout().flush().unwrap();
+            let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<String>();
+            std::thread::spawn(move || {
+                for line in std::io::stdin().lines() {
+                    let Ok(line) = line else { break };
+                    if tx.send(line).is_err() {
+                        break;
+                    }
+                }
+            });
+            while let Some(line) = rx.recv().await {
+                if let Some(v) = line.strip_prefix("publish ") {
+                    match term.publish(v).await {
+                        Ok(()) => println!("published"),
+                        Err(e) => println!("error {e:?}"),
+                    }
+                    std::io::stdout().flush().unwrap();
+                }
+            }
+            std::future::pending::<()>().await;
+        }
         "hold-share" => {
             let mut guard = locks.lock(&name).await.unwrap();
             let mut cmd = std::process::Command::new("sleep");
@@ -394,11 +428,29 @@ async fn first_contact(url: &str, feature: &str, index: &str) -> Result<String, 
         }
         "status" => format!("{} locks", locks.status(&[]).await?.len()),
         "leader" => {
+            // One election shared by all, then one of its own each, publishing a value
+            // (the leaders' table made on first use by all at once), read back without
+            // standing, before and after.
             let election = dblock::leader::Election::new(&locks, "leader");
             let before = election.leader().await?;
             let term = election.campaign().await?;
             let token = term.token();
             term.resign().await?;
+            let value = format!("addr-{index}");
+            let watching = locks.current_leader(&own).await?;
+            let mine = dblock::leader::Election::new(&locks, &own).value(value.clone());
+            let term = mine.campaign().await?;
+            let now = locks.current_leader(&own).await?;
+            term.resign().await?;
+            let seen = now.as_ref().and_then(|l| l.value.as_deref());
+            if seen != Some(value.as_str()) || watching.is_some() {
+                return Err(dblock::Error::Unexpected {
+                    message: format!(
+                        "read back {seen:?} as this term's value, not {value:?} (a leader \
+                         before: {watching:?})"
+                    ),
+                });
+            }
             format!("leader {token} (before: {})", before.is_some())
         }
         other => panic!("unknown feature {other:?}"),

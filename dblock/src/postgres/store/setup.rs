@@ -19,6 +19,10 @@
 //! CREATE TABLE IF NOT EXISTS public.dblock_fencing (
 //!     key bigint PRIMARY KEY, namespace text NOT NULL, name text NOT NULL,
 //!     token bigint NOT NULL, holder text NOT NULL, granted_at timestamptz NOT NULL);
+//! CREATE TABLE IF NOT EXISTS public.dblock_leaders (
+//!     key bigint PRIMARY KEY, namespace text NOT NULL, name text NOT NULL,
+//!     token bigint NOT NULL, holder text NOT NULL, value text,
+//!     published_at timestamptz NOT NULL);
 //! CREATE TABLE IF NOT EXISTS public.dblock_runs (
 //!     key bigint NOT NULL, slot text NOT NULL, namespace text NOT NULL,
 //!     name text NOT NULL, attempt integer NOT NULL, host text NOT NULL,
@@ -26,9 +30,12 @@
 //!     finished_at timestamptz, exit_code integer, PRIMARY KEY (key, slot));
 //! CREATE INDEX IF NOT EXISTS dblock_runs_started ON public.dblock_runs (key, started_at);
 //! GRANT USAGE ON SCHEMA public TO app_user;
-//! GRANT SELECT, INSERT, UPDATE ON public.dblock_fencing TO app_user;
+//! GRANT SELECT, INSERT, UPDATE ON public.dblock_fencing, public.dblock_leaders TO app_user;
 //! GRANT SELECT, INSERT, UPDATE, DELETE ON public.dblock_runs TO app_user;
 //! ```
+//!
+//! (`dblock_leaders` keeps the values election leaders publish: see
+//! [`Term::publish`](crate::leader::Term::publish).)
 //!
 //! Every permission error dblock meets on its own tables says which command fixes it
 //! ([`Error::PermissionDenied`]).
@@ -39,7 +46,7 @@ use crate::postgres::backend::PgBackend;
 use crate::postgres::conn::Armed;
 use crate::postgres::conn::wire::QueryError;
 use crate::postgres::sql::{first_value, quote_ident, quote_literal};
-use crate::raw::{FENCING_TABLE, PG_FENCING_SCHEMA, RUNS_TABLE};
+use crate::raw::{FENCING_TABLE, LEADERS_TABLE, PG_FENCING_SCHEMA, RUNS_TABLE};
 
 /// SQLSTATE insufficient_privilege.
 pub(crate) const INSUFFICIENT_PRIVILEGE: &str = "42501";
@@ -58,9 +65,12 @@ async fn setup(b: &PgBackend, grant_to: &[&str]) -> Result<String, Error> {
     let table = format!("{}.{}", quote_ident(schema), FENCING_TABLE);
     let runs = super::runs::table_name();
     let armed = Armed::new(b.pinned().await?);
+    // The leaders' table (values published by election leaders) beside it.
+    let leaders = super::leader::leaders_table();
     let ddl = format!(
-        "{}; {}",
+        "{}; {}; {}",
         super::fence::table_ddl(&table),
+        super::leader::table_ddl(&leaders),
         super::runs::table_ddl(&runs)
     );
     let fix = format!(
@@ -85,10 +95,11 @@ async fn setup(b: &PgBackend, grant_to: &[&str]) -> Result<String, Error> {
         };
         let sql = format!(
             "GRANT USAGE ON SCHEMA {s} TO {grantee}; \
-             GRANT SELECT, INSERT, UPDATE ON {table} TO {grantee}; \
+             GRANT SELECT, INSERT, UPDATE ON {table}, {leaders} TO {grantee}; \
              GRANT SELECT, INSERT, UPDATE, DELETE ON {runs} TO {grantee}; \
-             SELECT {} AND {}",
+             SELECT {} AND {} AND {}",
             has(&table, &["SELECT", "INSERT", "UPDATE"]),
+            has(&leaders, &["SELECT", "INSERT", "UPDATE"]),
             has(&runs, &["SELECT", "INSERT", "UPDATE", "DELETE"]),
             s = quote_ident(schema)
         );
@@ -101,14 +112,18 @@ async fn setup(b: &PgBackend, grant_to: &[&str]) -> Result<String, Error> {
         if first_value(&rows, 3).as_deref() != Some("t") {
             // PostgreSQL only warned: the gap is dblock's finding, no server code.
             return Err(Error::PermissionDenied {
-                message: format!("no privileges were granted to {name} on {table} and {runs}"),
+                message: format!(
+                    "no privileges were granted to {name} on {table}, {leaders} and {runs}"
+                ),
                 fix,
                 code: ServerCode::default(),
             });
         }
     }
     armed.disarm().recycle();
-    Ok(format!("{schema}.{FENCING_TABLE}, {schema}.{RUNS_TABLE}"))
+    Ok(format!(
+        "{schema}.{FENCING_TABLE}, {schema}.{LEADERS_TABLE}, {schema}.{RUNS_TABLE}"
+    ))
 }
 
 /// The command that creates and grants the fencing table for `role`.
