@@ -42,6 +42,11 @@ pub struct ExporterArgs {
     #[arg(long = "group", value_name = "PATTERN", value_parser = pattern)]
     groups: Vec<NamePattern>,
 
+    /// Jobs run once per slot (`dblock run --once-per`) whose last successful run to
+    /// report, by exact NAME (repeatable).
+    #[arg(long = "job", value_name = "NAME")]
+    jobs: Vec<String>,
+
     /// Elections to report (leader present, since when): NAME or PREFIX* (repeatable).
     #[arg(long = "election", value_name = "PATTERN", value_parser = pattern)]
     elections: Vec<NamePattern>,
@@ -134,6 +139,7 @@ pub async fn exporter(args: ExporterArgs) -> u8 {
         exporter: exporter
             .labels(labels)
             .elections(args.elections)
+            .jobs(args.jobs)
             .deadline(args.deadline),
         refresh: args.refresh,
         last: AtomicU8::new(0),

@@ -337,6 +337,69 @@ async fn the_exporter_reports_holders_waiters_and_leaders_on_mysql() {
     the_exporter_reports_holders_waiters_and_leaders(&db.url).await;
 }
 
+/// The record of runs' collector: a job that never ran is 0; after a successful run of
+/// a slot, its finish time (on the database's clock, so only bounded loosely here); a
+/// later failed slot does not move it; the output passes promtool.
+async fn the_exporter_reports_when_each_job_last_succeeded(url: &str) {
+    let state = tempfile::tempdir().unwrap();
+    let s = state.path();
+    let exp = Exporter::start(s, url, &["--job", "nightly", "--job", "never-ran"]).await;
+    let job = |t: &str, n: &str| {
+        value(
+            t,
+            "dblock_server_job_last_success_timestamp_seconds",
+            &format!("name=\"{n}\""),
+        )
+    };
+    let text = exp.metrics().await;
+    assert_eq!(job(&text, "nightly"), Some(0.0), "{text}");
+    assert_eq!(job(&text, "never-ran"), Some(0.0), "{text}");
+    let before = now_secs();
+    for (slot, cmd) in [("2026-12-01", "true"), ("2026-12-02", "false")] {
+        let status = run(s, url, &["--slot", slot], "nightly", &[cmd])
+            .wait()
+            .await
+            .unwrap();
+        assert_eq!(status.success(), cmd == "true", "{slot}: {status:?}");
+    }
+    let text = exp.metrics().await;
+    let last = job(&text, "nightly").unwrap();
+    // The database's clock, not this host's: within a minute of the run.
+    assert!(
+        (before - 60.0..now_secs() + 60.0).contains(&last),
+        "{last} vs {before}\n{text}"
+    );
+    assert_eq!(job(&text, "never-ran"), Some(0.0), "{text}");
+    assert_eq!(
+        value(
+            &text,
+            "dblock_exporter_collector_success",
+            "collector=\"runs\""
+        ),
+        Some(1.0),
+        "{text}"
+    );
+    promtool_passes(&text);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_exporter_reports_when_each_job_last_succeeded_on_postgres() {
+    let db = PgSchema::new("exporter_runs").await;
+    the_exporter_reports_when_each_job_last_succeeded(&db.url).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_exporter_reports_when_each_job_last_succeeded_on_sqlite() {
+    let db = SqliteDb::new();
+    the_exporter_reports_when_each_job_last_succeeded(&db.url).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_exporter_reports_when_each_job_last_succeeded_on_mysql() {
+    let db = MyDb::new("exporter_runs").await;
+    the_exporter_reports_when_each_job_last_succeeded(&db.url).await;
+}
+
 /// Chromium, headless, as root in a fresh profile.
 fn chromium(profile: &std::path::Path, args: &[&str]) -> std::process::Output {
     let out = std::process::Command::new("chromium")

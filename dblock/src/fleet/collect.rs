@@ -32,9 +32,11 @@ pub const OLDEST_WAIT: &str = "dblock_server_lock_oldest_wait_seconds";
 pub const LEADER_PRESENT: &str = "dblock_server_election_leader_present";
 /// When the current leader's term began (Unix time), per `election`; only while one leads.
 pub const LEADER_SINCE: &str = "dblock_server_election_leader_since_timestamp_seconds";
-/// When each job run once per slot last succeeded (Unix time), per `job`: the name the
-/// collector of the record of runs reports under, and the alert rules' "last night's job
-/// did not run" reads.
+/// When each job run once per slot last succeeded (Unix time), per `name`, as the record
+/// of runs has it ([`RunsCollector`]); 0 when the record holds no success of the name
+/// (it never succeeded, or its successes were pruned). The alert rules' "last night's job
+/// did not run" reads it. (The label is `name`, not `job`: Prometheus gives every scraped
+/// series a `job` label of its own.)
 pub const JOB_LAST_SUCCESS: &str = "dblock_server_job_last_success_timestamp_seconds";
 /// 1 if the last scrape read the server within its deadline and every collector
 /// succeeded, else 0.
@@ -336,6 +338,47 @@ impl ElectionCollector {
     }
 }
 
+/// Reports when each named job run once per slot ([`jobs`](crate::jobs)) last succeeded,
+/// from the record of runs ([`Locks::runs`]): [`JOB_LAST_SUCCESS`] per `name`. One read
+/// of the record per job per scrape (its [`RUNS_KEPT`](crate::jobs::RUNS_KEPT) newest
+/// claims); the table is made by `dblock setup`, or by the first claim.
+pub struct RunsCollector {
+    jobs: Vec<String>,
+}
+
+impl RunsCollector {
+    /// Reports the jobs named `jobs` (each name as given to `dblock run --once-per`).
+    pub fn new(jobs: Vec<String>) -> RunsCollector {
+        RunsCollector { jobs }
+    }
+}
+
+impl Collector for RunsCollector {
+    fn name(&self) -> &str {
+        "runs"
+    }
+
+    fn collect<'a>(&'a self, scrape: &'a Scrape) -> CollectFuture<'a> {
+        Box::pin(async move {
+            let mut last = Family::gauge(
+                JOB_LAST_SUCCESS,
+                "When the job's last successful run finished, in seconds since the Unix \
+                 epoch (0: the record of runs holds no success)",
+            );
+            for job in &self.jobs {
+                let runs = scrape.locks().runs(job, crate::jobs::RUNS_KEPT).await?;
+                let latest = runs
+                    .iter()
+                    .filter(|r| r.outcome() == crate::jobs::Outcome::Succeeded)
+                    .filter_map(|r| r.finished)
+                    .max();
+                last.sample(&[("name", job.as_str())], latest.map_or(0.0, unix_secs));
+            }
+            Ok(vec![last])
+        })
+    }
+}
+
 /// Where the exporter's handle comes from.
 enum Source {
     Ready(Locks),
@@ -420,6 +463,14 @@ impl Exporter {
                 .filter_map(|p| p.exact().map(str::to_string)),
         );
         self.collector(ElectionCollector::new(elections))
+    }
+
+    /// Reports when the jobs named `jobs` last succeeded ([`RunsCollector`]).
+    pub fn jobs(self, jobs: Vec<String>) -> Self {
+        if jobs.is_empty() {
+            return self;
+        }
+        self.collector(RunsCollector::new(jobs))
     }
 
     /// The longest a scrape may take, reading included (5 s unless set).

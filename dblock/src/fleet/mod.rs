@@ -42,7 +42,7 @@
 //! | `dblock_server_lock_oldest_wait_seconds` | gauge | `name` | age of the oldest current wait (0: none) |
 //! | `dblock_server_election_leader_present` | gauge | `election` | 1 while someone leads, else 0 |
 //! | `dblock_server_election_leader_since_timestamp_seconds` | gauge | `election` | when the current term began (only while one leads) |
-//! | `dblock_server_job_last_success_timestamp_seconds` | gauge | `job` | reserved for the record of runs' collector ([`JOB_LAST_SUCCESS`]) |
+//! | `dblock_server_job_last_success_timestamp_seconds` | gauge | `name` | when the job run once per slot last succeeded, from the record of runs; 0 when it holds no success ([`RunsCollector`], `--job NAME`) |
 //! | `dblock_exporter_scrape_success` | gauge | | 1 if the last scrape read the server within its deadline and every collector succeeded |
 //! | `dblock_exporter_scrape_duration_seconds` | gauge | | how long it took |
 //! | `dblock_exporter_scrape_failures_total` | counter | | failed scrapes since start |
@@ -65,7 +65,8 @@ pub mod text;
 pub use collect::{
     COLLECTOR_SUCCESS, CollectFuture, Collector, ElectionCollector, Exporter, JOB_LAST_SUCCESS,
     LEADER_PRESENT, LEADER_SINCE, LOCK_WAITERS, LOCKS_HELD, LONGEST_HOLD, LockCollector,
-    OLDEST_WAIT, SCRAPE_DURATION, SCRAPE_FAILURES, SCRAPE_SUCCESS, Scrape, Scraped, Since,
+    OLDEST_WAIT, RunsCollector, SCRAPE_DURATION, SCRAPE_FAILURES, SCRAPE_SUCCESS, Scrape, Scraped,
+    Since,
 };
 pub use names::{Labels, NamePattern};
 pub use text::{Family, Kind};
