@@ -84,7 +84,17 @@ fn redact_key_value(s: &str) -> String {
             Ok(Some(pair)) => {
                 if is_secret(&pair.key) {
                     out.push_str(&s[shown_to..pair.value_start]);
-                    out.push_str("***");
+                    // A quoted value with text glued after its closing quote stays
+                    // quoted, so that the shown string reads as the same pairs (bare,
+                    // `***` would take the glued text into the value).
+                    let glued = s[pair.value_end..]
+                        .chars()
+                        .next()
+                        .is_some_and(|c| !c.is_whitespace());
+                    match s[pair.value_start..].starts_with('\'') && glued {
+                        true => out.push_str("'***'"),
+                        false => out.push_str("***"),
+                    }
                     shown_to = pair.value_end;
                 }
             }

@@ -94,7 +94,7 @@ pub fn connection_string(s: &str) {
     };
     no_secret("the shown string", &shown);
     // Read back, the shown string's passwords are all `***` (a string cut off where it
-    // could not be read ends in `…`; text glued to a quoted password glues to `***`).
+    // could not be read ends in `…`; text glued to a quoted password stays glued to a quoted `'***'`).
     if let Ok(again) = parsers::conninfo_pairs(shown.strip_suffix('…').unwrap_or(&shown)) {
         for (k, v) in again {
             if is_secret_key(&k) {
