@@ -123,6 +123,16 @@ pub enum Error {
         message: String,
     },
 
+    /// The database answered a lock request with something dblock did not ask for (a
+    /// semaphore slot out of range, a fencing token that is not a number): a defect in
+    /// dblock or something between it and the server, never "not obtained". Whatever the
+    /// request may have taken was released.
+    #[error("unexpected answer from the database to {message}")]
+    UnexpectedAnswer {
+        /// What was asked, and what came back.
+        message: String,
+    },
+
     /// The lock file of the embedded backend lies on a network or FUSE file system,
     /// where byte-range locks are unreliable.
     #[error(

@@ -135,10 +135,9 @@ impl<'a> Sealed for AnyOf<'a> {
             (Some(&key), Ok(index)) => Ok((grant, key, index)),
             // Dropping the grant releases it: a backend's answer dblock cannot map is an
             // error, never "not obtained".
-            _ => Err(Error::Database {
-                code: None,
+            _ => Err(Error::UnexpectedAnswer {
                 message: format!(
-                    "granted slot {slot} of semaphore {:?}, whose limit is {}",
+                    "a request for semaphore {:?}, whose limit is {}: slot {slot} granted",
                     name, p.limit
                 ),
             }),

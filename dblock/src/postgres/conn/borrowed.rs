@@ -1,10 +1,11 @@
 //! Connections borrowed from the caller's sqlx pool ([`Locks::from_sqlx_pool`]).
 //!
 //! sqlx sends a request only while it is awaited, so each borrowed connection is run by
-//! a small task that owns it and takes requests in order from a channel: a guard's drop
-//! hands the release to that task at once (the task sends it on its next poll, within
-//! microseconds) and the connection goes back to the sqlx pool after it. The task also
-//! runs the health checks while a lock is held.
+//! a small task that owns it and takes requests in order from a channel: statements
+//! sent or deferred (a guard's release) are handed to that task at once (it sends them
+//! on its next poll, within microseconds), and the connection goes back to the sqlx
+//! pool after them. The task also runs the health checks while the connection is
+//! watched.
 //!
 //! sqlx offers no cancel request, so a wait cut short closes its connection; on
 //! PostgreSQL 14 and later each lock request sets `client_connection_check_interval`
@@ -94,17 +95,19 @@ impl SqlxConn {
         rx.await.unwrap_or_else(|_| Err(gone()))
     }
 
+    /// Hands `sql` to the connection's task, which sends it before anything handed to
+    /// it later; false if the task is gone (the connection with it).
     pub(crate) fn send(&self, sql: &str) -> bool {
         self.tx.send(Cmd::Send(sql.to_string())).is_ok()
     }
 
     pub(crate) fn recycle(self) {
-        self.link.set_holding(false);
+        self.link.set_watched(false);
         let _ = self.tx.send(Cmd::Recycle);
     }
 
     pub(crate) fn abandon(self) {
-        self.link.set_holding(false);
+        self.link.set_watched(false);
         self.link.mark_lost(LossReason::ConnectionClosed {
             message: "closed by dblock after a request on it was cut off".into(),
         });
@@ -143,7 +146,7 @@ async fn run_connection(
                 }
                 Some(Cmd::Check(reply)) => {
                     let since = Instant::now();
-                    let res = match tokio::time::timeout(timeout, run(&mut conn, &link.label())).await {
+                    let res = match tokio::time::timeout(timeout, run(&mut conn, &link.check_sql())).await {
                         Ok(r) => r.map(|_| ()),
                         Err(_) => {
                             let reason = LossReason::Unresponsive { after: since.elapsed() };
@@ -166,7 +169,7 @@ async fn run_connection(
                 }
                 Some(Cmd::Send(sql)) => {
                     if let Err(e) = run(&mut conn, &sql).await {
-                        // A release that failed leaves the session's state unknown.
+                        // Statements sent that failed leave the session's state unknown.
                         let message = match e {
                             QueryError::Db { message, .. } | QueryError::Lost { message } => message,
                         };
@@ -184,11 +187,11 @@ async fn run_connection(
                 Some(Cmd::Abandon) | None => return close(conn),
             },
             _ = tick.tick() => {
-                if !link.holding() {
+                if !link.watched() {
                     continue;
                 }
                 let since = Instant::now();
-                match tokio::time::timeout(timeout, run(&mut conn, &link.label())).await {
+                match tokio::time::timeout(timeout, run(&mut conn, &link.check_sql())).await {
                     Ok(Ok(_)) => {}
                     Ok(Err(e)) => {
                         let message = match e {
