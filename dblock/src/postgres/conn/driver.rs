@@ -54,9 +54,7 @@ pub(crate) async fn drive(
         if let Poll::Ready(end) = connection.as_mut().poll(cx) {
             let message = match end {
                 Ok(()) => "closed by dblock".to_string(),
-                Err(e) => match QueryError::from_driver(e) {
-                    QueryError::Db { message, .. } | QueryError::Lost { message } => message,
-                },
+                Err(e) => QueryError::from_driver(e).into_message(),
             };
             return Poll::Ready(LossReason::ConnectionClosed { message });
         }

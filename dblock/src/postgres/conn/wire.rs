@@ -231,6 +231,13 @@ pub(crate) enum QueryError {
 }
 
 impl QueryError {
+    /// What the server or the driver said.
+    pub(crate) fn into_message(self) -> String {
+        match self {
+            QueryError::Db { message, .. } | QueryError::Lost { message } => message,
+        }
+    }
+
     pub(crate) fn into_error(self) -> Error {
         match self {
             QueryError::Db { code, message } => Error::from_sqlstate(&code, message),
