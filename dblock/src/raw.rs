@@ -8,7 +8,8 @@
 //! [`RawHeld`] that releases on drop, releases and waits with [`RawHeld::release`], checks
 //! with [`RawHeld::check`] and reports loss ([`RawHeld::loss`], [`RawHeld::lost`]); the
 //! latest fenced grant of a key ([`FencingStore`]); who holds and awaits locks, and ending
-//! a holder ([`StatusSource`]); the benchmark's floor ([`RawLocks::bench_floor`]). What
+//! a holder ([`StatusSource`]); the migration runner's side ([`MigrationStore`]); the
+//! benchmark's floor ([`RawLocks::bench_floor`]). What
 //! only some backends do has a default that says so ([`RawLocks::setup`],
 //! [`RawLocks::has_leases`], [`RawLocks::pooler`]). Multiplexing is a PostgreSQL detail
 //! behind `acquire` (nothing outside the backend calls it), and settings only one backend
@@ -307,9 +308,12 @@ pub(crate) fn check_lease(
     Ok(())
 }
 
-/// A backend: what every backend does (its supertraits included); the few defaults are
-/// what only some backends have.
-pub(crate) trait RawLocks: FencingStore + StatusSource + Send + Sync + 'static {
+/// A backend: what every backend does (its supertraits included: fencing tokens read
+/// back, status, and the migration runner's store); the few defaults are what only some
+/// backends have.
+pub(crate) trait RawLocks:
+    FencingStore + StatusSource + MigrationStore + Send + Sync + 'static
+{
     /// `"postgres"`, `"sqlite"`: what [`Locks::backend_name`](crate::Locks::backend_name)
     /// says.
     fn name(&self) -> &'static str;
@@ -371,11 +375,6 @@ pub(crate) trait RawLocks: FencingStore + StatusSource + Send + Sync + 'static {
              (setup is for PostgreSQL and MySQL roles that may not create tables)",
             self.name()
         )))))
-    }
-
-    /// The migration runner's store on this backend (`migrate::store`), if it has one.
-    fn migrations(&self) -> Option<&dyn MigrationStore> {
-        None
     }
 }
 

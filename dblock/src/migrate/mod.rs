@@ -271,7 +271,7 @@ impl Locks {
     /// On SQLite, the transaction is rolled back and the lock released.
     pub async fn run_script(&self, ddl: &str) -> Result<(), Error> {
         check_script(ddl)?;
-        store(self)?.run_script(ddl).await
+        store(self).run_script(ddl).await
     }
 }
 
@@ -402,7 +402,7 @@ impl<'a> Runner<'a> {
             Some(f) => f.as_mut(),
             None => &mut ignore,
         };
-        let c = ctx(self.locks, set, self.sqlx.clone())?;
+        let c = ctx(self.locks, set, self.sqlx.clone());
         run::run(&c, self.ignore_missing, on_applied).await
     }
 
@@ -421,7 +421,7 @@ impl<'a> Runner<'a> {
         let (set, locks, ignore_missing, sqlx) =
             (self.set, self.locks, self.ignore_missing, self.sqlx);
         let set = set.checked()?;
-        run::dry_run(&ctx(locks, set, sqlx)?, ignore_missing).await
+        run::dry_run(&ctx(locks, set, sqlx), ignore_missing).await
     }
 
     /// Every migration of the set and of the database, with its state: applied,
@@ -440,7 +440,7 @@ impl<'a> Runner<'a> {
         let (set, locks, ignore_missing, sqlx) =
             (self.set, self.locks, self.ignore_missing, self.sqlx);
         let set = set.checked()?;
-        status::status(&ctx(locks, set, sqlx)?, ignore_missing).await
+        status::status(&ctx(locks, set, sqlx), ignore_missing).await
     }
 
     /// Reverts applied migrations with their `.down.sql`, newest first, under the
@@ -474,7 +474,7 @@ impl<'a> Runner<'a> {
             Some(f) => f.as_mut(),
             None => &mut ignore,
         };
-        run::revert(&ctx(self.locks, set, self.sqlx.clone())?, to, on_reverted).await
+        run::revert(&ctx(self.locks, set, self.sqlx.clone()), to, on_reverted).await
     }
 
     /// The server's `server_version_num` (`160004` for 16.4), for
@@ -492,7 +492,7 @@ impl<'a> Runner<'a> {
     ) -> impl std::future::Future<Output = Result<Option<u32>, Error>> + Send + 'a {
         // Not `self` across the await: the callback is Send but not Sync.
         let locks = self.locks;
-        async move { store(locks)?.server_version_num().await }
+        async move { store(locks).server_version_num().await }
     }
 
     /// Records migrations as applied **without running them**, under the migration lock:
@@ -516,28 +516,23 @@ impl<'a> Runner<'a> {
     pub async fn baseline(self, to: Option<i64>) -> Result<Vec<&'a Migration>, Error> {
         let (set, locks, sqlx) = (self.set, self.locks, self.sqlx);
         let list = set.checked()?;
-        let versions = run::baseline(&ctx(locks, list, sqlx)?, to).await?;
+        let versions = run::baseline(&ctx(locks, list, sqlx), to).await?;
         Ok(versions.into_iter().filter_map(|v| set.get(v)).collect())
     }
 }
 
-/// The handle's backend as the runner sees it.
-fn store(locks: &Locks) -> Result<&dyn MigrationStore, Error> {
-    locks.inner.backend.migrations().ok_or_else(|| {
-        Error::Unsupported(format!(
-            "the {} backend has no migration runner",
-            locks.backend_name()
-        ))
-    })
+/// The handle's backend as the runner sees it: every backend has a migration store.
+fn store(locks: &Locks) -> &dyn MigrationStore {
+    &*locks.inner.backend
 }
 
 /// What the runner is given for `set` on `locks`.
-fn ctx<'a>(locks: &'a Locks, set: &'a [Migration], sqlx: SqlxConfig) -> Result<Ctx<'a>, Error> {
-    Ok(Ctx {
-        store: store(locks)?,
+fn ctx<'a>(locks: &'a Locks, set: &'a [Migration], sqlx: SqlxConfig) -> Ctx<'a> {
+    Ctx {
+        store: store(locks),
         set,
         sqlx,
-    })
+    }
 }
 
 #[cfg(test)]

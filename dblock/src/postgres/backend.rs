@@ -273,10 +273,6 @@ impl RawLocks for PgBackend {
         self.pooler.0
     }
 
-    fn migrations(&self) -> Option<&dyn crate::migrate::store::MigrationStore> {
-        Some(self)
-    }
-
     fn bench_floor(&self) -> Result<Arc<dyn BenchFloor>, Error> {
         match &self.source {
             Source::Native(p) => Ok(Arc::new(super::store::floor::Floor::new(
