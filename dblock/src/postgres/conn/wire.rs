@@ -113,8 +113,10 @@ impl Message {
     const BEGIN: &'static str = "BEGIN ISOLATION LEVEL READ COMMITTED";
     const CHAIN: &'static str = "ROLLBACK AND CHAIN";
 
-    pub(crate) fn new() -> Message {
-        let mut text = String::with_capacity(128);
+    /// A message whose text is expected to take about `bytes` (it grows past them as
+    /// needed): one allocation for the whole message, written once.
+    pub(crate) fn with_capacity(bytes: usize) -> Message {
+        let mut text = String::with_capacity(Message::CARRIED.len() + bytes);
         text.push_str(Message::CARRIED);
         Message {
             text,

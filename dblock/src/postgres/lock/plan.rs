@@ -57,6 +57,14 @@ pub(crate) const MAX_SERVER_MS: u128 = i32::MAX as u128;
 /// the server's queue at its end.
 pub(crate) const WAIT_SLICE_MS: u128 = 2_000;
 
+/// About the most a one-key or any-of round's statements take before its comment
+/// (`BEGIN …; SET LOCAL …` three times, the lock call with a 20-digit key).
+const ROUND_BYTES: usize = 256;
+
+/// About the most the comment naming the lock takes besides its namespace and name
+/// (the holder, `program[pid]@host`, and the field names).
+const COMMENT_BYTES: usize = 128;
+
 /// What a request takes.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum What<'k> {
@@ -233,7 +241,11 @@ impl<'k> Plan<'k> {
             lease_ms: req.lease.map(|l| l.as_millis().clamp(1, MAX_SERVER_MS)),
             timeout_ms: slice.timeout_ms,
         };
-        let mut sql = Message::new();
+        // Sized for the statements and the comment naming the lock, so that the text is
+        // written into one allocation (a set's keys take their own room, see lock_all).
+        let mut sql = Message::with_capacity(
+            ROUND_BYTES + COMMENT_BYTES + req.namespace.len() + req.name.len(),
+        );
         let at = write_round(&mut sql, req, what, round, on.fence, &settings);
         if !matches!(what, What::AllOf(_)) {
             // Names the lock in pg_stat_activity for `dblock status`: no extra round
