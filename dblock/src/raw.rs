@@ -8,7 +8,8 @@
 //! [`RawHeld`] that releases on drop, releases and waits with [`RawHeld::release`], checks
 //! with [`RawHeld::check`] and reports loss ([`RawHeld::loss`], [`RawHeld::lost`]); the
 //! latest fenced grant of a key ([`FencingStore`]); who holds and awaits locks, and ending
-//! a holder ([`StatusSource`]); the benchmark's floor ([`RawLocks::bench_floor`]). What
+//! a holder ([`StatusSource`]); the migration runner's side ([`MigrationStore`]); the
+//! benchmark's floor ([`RawLocks::bench_floor`]). What
 //! only some backends do has a default that says so ([`RawLocks::setup`],
 //! [`RawLocks::has_leases`], [`RawLocks::pooler`]). Multiplexing is a PostgreSQL detail
 //! behind `acquire` (nothing outside the backend calls it), and settings only one backend
@@ -313,10 +314,11 @@ pub(crate) fn check_lease(
     Ok(())
 }
 
-/// A backend: what every backend does (its supertraits included); the few defaults are
-/// what only some backends have.
+/// A backend: what every backend does (its supertraits included: fencing tokens read
+/// back, leaders' values, status, the record of runs, and the migration runner's store);
+/// the few defaults are what only some backends have.
 pub(crate) trait RawLocks:
-    FencingStore + LeaderStore + StatusSource + RunStore + Send + Sync + 'static
+    FencingStore + LeaderStore + StatusSource + RunStore + MigrationStore + Send + Sync + 'static
 {
     /// `"postgres"`, `"sqlite"`: what [`Locks::backend_name`](crate::Locks::backend_name)
     /// says.
@@ -383,11 +385,6 @@ pub(crate) trait RawLocks:
                 self.name()
             ),
         ))))
-    }
-
-    /// The migration runner's store on this backend (`migrate::store`), if it has one.
-    fn migrations(&self) -> Option<&dyn MigrationStore> {
-        None
     }
 }
 

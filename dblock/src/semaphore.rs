@@ -135,7 +135,7 @@ impl<'a> Sealed for AnyOf<'a> {
             // Dropping the grant releases it: a backend's answer dblock cannot map is an
             // error, never "not obtained".
             _ => Err(Error::unexpected(format!(
-                "granted slot {slot} of semaphore {:?}, whose limit is {}",
+                "a request for semaphore {:?}, whose limit is {}: slot {slot} granted",
                 name, p.limit
             ))),
         }

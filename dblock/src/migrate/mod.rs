@@ -358,7 +358,7 @@ impl Locks {
     /// As [`Locks::run_script`].
     pub async fn run_script_with_key(&self, key: i64, ddl: &str) -> Result<(), Error> {
         check_script(ddl)?;
-        store(self)?.run_script(key, ddl).await
+        store(self).run_script(key, ddl).await
     }
 }
 
@@ -520,7 +520,7 @@ impl<'a> Runner<'a> {
             Some(f) => f.as_mut(),
             None => &mut ignore,
         };
-        let c = ctx(self.locks, set, self.sqlx.clone())?.beside(self.sqlx_history, self.guards);
+        let c = ctx(self.locks, set, self.sqlx.clone()).beside(self.sqlx_history, self.guards);
         run::run(&c, self.ignore_missing, on_applied).await
     }
 
@@ -539,7 +539,7 @@ impl<'a> Runner<'a> {
         let (set, locks, ignore_missing, sqlx) =
             (self.set, self.locks, self.ignore_missing, self.sqlx);
         let set = set.checked()?;
-        run::dry_run(&ctx(locks, set, sqlx)?, ignore_missing).await
+        run::dry_run(&ctx(locks, set, sqlx), ignore_missing).await
     }
 
     /// Every migration of the set and of the database, with its state: applied,
@@ -558,7 +558,7 @@ impl<'a> Runner<'a> {
         let (set, locks, ignore_missing, sqlx) =
             (self.set, self.locks, self.ignore_missing, self.sqlx);
         let set = set.checked()?;
-        status::status(&ctx(locks, set, sqlx)?, ignore_missing).await
+        status::status(&ctx(locks, set, sqlx), ignore_missing).await
     }
 
     /// Reverts applied migrations with their `.down.sql`, newest first, under the
@@ -592,7 +592,7 @@ impl<'a> Runner<'a> {
             Some(f) => f.as_mut(),
             None => &mut ignore,
         };
-        let c = ctx(self.locks, set, self.sqlx.clone())?.beside(self.sqlx_history, self.guards);
+        let c = ctx(self.locks, set, self.sqlx.clone()).beside(self.sqlx_history, self.guards);
         run::revert(&c, to, on_reverted).await
     }
 
@@ -611,7 +611,7 @@ impl<'a> Runner<'a> {
     ) -> impl std::future::Future<Output = Result<Option<u32>, Error>> + Send + 'a {
         // Not `self` across the await: the callback is Send but not Sync.
         let locks = self.locks;
-        async move { store(locks)?.server_version_num().await }
+        async move { store(locks).server_version_num().await }
     }
 
     /// Records migrations as applied **without running them**, under the migration lock:
@@ -636,33 +636,25 @@ impl<'a> Runner<'a> {
         let (set, locks, sqlx) = (self.set, self.locks, self.sqlx);
         let (mode, guards) = (self.sqlx_history, self.guards);
         let list = set.checked()?;
-        let versions = run::baseline(&ctx(locks, list, sqlx)?.beside(mode, guards), to).await?;
+        let versions = run::baseline(&ctx(locks, list, sqlx).beside(mode, guards), to).await?;
         Ok(versions.into_iter().filter_map(|v| set.get(v)).collect())
     }
 }
 
-/// The handle's backend as the runner sees it.
-fn store(locks: &Locks) -> Result<&dyn MigrationStore, Error> {
-    locks.inner.backend.migrations().ok_or_else(|| {
-        Error::unsupported(
-            crate::error::Capability::Migrations,
-            format!(
-                "the {} backend has no migration runner",
-                locks.backend_name()
-            ),
-        )
-    })
+/// The handle's backend as the runner sees it: every backend has a migration store.
+fn store(locks: &Locks) -> &dyn MigrationStore {
+    &*locks.inner.backend
 }
 
 /// What the runner is given for `set` on `locks`.
-fn ctx<'a>(locks: &'a Locks, set: &'a [Migration], sqlx: SqlxConfig) -> Result<Ctx<'a>, Error> {
-    Ok(Ctx {
-        store: store(locks)?,
+fn ctx<'a>(locks: &'a Locks, set: &'a [Migration], sqlx: SqlxConfig) -> Ctx<'a> {
+    Ctx {
+        store: store(locks),
         set,
         sqlx,
         sqlx_history: SqlxHistory::default(),
         guards: Guards::default(),
-    })
+    }
 }
 
 impl<'a> Ctx<'a> {

@@ -19,86 +19,50 @@ pub(crate) fn split(sql: &str) -> Vec<&str> {
     let mut i = 0;
     let mut st = Statement::default();
     while i < b.len() {
-        let c = b[i];
-        match c {
-            b'-' if b.get(i + 1) == Some(&b'-') => {
-                i = match memchr(b'\n', &b[i..]) {
-                    Some(n) => i + n + 1,
-                    None => b.len(),
-                };
+        if b[i] == b';' && st.parens == 0 && st.body_depth == 0 {
+            if st.content {
+                out.push(sql[start..i].trim_matches(is_space));
             }
-            b'/' if b.get(i + 1) == Some(&b'*') => {
-                i = match skip_block_comment(b, i) {
-                    Some(end) => end,
-                    None => {
-                        // Unterminated: left for the server to report, not dropped.
-                        st.content = true;
-                        b.len()
-                    }
-                };
-            }
-            b'\'' => {
-                st.content = true;
-                i = skip_quoted(b, i, b'\'', false);
-            }
-            b'"' => {
-                st.content = true;
-                i = skip_quoted(b, i, b'"', false);
-            }
-            b'$' => {
-                st.content = true;
-                i = match dollar_tag(b, i) {
-                    Some(tag_end) => {
-                        let tag = &b[i..tag_end];
-                        match find(&b[tag_end..], tag) {
-                            Some(n) => tag_end + n + tag.len(),
-                            None => b.len(),
-                        }
-                    }
-                    None => i + 1,
-                };
-            }
-            b'(' => {
-                st.content = true;
-                st.parens += 1;
-                i += 1;
-            }
-            b')' => {
-                st.content = true;
-                st.parens = st.parens.saturating_sub(1);
-                i += 1;
-            }
-            b';' if st.parens == 0 && st.body_depth == 0 => {
-                if st.content {
-                    out.push(sql[start..i].trim_matches(is_space));
-                }
-                st = Statement::default();
-                i += 1;
-                start = i;
-            }
-            c if is_ident_start(c) => {
-                st.content = true;
-                let end = word_end(b, i);
-                let word = &sql[i..end];
-                i = end;
-                if b.get(i) == Some(&b'\'') && word.eq_ignore_ascii_case("e") {
-                    // E'…': backslash escapes.
-                    i = skip_quoted(b, i, b'\'', true);
-                } else {
-                    st.word(word);
-                }
-            }
-            c if is_space(char::from(c)) => i += 1,
-            _ => {
-                st.content = true;
-                i += 1;
-            }
+            st = Statement::default();
+            i += 1;
+            start = i;
+        } else {
+            i = st.scan(sql, i);
         }
     }
     if st.content {
         out.push(sql[start..].trim_matches(is_space));
     }
     out
+}
+
+/// Where the comment, string, quoted identifier or dollar-quoted body starting at `i`
+/// ends, and whether it is content (a comment is not, unless unterminated: that is left
+/// for the server to report, not dropped); `None` if none starts there.
+fn skip_literal(b: &[u8], i: usize) -> Option<(usize, bool)> {
+    match b[i] {
+        b'-' if b.get(i + 1) == Some(&b'-') => match memchr(b'\n', &b[i..]) {
+            Some(n) => Some((i + n + 1, false)),
+            None => Some((b.len(), false)),
+        },
+        b'/' if b.get(i + 1) == Some(&b'*') => match skip_block_comment(b, i) {
+            Some(end) => Some((end, false)),
+            None => Some((b.len(), true)),
+        },
+        b'\'' => Some((skip_quoted(b, i, b'\'', false), true)),
+        b'"' => Some((skip_quoted(b, i, b'"', false), true)),
+        b'$' => Some(match dollar_tag(b, i) {
+            Some(tag_end) => {
+                let tag = &b[i..tag_end];
+                match find(&b[tag_end..], tag) {
+                    Some(n) => (tag_end + n + tag.len(), true),
+                    None => (b.len(), true),
+                }
+            }
+            None => (i + 1, true),
+        }),
+        _ => None,
+    }
 }
 
 /// PostgreSQL's whitespace (`scan.l`'s `space`, with the vertical tab PostgreSQL 16
@@ -124,6 +88,37 @@ struct Statement {
 }
 
 impl Statement {
+    /// Reads what starts at `i` (anything but a `;` that ends the statement) into the
+    /// statement's state; where it ends.
+    fn scan(&mut self, sql: &str, i: usize) -> usize {
+        let b = sql.as_bytes();
+        if let Some((end, content)) = skip_literal(b, i) {
+            self.content |= content;
+            return end;
+        }
+        let c = b[i];
+        if is_space(char::from(c)) {
+            return i + 1;
+        }
+        self.content = true;
+        match c {
+            b'(' => self.parens += 1,
+            b')' => self.parens = self.parens.saturating_sub(1),
+            c if is_ident_start(c) => {
+                let end = word_end(b, i);
+                let word = &sql[i..end];
+                if b.get(end) == Some(&b'\'') && word.eq_ignore_ascii_case("e") {
+                    // E'…': backslash escapes.
+                    return skip_quoted(b, end, b'\'', true);
+                }
+                self.word(word);
+                return end;
+            }
+            _ => {}
+        }
+        i + 1
+    }
+
     fn word(&mut self, word: &str) {
         if self.words < 4 {
             self.lead.push(word.to_ascii_lowercase());

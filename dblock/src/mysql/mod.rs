@@ -452,10 +452,6 @@ impl RawLocks for MyBackend {
         Box::pin(setup::setup(self, grant_to))
     }
 
-    fn migrations(&self) -> Option<&dyn crate::migrate::store::MigrationStore> {
-        Some(self)
-    }
-
     fn bench_floor(&self) -> Result<Arc<dyn BenchFloor>, Error> {
         match self.own {
             true => Ok(self

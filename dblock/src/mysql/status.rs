@@ -50,21 +50,46 @@ impl MyBackend {
         asked: &[Asked<'_>],
         all: bool,
     ) -> Result<Vec<LockStatus>, Error> {
-        let mut locks: BTreeMap<i64, LockStatus> = BTreeMap::new();
-        let add = |locks: &mut BTreeMap<i64, LockStatus>, key: Key, ns: &str, name: &str| {
-            locks.entry(key.as_i64()).or_insert_with(|| LockStatus {
-                key,
-                namespace: Some(ns.to_string()),
-                name: Some(name.to_string()),
-                slot: None,
-                holders: Vec::new(),
-                waiters: Vec::new(),
-            });
-        };
+        let mut locks = Listing::default();
         for (ns, name, key) in asked {
-            add(&mut locks, *key, ns, name);
+            locks.add(*key, ns, name);
         }
-        // Waits, named by their comments.
+        self.add_waiters(asked, all, &mut locks).await?;
+        // Fenced names, when listing everything.
+        if all {
+            self.add_fenced(&mut locks).await;
+        }
+        let holders = self.holders(locks.0.keys().copied()).await?;
+        let clients = self.clients(holders.iter().map(|h| h.1)).await?;
+        for (k, id) in holders {
+            if let Some(l) = locks.0.get_mut(&k) {
+                l.holders.push(Party {
+                    mode: Mode::Exclusive,
+                    connection: Some(id),
+                    client: clients.get(&id).cloned(),
+                    ..Party::default()
+                });
+            }
+        }
+        // A fenced name nobody holds or awaits is history, not a lock.
+        let mut out: Vec<LockStatus> = locks
+            .0
+            .into_values()
+            .filter(|l| !l.holders.is_empty() || !l.waiters.is_empty())
+            .collect();
+        for l in &mut out {
+            l.waiters.sort_by_key(|w| w.since);
+        }
+        Ok(out)
+    }
+
+    /// Waits, named by their comments (of `asked`'s locks only, unless `all`).
+    async fn add_waiters(
+        &self,
+        asked: &[Asked<'_>],
+        all: bool,
+        locks: &mut Listing,
+    ) -> Result<(), Error> {
         let rows = sqlx::query(
             "SELECT CAST(ID AS SIGNED), HOST, INFO FROM information_schema.PROCESSLIST \
              WHERE INFO LIKE '%/* dblock %' AND ID <> CONNECTION_ID()",
@@ -85,36 +110,39 @@ impl MyBackend {
                 if !all && !asked.iter().any(|a| a.2 == key) {
                     continue;
                 }
-                add(&mut locks, key, &c.namespace, &c.name);
-                if let Some(l) = locks.get_mut(&key.as_i64()) {
-                    l.waiters.push(Party {
-                        mode: Mode::Exclusive,
-                        host: c.host.clone(),
-                        pid: c.pid,
-                        connection: Some(id),
-                        client: host.clone(),
-                        since: c.since,
-                        ..Party::default()
-                    });
-                }
+                locks.add(key, &c.namespace, &c.name).waiters.push(Party {
+                    mode: Mode::Exclusive,
+                    host: c.host.clone(),
+                    pid: c.pid,
+                    connection: Some(id),
+                    client: host.clone(),
+                    since: c.since,
+                    ..Party::default()
+                });
             }
         }
-        // Fenced names, when listing everything.
-        if all {
-            let fenced: Vec<(i64, String, String)> =
-                sqlx::query_as("SELECT `key`, namespace, name FROM dblock_fencing")
-                    .fetch_all(&self.pool)
-                    .await
-                    .unwrap_or_default();
-            for (k, ns, name) in fenced {
-                let key = Key::from_i64(k);
-                if Key::derive(&ns, &name) == key {
-                    add(&mut locks, key, &ns, &name);
-                }
+        Ok(())
+    }
+
+    /// The names in the fencing table (none if it cannot be read).
+    async fn add_fenced(&self, locks: &mut Listing) {
+        let fenced: Vec<(i64, String, String)> =
+            sqlx::query_as("SELECT `key`, namespace, name FROM dblock_fencing")
+                .fetch_all(&self.pool)
+                .await
+                .unwrap_or_default();
+        for (k, ns, name) in fenced {
+            let key = Key::from_i64(k);
+            if Key::derive(&ns, &name) == key {
+                locks.add(key, &ns, &name);
             }
         }
-        // Holders, by IS_USED_LOCK, a batch of names a statement.
-        let keys: Vec<i64> = locks.keys().copied().collect();
+    }
+
+    /// The holder's connection id of each of `keys` that is held, by `IS_USED_LOCK`, a
+    /// batch of names a statement.
+    async fn holders(&self, keys: impl Iterator<Item = i64>) -> Result<Vec<(i64, i64)>, Error> {
+        let keys: Vec<i64> = keys.collect();
         let mut holders: Vec<(i64, i64)> = Vec::new();
         for batch in keys.chunks(200) {
             let sql = batch
@@ -131,26 +159,7 @@ impl MyBackend {
                 .map_err(map_sqlx)?;
             holders.extend(rows.into_iter().filter_map(|(k, id)| Some((k, id?))));
         }
-        let clients = self.clients(holders.iter().map(|h| h.1)).await?;
-        for (k, id) in holders {
-            if let Some(l) = locks.get_mut(&k) {
-                l.holders.push(Party {
-                    mode: Mode::Exclusive,
-                    connection: Some(id),
-                    client: clients.get(&id).cloned(),
-                    ..Party::default()
-                });
-            }
-        }
-        // A fenced name nobody holds or awaits is history, not a lock.
-        let mut out: Vec<LockStatus> = locks
-            .into_values()
-            .filter(|l| !l.holders.is_empty() || !l.waiters.is_empty())
-            .collect();
-        for l in &mut out {
-            l.waiters.sort_by_key(|w| w.since);
-        }
-        Ok(out)
+        Ok(holders)
     }
 
     /// The processlist's client address (`HOST`) of each connection id.
@@ -196,5 +205,23 @@ impl MyBackend {
             client,
             ..Party::default()
         }])
+    }
+}
+
+/// The locks listed so far, by key.
+#[derive(Default)]
+struct Listing(BTreeMap<i64, LockStatus>);
+
+impl Listing {
+    /// The lock of `key`, named `ns`/`name` if it is new.
+    fn add(&mut self, key: Key, ns: &str, name: &str) -> &mut LockStatus {
+        self.0.entry(key.as_i64()).or_insert_with(|| LockStatus {
+            key,
+            namespace: Some(ns.to_string()),
+            name: Some(name.to_string()),
+            slot: None,
+            holders: Vec::new(),
+            waiters: Vec::new(),
+        })
     }
 }

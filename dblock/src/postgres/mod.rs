@@ -29,16 +29,24 @@
 //!
 //! # Files
 //!
-//! `backend` opens the backend and runs one acquisition. The lock logic is in `lock/`:
-//! `plan` (one acquisition's SQL; `all`: many keys at once) and the guard's half (`held`,
-//! or `mux` when multiplexed). It runs on a connection from `conn/` (`conn`: dblock's
-//! own, `native`/`pool`/`outbox`/`driver`, or one borrowed from an sqlx pool,
-//! `borrowed`; `wire` holds what they exchange; `tls`, `conninfo`, `health`, `pooler`).
-//! `sql` holds the quoting, `url` what a URL names. The backend's other SQL lives in
-//! `store/`: `fence` (the fencing table and check; `token`, a leaf, the statement that
-//! takes a token), `migrate` (the migration runner's store, with `bookkeeping`,
-//! `adopt`), `status`, `setup`, `floor` (the benchmark's floor), `xact` (locks in the
-//! caller's own transaction).
+//! - `backend`: the backend as opened (where its connections come from, what it learns
+//!   of the server) and its `RawLocks`; `url` (a URL → the backend), `settings` (its
+//!   settings, read by name), `sql` (quoting, a key in decimal).
+//! - `lock/`, the lock logic: `acquire` (one round loop for one key, any one of several
+//!   and all of a set: take a connection, send the round, read it, then grant, or clean
+//!   up and wait on in a new round), `plan` (what one round sends and how its answer is
+//!   read), `messages` (the text of every lock message: a round's settings and lock
+//!   calls, clean-ups, releases), and the guard's half: `held` (a connection of its own)
+//!   or `mux` (shared connections).
+//! - `conn/`, the connection layer, which knows nothing of locks — messages, statements
+//!   sent or deferred, results, health checks: `mod` (a connection and its operations,
+//!   `Armed`), dblock's own connections (`native`, `pool`, `outbox`, `driver`), one
+//!   borrowed from an sqlx pool (`borrowed`), `wire` (what they exchange), `tls`,
+//!   `conninfo` (connection strings), `health`, `pooler`.
+//! - `store/`, the backend's other SQL: `fence` (the fencing table and check; `token`, a
+//!   leaf, the statement that takes a token), `migrate` (the migration runner's store,
+//!   with `bookkeeping`, `adopt`), `status`, `setup`, `floor` (the benchmark's floor),
+//!   `xact` (locks in the caller's own transaction).
 
 mod backend;
 mod conn;

@@ -456,10 +456,6 @@ impl RawLocks for SqliteBackend {
         Box::pin(SqliteBackend::acquire(self, req))
     }
 
-    fn migrations(&self) -> Option<&dyn crate::migrate::store::MigrationStore> {
-        Some(self)
-    }
-
     fn bench_floor(&self) -> Result<Arc<dyn BenchFloor>, Error> {
         Ok(Arc::new(floor::Floor::new(self.shared.lock.path.clone())))
     }

@@ -1,10 +1,11 @@
 //! Connections borrowed from the caller's sqlx pool ([`Locks::from_sqlx_pool`]).
 //!
 //! sqlx sends a request only while it is awaited, so each borrowed connection is run by
-//! a small task that owns it and takes requests in order from a channel: a guard's drop
-//! hands the release to that task at once (the task sends it on its next poll, within
-//! microseconds) and the connection goes back to the sqlx pool after it. The task also
-//! runs the health checks while a lock is held.
+//! a small task that owns it and takes requests in order from a channel: statements
+//! sent or deferred (a guard's release) are handed to that task at once (it sends them
+//! on its next poll, within microseconds), and the connection goes back to the sqlx
+//! pool after them. The task also runs the health checks while the connection is
+//! watched.
 //!
 //! sqlx offers no cancel request, so a wait cut short closes its connection; on
 //! PostgreSQL 14 and later each lock request sets `client_connection_check_interval`
@@ -94,22 +95,34 @@ impl SqlxConn {
         rx.await.unwrap_or_else(|_| Err(gone()))
     }
 
+    /// Hands `sql` to the connection's task, which sends it before anything handed to
+    /// it later; false if the task is gone (the connection with it).
     pub(crate) fn send(&self, sql: &str) -> bool {
         self.tx.send(Cmd::Send(sql.to_string())).is_ok()
     }
 
     pub(crate) fn recycle(self) {
-        self.link.set_holding(false);
+        self.link.set_watched(false);
         let _ = self.tx.send(Cmd::Recycle);
     }
 
     pub(crate) fn abandon(self) {
-        self.link.set_holding(false);
+        self.link.set_watched(false);
         self.link.mark_lost(LossReason::ConnectionClosed {
             message: "closed by dblock after a request on it was cut off".into(),
         });
         let _ = self.tx.send(Cmd::Abandon);
     }
+}
+
+/// What a borrowed connection's task does next.
+enum Next {
+    /// Serves the next command or tick.
+    Serve,
+    /// Closes the connection for good (see [`close`]).
+    Close,
+    /// Returns it to the sqlx pool.
+    Return,
 }
 
 /// Runs one borrowed connection until it is recycled or abandoned. A handle dropped
@@ -126,88 +139,110 @@ async fn run_connection(
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tick.reset();
     loop {
-        tokio::select! {
-            cmd = rx.recv() => match cmd {
-                Some(Cmd::Query(sql, mut reply)) => {
-                    let res = tokio::select! {
-                        r = run(&mut conn, &sql) => r,
-                        // The request was cancelled mid-way: its state is unknown.
-                        () = reply.closed() => return close(conn),
-                    };
-                    let lost = lost_reason(&res);
-                    let _ = reply.send(res);
-                    if let Some(reason) = lost {
-                        link.mark_lost(reason);
-                        return close(conn);
-                    }
-                }
-                Some(Cmd::Check(reply)) => {
-                    let since = Instant::now();
-                    let res = match tokio::time::timeout(timeout, run(&mut conn, &link.label())).await {
-                        Ok(r) => r.map(|_| ()),
-                        Err(_) => {
-                            let reason = LossReason::Unresponsive { after: since.elapsed() };
-                            link.mark_lost(reason.clone());
-                            let _ = reply.send(Err(QueryError::Lost { message: reason.to_string() }));
-                            return close(conn);
-                        }
-                    };
-                    let lost = match &res {
-                        Err(QueryError::Lost { message }) => Some(LossReason::ConnectionClosed {
-                            message: message.clone(),
-                        }),
-                        _ => None,
-                    };
-                    let _ = reply.send(res);
-                    if let Some(reason) = lost {
-                        link.mark_lost(reason);
-                        return close(conn);
-                    }
-                }
-                Some(Cmd::Send(sql)) => {
-                    if let Err(e) = run(&mut conn, &sql).await {
-                        // A release that failed leaves the session's state unknown.
-                        let message = match e {
-                            QueryError::Db { message, .. } | QueryError::Lost { message } => message,
-                        };
-                        link.mark_lost(LossReason::ConnectionClosed { message });
-                        return close(conn);
-                    }
-                }
-                Some(Cmd::Recycle) => {
-                    if link.loss().is_some() {
-                        return close(conn);
-                    }
-                    // Dropping a PoolConnection returns it to the sqlx pool.
-                    return;
-                }
-                Some(Cmd::Abandon) | None => return close(conn),
+        let next = tokio::select! {
+            cmd = rx.recv() => serve(&mut conn, cmd, &link, timeout).await,
+            _ = tick.tick() => match link.watched() {
+                true => watch(&mut conn, &link, timeout).await,
+                false => Next::Serve,
             },
-            _ = tick.tick() => {
-                if !link.holding() {
-                    continue;
-                }
-                let since = Instant::now();
-                match tokio::time::timeout(timeout, run(&mut conn, &link.label())).await {
-                    Ok(Ok(_)) => {}
-                    Ok(Err(e)) => {
-                        let message = match e {
-                            QueryError::Db { message, .. } | QueryError::Lost { message } => message,
-                        };
-                        link.mark_lost(LossReason::ConnectionClosed { message });
-                        return close(conn);
-                    }
-                    Err(_) => {
-                        link.mark_lost(LossReason::Unresponsive { after: since.elapsed() });
-                        return close(conn);
-                    }
-                }
-            }
+        };
+        match next {
+            Next::Serve => {}
+            Next::Close => return close(conn),
+            // Dropping a PoolConnection returns it to the sqlx pool.
+            Next::Return => return,
         }
     }
 }
 
-fn lost_reason(res: &Result<Results, QueryError>) -> Option<LossReason> {
+/// Carries out one command (`None`: every handle is gone).
+async fn serve(
+    conn: &mut PoolConnection<Postgres>,
+    cmd: Option<Cmd>,
+    link: &Link,
+    timeout: Duration,
+) -> Next {
+    match cmd {
+        Some(Cmd::Query(sql, mut reply)) => {
+            let res = tokio::select! {
+                r = run(conn, &sql) => r,
+                // The request was cancelled mid-way: its state is unknown.
+                () = reply.closed() => return Next::Close,
+            };
+            let lost = lost_reason(&res);
+            let _ = reply.send(res);
+            lost_then_close(link, lost)
+        }
+        Some(Cmd::Check(reply)) => {
+            let res = check(conn, link, timeout).await;
+            let lost = lost_reason(&res);
+            let _ = reply.send(res);
+            lost_then_close(link, lost)
+        }
+        Some(Cmd::Send(sql)) => match run(conn, &sql).await {
+            Ok(_) => Next::Serve,
+            // Statements sent that failed leave the session's state unknown.
+            Err(e) => lost_then_close(
+                link,
+                Some(LossReason::ConnectionClosed {
+                    message: e.into_message(),
+                }),
+            ),
+        },
+        Some(Cmd::Recycle) if link.loss().is_some() => Next::Close,
+        Some(Cmd::Recycle) => Next::Return,
+        Some(Cmd::Abandon) | None => Next::Close,
+    }
+}
+
+/// A tick while the connection is watched: a check, any failure of which loses it.
+async fn watch(conn: &mut PoolConnection<Postgres>, link: &Link, timeout: Duration) -> Next {
+    match check(conn, link, timeout).await {
+        Ok(()) => Next::Serve,
+        Err(e) => lost_then_close(
+            link,
+            Some(LossReason::ConnectionClosed {
+                message: e.into_message(),
+            }),
+        ),
+    }
+}
+
+/// A health check: the link's check statement, answered within `timeout`, else the
+/// link is marked lost (unresponsive).
+async fn check(
+    conn: &mut PoolConnection<Postgres>,
+    link: &Link,
+    timeout: Duration,
+) -> Result<(), QueryError> {
+    let since = Instant::now();
+    match tokio::time::timeout(timeout, run(conn, &link.check_sql())).await {
+        Ok(r) => r.map(|_| ()),
+        Err(_) => {
+            let reason = LossReason::Unresponsive {
+                after: since.elapsed(),
+            };
+            link.mark_lost(reason.clone());
+            Err(QueryError::Lost {
+                message: reason.to_string(),
+            })
+        }
+    }
+}
+
+/// Marks the link lost for `reason` (the first reason stays) and closes, if there is
+/// one.
+fn lost_then_close(link: &Link, reason: Option<LossReason>) -> Next {
+    match reason {
+        Some(reason) => {
+            link.mark_lost(reason);
+            Next::Close
+        }
+        None => Next::Serve,
+    }
+}
+
+fn lost_reason<T>(res: &Result<T, QueryError>) -> Option<LossReason> {
     match res {
         Err(QueryError::Lost { message }) => Some(LossReason::ConnectionClosed {
             message: message.clone(),

@@ -2,6 +2,10 @@
 //! the driver's configuration and the TLS settings, with libpq's environment variables
 //! and password file.
 
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use super::tls::{RootCert, SslMode, TlsOptions};
 use crate::conninfo::{pairs, redact, shown_key};
 
 /// The keys dblock passes to tokio-postgres as they are.
@@ -60,7 +64,7 @@ const ENV_DEFAULTS: &[(&str, &str)] = &[
 /// description fit to show (no password).
 pub(crate) struct Parsed {
     pub(crate) config: tokio_postgres::Config,
-    pub(crate) tls: super::tls::TlsOptions,
+    pub(crate) tls: TlsOptions,
     pub(crate) shown: String,
 }
 
@@ -68,10 +72,47 @@ pub(crate) struct Parsed {
 /// (libpq's variables; `HOME` and `USER` too) and the password file. The error is the
 /// reason, never containing a password.
 pub(crate) fn parse(s: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<Parsed, String> {
-    use super::tls::{RootCert, SslMode, TlsOptions};
-    use std::path::{Path, PathBuf};
+    let mut map = options(s)?;
+    let host_given = map.contains_key("host") || map.contains_key("hostaddr");
+    for (key, var) in ENV_DEFAULTS {
+        if !map.contains_key(*key)
+            && let Some(v) = env(var)
+        {
+            map.insert((*key).to_string(), v);
+        }
+    }
+    let host_from_env = !host_given && (map.contains_key("host") || map.contains_key("hostaddr"));
+    let home = env("HOME").map(PathBuf::from);
+    let first_port = first_port(&map)?;
+    let host_defaulted = libpq_defaults(&mut map, first_port, env);
+    let passfile = map.remove("passfile");
+    if !map.contains_key("password")
+        && let Some(pw) = password_from_file(&map, passfile, home.as_deref(), first_port)
+    {
+        map.insert("password".into(), pw);
+    }
+    let tls = tls_options(&mut map, home.as_deref())?;
+    let mut config = driver_config(&map)?;
+    config.ssl_mode(tls.mode.driver_mode());
+    let mut shown = redact(s);
+    if host_from_env || host_defaulted {
+        let hosts = map.get("host").or_else(|| map.get("hostaddr"));
+        let from = if host_from_env {
+            "from PGHOST"
+        } else {
+            "default"
+        };
+        shown = format!(
+            "{shown} (host {} {from})",
+            hosts.map(String::as_str).unwrap_or_default()
+        );
+    }
+    Ok(Parsed { config, tls, shown })
+}
 
-    let mut map: std::collections::HashMap<String, String> = Default::default();
+/// The string's options, each key one dblock reads (passed on or its own).
+fn options(s: &str) -> Result<HashMap<String, String>, String> {
+    let mut map = HashMap::new();
     for (k, v) in pairs(s)? {
         if !DRIVER_KEYS.contains(&k.as_str()) && !OWN_KEYS.contains(&k.as_str()) {
             return Err(format!(
@@ -83,31 +124,29 @@ pub(crate) fn parse(s: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<Par
         }
         map.insert(k, v);
     }
-    let host_given = map.contains_key("host") || map.contains_key("hostaddr");
-    for (key, var) in ENV_DEFAULTS {
-        if !map.contains_key(*key)
-            && let Some(v) = env(var)
-        {
-            map.insert((*key).to_string(), v);
-        }
-    }
-    let host_from_env = !host_given && (map.contains_key("host") || map.contains_key("hostaddr"));
-    let home = env("HOME").map(PathBuf::from);
+    Ok(map)
+}
 
-    // libpq's defaults.
-    let first_port: u16 = match map.get("port") {
-        Some(p) => {
-            let first = p.split(',').next().unwrap_or_default();
-            if first.is_empty() {
-                5432
-            } else {
-                first
-                    .parse()
-                    .map_err(|_| format!("invalid port {first:?}"))?
-            }
-        }
-        None => 5432,
+/// The first host's port: the first of `port`'s list, else libpq's 5432.
+fn first_port(map: &HashMap<String, String>) -> Result<u16, String> {
+    let first = match map.get("port") {
+        Some(p) => p.split(',').next().unwrap_or_default(),
+        None => "",
     };
+    match first {
+        "" => Ok(5432),
+        first => first.parse().map_err(|_| format!("invalid port {first:?}")),
+    }
+}
+
+/// libpq's defaults for what the string and the environment left out: the host, the
+/// user, the application's name, the connect timeout; and keepalives. Whether the host
+/// was defaulted.
+fn libpq_defaults(
+    map: &mut HashMap<String, String>,
+    first_port: u16,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> bool {
     let mut host_defaulted = false;
     if !map.contains_key("host") && !map.contains_key("hostaddr") {
         // The local server's socket, where libpq (as packaged by Debian and most
@@ -136,37 +175,45 @@ pub(crate) fn parse(s: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<Par
     // A dead peer must not look alive for two hours: probe idle sockets after 30 s.
     map.entry("keepalives_idle".into())
         .or_insert_with(|| "30".into());
+    host_defaulted
+}
 
-    let passfile = map.remove("passfile");
-    if !map.contains_key("password") {
-        let file = passfile
-            .map(PathBuf::from)
-            .or_else(|| home.as_ref().map(|h| h.join(".pgpass")));
-        if let Some(file) = file {
-            let host = map
-                .get("host")
-                .and_then(|h| h.split(',').next())
-                .unwrap_or_default();
-            // A socket directory matches `localhost`, as in libpq.
-            let host = if host.starts_with('/') || host.is_empty() {
-                "localhost"
-            } else {
-                host
-            };
-            let user = map.get("user").cloned().unwrap_or_default();
-            let db = map.get("dbname").cloned().unwrap_or_else(|| user.clone());
-            if let Some(pw) = pgpass_lookup(&file, host, first_port, &db, &user) {
-                map.insert("password".into(), pw);
-            }
-        }
-    }
+/// The password the password file (`passfile`, else `~/.pgpass`) has for the first
+/// host, its port, the database and the user.
+fn password_from_file(
+    map: &HashMap<String, String>,
+    passfile: Option<String>,
+    home: Option<&Path>,
+    first_port: u16,
+) -> Option<String> {
+    let file = passfile
+        .map(PathBuf::from)
+        .or_else(|| home.map(|h| h.join(".pgpass")))?;
+    let host = map
+        .get("host")
+        .and_then(|h| h.split(',').next())
+        .unwrap_or_default();
+    // A socket directory matches `localhost`, as in libpq.
+    let host = if host.starts_with('/') || host.is_empty() {
+        "localhost"
+    } else {
+        host
+    };
+    let user = map.get("user").cloned().unwrap_or_default();
+    let db = map.get("dbname").cloned().unwrap_or_else(|| user.clone());
+    pgpass_lookup(&file, host, first_port, &db, &user)
+}
 
-    // TLS.
+/// The TLS settings, taken out of `map`: the root certificates, the mode, the client
+/// certificate and key (each with libpq's default files under `home`).
+fn tls_options(
+    map: &mut HashMap<String, String>,
+    home: Option<&Path>,
+) -> Result<TlsOptions, String> {
     let root_cert = match map.remove("sslrootcert") {
         Some(v) if v == "system" => Some(RootCert::System),
         Some(v) => Some(RootCert::File(PathBuf::from(v))),
         None => home
-            .as_ref()
             .map(|h| h.join(".postgresql/root.crt"))
             .filter(|p| p.exists())
             .map(RootCert::File),
@@ -190,7 +237,7 @@ pub(crate) fn parse(s: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<Par
     }
     let cert = map.remove("sslcert").map(PathBuf::from);
     let key = map.remove("sslkey").map(PathBuf::from);
-    let default_file = |name: &str| home.as_ref().map(|h| h.join(".postgresql").join(name));
+    let default_file = |name: &str| home.map(|h| h.join(".postgresql").join(name));
     let client_cert = match (cert, key) {
         (Some(c), Some(k)) => Some((c, k)),
         (Some(c), None) => match default_file("postgresql.key").filter(|k| k.exists()) {
@@ -206,9 +253,16 @@ pub(crate) fn parse(s: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<Par
             _ => None,
         },
     };
+    Ok(TlsOptions {
+        mode,
+        root_cert,
+        client_cert,
+    })
+}
 
-    // The driver's part, written as a key=value string its parser checks. Its errors
-    // name the option, never the value.
+/// The driver's part, written as a key=value string its parser checks. Its errors
+/// name the option, never the value.
+fn driver_config(map: &HashMap<String, String>) -> Result<tokio_postgres::Config, String> {
     let mut kv = String::new();
     let mut keys: Vec<&String> = map.keys().collect();
     keys.sort();
@@ -224,7 +278,7 @@ pub(crate) fn parse(s: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<Par
         }
         kv.push_str("' ");
     }
-    let mut config: tokio_postgres::Config = kv.parse().map_err(|e: tokio_postgres::Error| {
+    kv.parse().map_err(|e: tokio_postgres::Error| {
         // "invalid value for option `port`" and the like.
         let mut m = e.to_string();
         if let Some(src) = std::error::Error::source(&e) {
@@ -234,30 +288,6 @@ pub(crate) fn parse(s: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<Par
             }
         }
         m
-    })?;
-    config.ssl_mode(mode.driver_mode());
-
-    let mut shown = redact(s);
-    if host_from_env || host_defaulted {
-        let hosts = map.get("host").or_else(|| map.get("hostaddr"));
-        let from = if host_from_env {
-            "from PGHOST"
-        } else {
-            "default"
-        };
-        shown = format!(
-            "{shown} (host {} {from})",
-            hosts.map(String::as_str).unwrap_or_default()
-        );
-    }
-    Ok(Parsed {
-        config,
-        tls: TlsOptions {
-            mode,
-            root_cert,
-            client_cert,
-        },
-        shown,
     })
 }
 

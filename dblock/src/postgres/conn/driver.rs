@@ -1,5 +1,5 @@
-//! The task that runs one of dblock's own connections: its I/O, the releases handed to
-//! it, and the health checks while a lock is held.
+//! The task that runs one of dblock's own connections: its I/O, the statements
+//! deferred to it, and the health checks while the connection is watched.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -14,11 +14,12 @@ use super::outbox::Outbox;
 use super::wire::{Link, LostOnDrop, QueryError};
 use crate::error::LossReason;
 
-/// Runs a connection: its I/O, and while a lock is held on it, a health check every
-/// interval. Marks the link lost when the connection ends or a check goes unanswered
-/// for `timeout`; returning drops the socket, which ends the server session.
+/// Runs a connection: its I/O, and while it is watched ([`Link::set_watched`]), a
+/// health check every interval. Marks the link lost when the connection ends or a
+/// check goes unanswered for `timeout`; returning drops the socket, which ends the
+/// server session.
 ///
-/// One hand-written poll rather than a `select!` loop: it runs twice per lock cycle (to
+/// One hand-written poll rather than a `select!` loop: it runs twice per exchange (to
 /// write the request, to read the reply), so it does no more than it must each time —
 /// no future is built or registered anew, and the timers are polled only while they
 /// can matter.
@@ -44,7 +45,7 @@ pub(crate) async fn drive(
                 message: "closed by dblock".into(),
             });
         }
-        // A ROLLBACK handed over since the last poll goes out before anything else.
+        // Statements deferred since the last poll go out before anything else.
         if !outbox.send_waiting_with(|| client.upgrade()) {
             return Poll::Ready(LossReason::ConnectionClosed {
                 message: "the connection closed".into(),
@@ -53,9 +54,7 @@ pub(crate) async fn drive(
         if let Poll::Ready(end) = connection.as_mut().poll(cx) {
             let message = match end {
                 Ok(()) => "closed by dblock".to_string(),
-                Err(e) => match QueryError::from_driver(e) {
-                    QueryError::Db { message, .. } | QueryError::Lost { message } => message,
-                },
+                Err(e) => QueryError::from_driver(e).into_message(),
             };
             return Poll::Ready(LossReason::ConnectionClosed { message });
         }
@@ -79,15 +78,15 @@ pub(crate) async fn drive(
             if tick.poll_tick(cx).is_pending() {
                 return Poll::Pending;
             }
-            // A tick: check the connection if a lock is held on it and no check is out.
-            if !link.holding() || ping.is_some() {
+            // A tick: check the connection if it is watched and no check is out.
+            if !link.watched() || ping.is_some() {
                 continue;
             }
             if let Some(c) = client.upgrade() {
-                // A comment naming the lock: still an empty query to the server.
-                let label = link.label();
+                // The empty query, or a comment: the same to the server.
+                let sql = link.check_sql();
                 let p: Ping = Box::pin(async move {
-                    c.simple_query(&label)
+                    c.simple_query(&sql)
                         .await
                         .map(|_| ())
                         .map_err(QueryError::from_driver)

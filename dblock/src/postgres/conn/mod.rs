@@ -1,6 +1,16 @@
-//! One connection as the lock logic sees it: dblock's own (tokio-postgres) or one
-//! borrowed from the caller's sqlx pool. The acquisition logic is written once over
-//! the few operations both offer.
+//! The connection layer: one connection as its users see it, dblock's own
+//! (tokio-postgres) or one borrowed from the caller's sqlx pool, and the few operations
+//! both offer — query, send, defer, check, recycle, abandon — over which the lock logic
+//! and the stores are written once. It speaks of messages and statements only: what
+//! they mean (a lock, its release) is the caller's.
+//!
+//! One name per idea: to **send** is to queue statements on the connection at once,
+//! without waiting for their reply, ordered before anything issued after them, or to
+//! answer false when they could not be queued at once, the connection then given up;
+//! to **defer** is to hand statements to the connection to send later (its task sends
+//! them when it next runs, or the next message carries them at its head); to **start**
+//! is to send and read the reply as it streams; **abandon** gives a connection up
+//! (cancel + close); **recycle** returns it to its pool.
 
 pub(crate) mod borrowed;
 pub(crate) mod conninfo;
@@ -18,9 +28,10 @@ use std::sync::Arc;
 use crate::postgres::sql::first_value;
 use borrowed::SqlxConn;
 use native::NativeConn;
-use wire::{Link, LockSql, QueryError, Release, Results};
+use wire::{Deferred, Link, Message, QueryError, Results};
 
-/// A connection checked out for one lock request and, if granted, the lock's life.
+/// A connection checked out for one user: a request and, if it keeps something in the
+/// session (a lock), for as long as it does.
 pub(crate) enum Conn {
     Native(NativeConn),
     Sqlx(SqlxConn),
@@ -52,46 +63,47 @@ impl Conn {
     /// which stays usable.
     pub(crate) async fn check(&self) -> Result<(), QueryError> {
         match self {
-            Conn::Native(c) => c.query(&c.link().label()).await.map(|_| ()),
+            Conn::Native(c) => c.query(&c.link().check_sql()).await.map(|_| ()),
             Conn::Sqlx(c) => c.check().await,
         }
     }
 
-    /// Sends a lock request and returns, for each statement index in `want`, the first
+    /// Sends `message` and returns, for each statement index in `want`, the first
     /// column of that statement's first row (`None` for no row, a NULL, or no index).
-    /// On dblock's own connections the request may carry a release still waiting to be
-    /// sent (see [`Conn::send_release`]) in the same message.
+    /// On dblock's own connections the message carries statements still deferred (see
+    /// [`Conn::defer`]) at its head.
     ///
     /// Not cancel safe by itself: callers hold the connection in an [`Armed`] while
     /// awaiting it.
-    pub(crate) async fn lock_query<const N: usize>(
+    pub(crate) async fn first_values<const N: usize>(
         &self,
-        sql: &LockSql,
+        message: &Message,
         want: [Option<usize>; N],
     ) -> Result<[Option<String>; N], QueryError> {
         match self {
-            Conn::Native(c) => c.lock_query(sql, want).await,
+            Conn::Native(c) => c.first_values(message, want).await,
             Conn::Sqlx(c) => {
-                let rows = c.query(sql.alone()).await?;
+                let rows = c.query(message.alone()).await?;
                 Ok(want.map(|i| i.and_then(|i| first_value(&rows, i))))
             }
         }
     }
 
-    /// Sends a held lock's release without waiting for its reply, ordered before
-    /// anything sent after it. On dblock's own connections it is handed to the
-    /// connection's task, which sends it the next time it runs, unless the next lock
-    /// request on the connection comes first and carries it in its own message. Returns
-    /// false if the connection is gone.
-    pub(crate) fn send_release(&self, release: Release) -> bool {
+    /// Defers `statements`: sent without waiting for their reply, ordered before
+    /// anything sent after them. On dblock's own connections they are handed to the
+    /// connection's task, which sends them the next time it runs, unless the next
+    /// message on the connection comes first and carries them at its head; a borrowed
+    /// connection's task sends them at once. Returns false if the connection is gone.
+    pub(crate) fn defer(&self, statements: Deferred) -> bool {
         match self {
-            Conn::Native(c) => c.send_release(release),
-            Conn::Sqlx(c) => c.send(release.sql()),
+            Conn::Native(c) => c.defer(statements),
+            Conn::Sqlx(c) => c.send(statements.sql()),
         }
     }
 
-    /// Sends `sql` without waiting for its reply, ordered before anything sent after it.
-    /// Returns false if it could not be sent (the connection is gone).
+    /// Sends `sql` now without waiting for its reply, ordered before anything sent after
+    /// it. Returns false if it could not be queued at once (the connection is gone, or
+    /// closed for it): the caller gives the connection up.
     pub(crate) fn send(&self, sql: &str) -> bool {
         match self {
             Conn::Native(c) => c.send(sql),

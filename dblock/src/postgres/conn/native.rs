@@ -1,25 +1,25 @@
 //! dblock's own PostgreSQL connections (tokio-postgres) and their small pool.
 //!
 //! Why not sqlx here: a lock cycle must cost one round trip. tokio-postgres pipelines:
-//! a request is handed to the connection's task the moment it is issued, and that task
-//! is dblock's own (`drive`), so a guard's `Drop` can *send* its release
-//! synchronously, without waiting for the reply and without spawning: it hands the
-//! release to the connection's task, which writes it the next time it runs. And if
-//! the next lock request on that connection is issued before the task has run (a loop
-//! that takes and drops locks), the request carries the release at the head of its own
-//! message, so the server answers both with one reply (see `Outbox`). sqlx can only
-//! send when the connection is next awaited.
+//! a message is handed to the connection's task the moment it is issued, and that task
+//! is dblock's own (`drive`), so statements can be *sent* synchronously (from a guard's
+//! `Drop`, say), without waiting for the reply and without spawning, or *deferred*:
+//! handed to the connection's task, which writes them the next time it runs. And if the
+//! next message on that connection is issued before the task has run (a loop that takes
+//! and drops locks), the message carries them at its head, so the server answers both
+//! with one reply (see `Outbox`). sqlx can only send when the connection is next
+//! awaited.
 
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use futures_util::{FutureExt, StreamExt};
+use futures_util::StreamExt;
 use tokio::sync::OwnedSemaphorePermit;
 use tokio_postgres::{Client, SimpleQueryMessage, SimpleQueryStream};
 
 use super::outbox::{Outbox, send, start};
 use super::tls::Connector;
-use super::wire::{Link, LockSql, QueryError, Release, Results};
+use super::wire::{Deferred, Link, Message, QueryError, Results};
 use crate::error::LossReason;
 
 /// A pool's idle connections, which a connection returns itself to.
@@ -99,28 +99,25 @@ impl NativeConn {
         Ok(out)
     }
 
-    /// Sends a lock request and returns, for each statement index in `want`, the first
+    /// Sends `message` and returns, for each statement index in `want`, the first
     /// column of that statement's first row (`None` for no row, a NULL, or no index).
     ///
-    /// A release still waiting to be sent on the connection (see [`Outbox`]) goes out
-    /// in the same message, ahead of the request, and its statements are not counted
-    /// in `want`'s indices. Only for lock requests, which behave alike after a
-    /// transaction ended in their own message: they begin a transaction of their own
-    /// or are plain `SELECT`s.
+    /// Statements deferred on the connection (see [`Outbox`]) go out in the same
+    /// message, ahead of it, and are not counted in `want`'s indices.
     ///
     /// Not cancel safe by itself: callers arm an abandon before awaiting it.
-    pub(crate) async fn lock_query<const N: usize>(
+    pub(crate) async fn first_values<const N: usize>(
         &self,
-        sql: &LockSql,
+        message: &Message,
         want: [Option<usize>; N],
     ) -> Result<[Option<String>; N], QueryError> {
         let (stream, carried) = {
-            let mut waiting = self.outbox.lock();
+            let mut waiting = self.outbox.waiting();
             // Queued before the mutex is released, like the task's own send.
             match waiting.take() {
-                None => (start(&self.client, sql.alone())?, 0),
-                Some(release) => {
-                    let (text, carried) = release.carried_by(sql);
+                None => (start(&self.client, message.alone())?, 0),
+                Some(deferred) => {
+                    let (text, carried) = deferred.carried_by(message);
                     (start(&self.client, &text)?, carried)
                 }
             }
@@ -142,65 +139,52 @@ impl NativeConn {
         Ok(out)
     }
 
-    /// Hands a held lock's release to the connection's task: it goes out the next time
-    /// that task runs, or with the next lock request if that comes first (see
-    /// [`Outbox`]). Returns false if the connection is gone.
-    pub(crate) fn send_release(&self, release: Release) -> bool {
+    /// Defers `statements` to the connection's task: they go out the next time that
+    /// task runs, or with the next message if that comes first (see [`Outbox`]).
+    /// Returns false if they could not be (the connection is gone): the caller gives the
+    /// connection up.
+    pub(crate) fn defer(&self, statements: Deferred) -> bool {
         if self.client.is_closed() {
             return false;
         }
         {
-            let mut waiting = self.outbox.lock();
-            // One holder at a time, so never two; were there, the first goes first.
+            let mut waiting = self.outbox.waiting();
+            // One user at a time, so never two; were there, the first goes first.
             if let Some(earlier) = waiting.take()
                 && !send(&self.client, earlier.sql())
             {
                 return false;
             }
-            *waiting = Some(release);
+            *waiting = Some(statements);
         }
         self.outbox.task.wake();
         true
     }
 
-    /// Sends `sql` now without waiting for its reply. Returns false if it could not be
-    /// sent (the connection is gone).
-    ///
-    /// The request is queued on the connection's task before this returns, so anything
-    /// sent later on this connection runs after it.
+    /// Sends `sql` now, after anything deferred, without waiting for its reply: queued
+    /// on the connection's task before this returns, so anything sent later on this
+    /// connection runs after it. Returns false if it could not be queued at once (see
+    /// [`send`]); the connection is then closed, which ends its session and undoes
+    /// whatever was kept in it (a connection shared by many users must not run on
+    /// without statements one of them sent).
     pub(crate) fn send(&self, sql: &str) -> bool {
-        if !self.outbox.send_waiting(&self.client) {
-            return false;
+        let sent = self.outbox.send_waiting(&self.client) && send(&self.client, sql);
+        if !sent {
+            self.link.mark_lost(LossReason::ConnectionClosed {
+                message: "a message could not be queued on the connection".into(),
+            });
+            self.outbox.close_now();
         }
-        // `simple_query_raw` encodes and queues the request on its first poll, before
-        // any await; the reply is dropped unread (the connection task discards it).
-        match self.client.simple_query_raw(sql).now_or_never() {
-            Some(Ok(_stream)) => true,
-            Some(Err(_)) => false,
-            None => {
-                // Should the driver ever need more than one poll, finish sending on the
-                // runtime; the request still precedes anything issued after it.
-                let client = self.client.clone();
-                let sql = sql.to_string();
-                match tokio::runtime::Handle::try_current() {
-                    Ok(h) => {
-                        h.spawn(async move {
-                            let _ = client.simple_query_raw(&sql).await;
-                        });
-                        true
-                    }
-                    Err(_) => false,
-                }
-            }
-        }
+        sent
     }
 
     /// Returns the connection to its pool (or closes it if it is broken).
     pub(crate) fn recycle(mut self) {
-        self.link.set_holding(false);
+        self.link.set_watched(false);
         self.permit = None;
         // A connection shared with a child process is never reused (a child's copy of
-        // its socket would hold the next lock taken on it): ended for every copy.
+        // its socket would keep what the next user keeps in the session): ended for
+        // every copy.
         if !self.usable() || self.link.shut_down_exported() {
             return;
         }
@@ -211,11 +195,11 @@ impl NativeConn {
         }
     }
 
-    /// Gives the connection up when its state is unknown (a request was cut off mid-way):
+    /// Gives the connection up when its state is unknown (a message was cut off mid-way):
     /// asks the server to cancel whatever the session is running, and closes it. Closing
-    /// ends the session, which releases every lock and transaction it had.
+    /// ends the session, which undoes everything it kept (its transaction, its locks).
     pub(crate) fn abandon(self) {
-        self.link.set_holding(false);
+        self.link.set_watched(false);
         // Whatever the connection held is gone from now on: say so at once.
         self.link.mark_lost(LossReason::ConnectionClosed {
             message: "closed by dblock after a request on it was cut off".into(),

@@ -1,5 +1,5 @@
-//! What a connection, its task and the lock logic exchange, whichever kind the
-//! connection is: results, releases, lock requests' SQL, failures and the link a
+//! What a connection, its task and its user exchange, whichever kind the connection
+//! is: messages and the statements deferred to them, results, failures, and the link a
 //! connection shares with its watchdog. A leaf: it names no connection kind.
 
 use std::borrow::Cow;
@@ -13,99 +13,112 @@ use crate::error::{Error, LossReason};
 /// Rows of each statement of a simple query, first column only, as text.
 pub(crate) type Results = Vec<Vec<Option<String>>>;
 
-/// A held lock's release, as handed to `Conn::send_release`.
-pub(crate) enum Release {
-    /// `ROLLBACK`, which ends a transaction-scoped lock's transaction (or whatever
-    /// transaction a failed request left).
+/// Statements handed to a connection to send later ([`Conn::defer`]): its task sends
+/// them alone the next time it runs, unless the next [`Message`] on the connection comes
+/// first and carries them at its head ([`Deferred::carried_by`]).
+///
+/// [`Conn::defer`]: super::Conn::defer
+pub(crate) enum Deferred {
+    /// `ROLLBACK` of the transaction open on the connection (or of whatever a failed
+    /// message left).
     Rollback {
-        /// Whether the transaction is known to be one dblock began `ISOLATION LEVEL READ
-        /// COMMITTED` and still open (if failed, in an aborted state), as a held lock's
-        /// is: then a request that begins the same kind of transaction may carry the
-        /// release as `ROLLBACK AND CHAIN` (see [`LockSql::begin`]). Not after a request
-        /// that failed, which may have left no transaction open, where `AND CHAIN` is
-        /// an error.
+        /// Whether the transaction is known to be one begun `ISOLATION LEVEL READ
+        /// COMMITTED` (by [`Message::begin`]) and still open (if failed, in an aborted
+        /// state): then a message that begins the same kind of transaction may carry it
+        /// as `ROLLBACK AND CHAIN`. Not after a message that failed, which may have left
+        /// no transaction open, where `AND CHAIN` is an error.
         chain: bool,
     },
-    /// A session-scoped lock's unlock: `statements` statements that can run in a
-    /// transaction of their own.
-    Unlock {
+    /// One statement whose effect no rollback undoes: ahead of a message that begins no
+    /// transaction it shares that message's implicit one, and takes effect even if the
+    /// message then fails, just as when sent alone.
+    Standalone(Cow<'static, str>),
+    /// `statements` statements that must take effect whatever the next message does:
+    /// carried in a transaction of their own.
+    InOwnTransaction {
         sql: Cow<'static, str>,
         statements: usize,
     },
 }
 
-impl Release {
-    /// The release sent on its own.
+impl Deferred {
+    /// The statements sent on their own.
     pub(crate) fn sql(&self) -> &str {
         match self {
-            Release::Rollback { .. } => "ROLLBACK",
-            Release::Unlock { sql, .. } => sql,
+            Deferred::Rollback { .. } => "ROLLBACK",
+            Deferred::Standalone(sql) | Deferred::InOwnTransaction { sql, .. } => sql,
         }
     }
 
-    /// The message of lock request `req` carrying this release at its head, and how
-    /// many statements the release adds before the request's.
-    pub(crate) fn carried_by<'a>(&self, req: &'a LockSql) -> (Cow<'a, str>, usize) {
+    /// The text of `next` carrying these statements at its head, and how many
+    /// statements they add before `next`'s own.
+    pub(crate) fn carried_by<'a>(&self, next: &'a Message) -> (Cow<'a, str>, usize) {
         match self {
-            Release::Rollback { chain: true } => match req.chained() {
-                // `ROLLBACK AND CHAIN` stands in for the request's own BEGIN.
+            Deferred::Rollback { chain: true } => match next.chained() {
+                // `ROLLBACK AND CHAIN` stands in for the message's own BEGIN.
                 Some(text) => (Cow::Owned(text), 0),
-                None => (Cow::Borrowed(req.carrying_rollback()), 1),
+                None => (Cow::Borrowed(next.carrying_rollback()), 1),
             },
-            Release::Rollback { chain: false } => (Cow::Borrowed(req.carrying_rollback()), 1),
-            // A lone pg_advisory_unlock ahead of a request that begins no transaction:
-            // both in one implicit transaction. The unlock takes effect at once and is
-            // not undone if the transaction then fails (advisory session locks are not
-            // transactional), just as when sent alone.
-            Release::Unlock { sql, statements } if *statements == 1 && !req.begins() => {
-                let req = req.alone();
-                let mut text = String::with_capacity(sql.len() + req.len() + 2);
-                for part in [sql, "; ", req] {
-                    text.push_str(part);
-                }
-                (Cow::Owned(text), 1)
+            Deferred::Rollback { chain: false } => (Cow::Borrowed(next.carrying_rollback()), 1),
+            Deferred::Standalone(sql) if !next.begins() => {
+                (Cow::Owned(joined(&["", sql, "; "], next)), 1)
             }
-            // Otherwise in a transaction of its own, as when sent alone: committed
-            // whatever the request then does (a lease's reset is a transactional SET),
-            // and the request starts with no snapshot taken (a BEGIN ISOLATION LEVEL
-            // after a SELECT in one implicit block could fail).
-            Release::Unlock { sql, statements } => {
-                let req = req.alone();
-                let mut text = String::with_capacity(sql.len() + req.len() + 17);
-                for part in ["BEGIN; ", sql, "; COMMIT; ", req] {
-                    text.push_str(part);
-                }
-                (Cow::Owned(text), statements + 2)
+            // A transaction of its own, as when sent alone: committed whatever the message
+            // then does (a SET is transactional), and the message starts with no snapshot
+            // taken (a BEGIN ISOLATION LEVEL after a SELECT in one implicit block could
+            // fail).
+            Deferred::Standalone(sql) => {
+                (Cow::Owned(joined(&["BEGIN; ", sql, "; COMMIT; "], next)), 3)
             }
+            Deferred::InOwnTransaction { sql, statements } => (
+                Cow::Owned(joined(&["BEGIN; ", sql, "; COMMIT; "], next)),
+                statements + 2,
+            ),
         }
     }
 }
 
-/// The SQL of a lock request, written behind room for a `ROLLBACK` so that the request
-/// can carry one waiting to be sent on its connection without copying itself.
-pub(crate) struct LockSql {
-    /// `ROLLBACK; ` then the request's statements, separated by `; `.
+/// `head` then `next`'s statements, as one text.
+fn joined(head: &[&str], next: &Message) -> String {
+    let next = next.alone();
+    let mut text = String::with_capacity(head.iter().map(|h| h.len()).sum::<usize>() + next.len());
+    for part in head {
+        text.push_str(part);
+    }
+    text.push_str(next);
+    text
+}
+
+/// The statements of one simple-query message, written behind room for a `ROLLBACK`, so
+/// that a [`Deferred`] one waiting on the connection can go out at its head without the
+/// message copying itself. What may carry deferred statements: a message that begins a
+/// transaction of its own ([`Message::begin`]) or runs plain statements, which behave
+/// alike whether or not a transaction ended just before them in the same message.
+pub(crate) struct Message {
+    /// `ROLLBACK; ` then the statements, separated by `; `.
     text: String,
     /// Statements so far.
     statements: usize,
-    /// Where the statements after a leading [`LockSql::begin`] start in `text`, if the
-    /// request opened with one that may be chained.
+    /// Where the statements after a leading [`Message::begin`] start in `text`, if the
+    /// message opened with one that may be chained.
     after_begin: Option<usize>,
-    /// Whether the request opens with [`LockSql::begin`].
+    /// Whether the message opens with [`Message::begin`].
     begins: bool,
-    /// Where [`LockSql::annotate`]'s comment starts in `text`, if there is one.
+    /// Where [`Message::annotate`]'s comment starts in `text`, if there is one.
     comment_at: Option<usize>,
 }
 
-impl LockSql {
+impl Message {
     const CARRIED: &'static str = "ROLLBACK; ";
     const BEGIN: &'static str = "BEGIN ISOLATION LEVEL READ COMMITTED";
     const CHAIN: &'static str = "ROLLBACK AND CHAIN";
 
-    pub(crate) fn new() -> LockSql {
-        let mut text = String::with_capacity(128);
-        text.push_str(LockSql::CARRIED);
-        LockSql {
+    /// A message whose text is expected to take about `bytes` (it grows past them as
+    /// needed): one allocation for the whole message, written once.
+    pub(crate) fn with_capacity(bytes: usize) -> Message {
+        let mut text = String::with_capacity(Message::CARRIED.len() + bytes);
+        text.push_str(Message::CARRIED);
+        Message {
             text,
             statements: 0,
             after_begin: None,
@@ -114,26 +127,48 @@ impl LockSql {
         }
     }
 
-    /// Appends a statement made of `parts`; returns its index.
-    pub(crate) fn push(&mut self, parts: &[&str]) -> usize {
+    /// Starts a new statement; returns its index.
+    fn next_statement(&mut self) -> usize {
         if self.statements > 0 {
             self.text.push_str("; ");
-        }
-        for p in parts {
-            self.text.push_str(p);
         }
         self.statements += 1;
         self.statements - 1
     }
 
+    /// Appends a statement made of `parts`; returns its index.
+    pub(crate) fn push(&mut self, parts: &[&str]) -> usize {
+        let i = self.next_statement();
+        for p in parts {
+            self.text.push_str(p);
+        }
+        i
+    }
+
+    /// Appends a statement written by `args`; returns its index.
+    pub(crate) fn push_fmt(&mut self, args: std::fmt::Arguments<'_>) -> usize {
+        use std::fmt::Write;
+        // Writing into a String cannot fail.
+        self.push_with(|text| {
+            let _ = text.write_fmt(args);
+        })
+    }
+
+    /// Appends a statement `write` writes at the end of the text; returns its index.
+    pub(crate) fn push_with(&mut self, write: impl FnOnce(&mut String)) -> usize {
+        let i = self.next_statement();
+        write(&mut self.text);
+        i
+    }
+
     /// Appends `BEGIN ISOLATION LEVEL READ COMMITTED`. As the first statement, and with
-    /// `chain` (PostgreSQL 12 or later), a waiting `ROLLBACK` of a transaction of the
+    /// `chain` (PostgreSQL 12 or later), a deferred `ROLLBACK` of a transaction of the
     /// same kind may stand in for it as `ROLLBACK AND CHAIN`, which ends that
     /// transaction and at once begins one with the same characteristics: READ
     /// COMMITTED, as this BEGIN would.
     pub(crate) fn begin(&mut self, chain: bool) -> usize {
         let first = self.statements == 0;
-        let i = self.push(&[LockSql::BEGIN]);
+        let i = self.push(&[Message::BEGIN]);
         if first {
             self.begins = true;
             if chain {
@@ -143,20 +178,18 @@ impl LockSql {
         i
     }
 
-    /// Lets `f` append to the request's last statement (a comment).
+    /// Lets `f` append to the message's last statement (a comment).
     pub(crate) fn annotate(&mut self, f: impl FnOnce(&mut String)) {
         self.comment_at = Some(self.text.len());
         f(&mut self.text);
     }
 
-    /// The comment [`LockSql::annotate`] appended (empty if none).
-    pub(crate) fn comment(&self) -> &str {
-        self.comment_at
-            .and_then(|at| self.text.get(at..))
-            .unwrap_or_default()
+    /// The comment [`Message::annotate`] appended, if any.
+    pub(crate) fn comment(&self) -> Option<&str> {
+        self.text.get(self.comment_at?..)
     }
 
-    /// Removes what [`LockSql::annotate`] appended (tests compare bare statements).
+    /// Removes what [`Message::annotate`] appended (tests compare bare statements).
     #[cfg(test)]
     pub(crate) fn strip_annotation(&mut self) {
         if let Some(at) = self.comment_at.take() {
@@ -164,27 +197,27 @@ impl LockSql {
         }
     }
 
-    /// Whether the request opens with a BEGIN (a transaction-scoped one).
+    /// Whether the message opens with a BEGIN.
     pub(crate) fn begins(&self) -> bool {
         self.begins
     }
 
-    /// The request alone.
+    /// The message alone.
     pub(crate) fn alone(&self) -> &str {
-        self.text.get(LockSql::CARRIED.len()..).unwrap_or_default()
+        self.text.get(Message::CARRIED.len()..).unwrap_or_default()
     }
 
-    /// `ROLLBACK; ` and the request, one statement more than [`LockSql::alone`].
+    /// `ROLLBACK; ` and the message, one statement more than [`Message::alone`].
     pub(crate) fn carrying_rollback(&self) -> &str {
         &self.text
     }
 
-    /// The request with `ROLLBACK AND CHAIN` for its leading BEGIN, as many statements
-    /// as [`LockSql::alone`]; `None` if it has no such BEGIN.
+    /// The message with `ROLLBACK AND CHAIN` for its leading BEGIN, as many statements
+    /// as [`Message::alone`]; `None` if it has no such BEGIN.
     pub(crate) fn chained(&self) -> Option<String> {
         let rest = self.text.get(self.after_begin?..)?;
-        let mut text = String::with_capacity(LockSql::CHAIN.len() + rest.len());
-        text.push_str(LockSql::CHAIN);
+        let mut text = String::with_capacity(Message::CHAIN.len() + rest.len());
+        text.push_str(Message::CHAIN);
         text.push_str(rest);
         Some(text)
     }
@@ -200,6 +233,13 @@ pub(crate) enum QueryError {
 }
 
 impl QueryError {
+    /// What the server or the driver said.
+    pub(crate) fn into_message(self) -> String {
+        match self {
+            QueryError::Db { message, .. } | QueryError::Lost { message } => message,
+        }
+    }
+
     pub(crate) fn into_error(self) -> Error {
         match self {
             QueryError::Db { code, message } => Error::from_sqlstate(&code, message),
@@ -235,27 +275,28 @@ impl QueryError {
     }
 }
 
-/// What a connection and its watchdog share.
+/// What a connection and its watchdog (the task that checks it) share.
 pub(crate) struct Link {
-    /// Whether a lock is held on the connection (the watchdog checks only then).
-    holding: AtomicBool,
+    /// Whether the watchdog checks the connection every interval: while what its user
+    /// keeps in the session depends on the session staying alive.
+    watched: AtomicBool,
     /// `Some` once the connection is known to be gone.
     lost: watch::Sender<Option<LossReason>>,
-    /// What health checks send while a lock is held: a comment naming the lock (see
-    /// [`status`](crate::status)), so that `pg_stat_activity.query` keeps naming it.
-    label: std::sync::Mutex<Option<Arc<str>>>,
-    /// This process's duplicate of the socket, once a held lock's connection is shared
-    /// with a child process: shut down when the connection is lost or given up, since
-    /// closing this process's descriptors no longer ends it while the child holds one.
+    /// What a check sends: the empty query, or a comment the connection's user chose
+    /// (so that `pg_stat_activity.query` keeps showing it).
+    check_sql: std::sync::Mutex<Option<Arc<str>>>,
+    /// This process's duplicate of the socket, once the connection is shared with a
+    /// child process: shut down when the connection is lost or given up, since closing
+    /// this process's descriptors no longer ends it while the child holds one.
     exported: std::sync::Mutex<Option<std::os::fd::OwnedFd>>,
 }
 
 impl Link {
     pub(crate) fn new() -> Arc<Link> {
         Arc::new(Link {
-            holding: AtomicBool::new(false),
+            watched: AtomicBool::new(false),
             lost: watch::Sender::new(None),
-            label: std::sync::Mutex::new(None),
+            check_sql: std::sync::Mutex::new(None),
             exported: std::sync::Mutex::new(None),
         })
     }
@@ -289,25 +330,27 @@ impl Link {
         }
     }
 
-    /// Sets what health checks send while the lock now granted is held.
-    pub(crate) fn set_label(&self, label: Arc<str>) {
-        *self.label.lock().unwrap_or_else(|p| p.into_inner()) = Some(label);
+    /// Sets what checks send from now on (a comment: still an empty query to the server).
+    pub(crate) fn set_check_sql(&self, sql: Arc<str>) {
+        *self.check_sql.lock().unwrap_or_else(|p| p.into_inner()) = Some(sql);
     }
 
-    /// What a health check sends: the held lock's comment, or the empty query.
-    pub(crate) fn label(&self) -> Arc<str> {
-        match &*self.label.lock().unwrap_or_else(|p| p.into_inner()) {
+    /// What a check sends: the comment set, or the empty query.
+    pub(crate) fn check_sql(&self) -> Arc<str> {
+        match &*self.check_sql.lock().unwrap_or_else(|p| p.into_inner()) {
             Some(l) => l.clone(),
             None => Arc::from(""),
         }
     }
 
-    pub(crate) fn holding(&self) -> bool {
-        self.holding.load(Ordering::Relaxed)
+    /// Whether the watchdog checks the connection.
+    pub(crate) fn watched(&self) -> bool {
+        self.watched.load(Ordering::Relaxed)
     }
 
-    pub(crate) fn set_holding(&self, on: bool) {
-        self.holding.store(on, Ordering::Relaxed);
+    /// Turns the watchdog's checks on or off.
+    pub(crate) fn set_watched(&self, on: bool) {
+        self.watched.store(on, Ordering::Relaxed);
     }
 
     pub(crate) fn loss(&self) -> Option<LossReason> {
@@ -328,7 +371,7 @@ impl Link {
     }
 
     /// Resolves when the connection is lost.
-    pub(crate) fn watch(&self) -> impl std::future::Future<Output = LossReason> + Send + 'static {
+    pub(crate) fn lost(&self) -> impl std::future::Future<Output = LossReason> + Send + 'static {
         let mut rx = self.lost.subscribe();
         async move {
             match rx.wait_for(Option::is_some).await {
@@ -346,8 +389,8 @@ impl Link {
 }
 
 /// Held by the task that runs a connection: if the task is dropped before it ends
-/// (its runtime shut down), the connection is gone with it, and whatever was held on
-/// it must show as lost rather than held forever.
+/// (its runtime shut down), the connection is gone with it, and must show as lost
+/// rather than alive forever.
 pub(crate) struct LostOnDrop(pub(crate) Arc<Link>);
 
 impl Drop for LostOnDrop {

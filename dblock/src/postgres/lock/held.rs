@@ -1,17 +1,16 @@
 //! A lock held on a connection of its own, pinned for the lock's life: the guard's
 //! PostgreSQL half when the lock is not multiplexed.
 
-use std::borrow::Cow;
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::plan::{release_sql, release_statements};
+use super::messages::Release;
 use crate::error::{Error, LossReason};
-use crate::postgres::conn::wire::{Link, QueryError, Release};
+use crate::postgres::conn::wire::{Link, QueryError};
 use crate::postgres::conn::{Armed, Conn};
 use crate::postgres::sql::first_value;
-use crate::raw::{BoxFuture, RawHeld, Req, Scope};
+use crate::raw::{BoxFuture, RawHeld, Scope};
 use crate::sys::Peer;
 
 /// A lock on a connection of its own.
@@ -20,42 +19,31 @@ pub(crate) struct Pinned {
     /// as `link` says.
     conn: Option<Conn>,
     link: Arc<Link>,
-    /// The release statement (no allocation for a transaction-scoped lock's).
-    release: Cow<'static, str>,
-    /// How many statements `release` is.
-    release_statements: usize,
-    scope: Scope,
+    /// What releases it.
+    release: Release,
     /// How long a release may go unanswered before the connection is given up.
     release_timeout: Duration,
 }
 
 impl Pinned {
-    pub(crate) fn new(conn: Conn, req: &Req<'_>, release_timeout: Duration) -> Pinned {
-        Pinned {
-            link: conn.link().clone(),
-            conn: Some(conn),
-            release: release_sql(req.scope, req.mode, req.key, req.lease.is_some()),
-            release_statements: release_statements(req.scope, req.lease.is_some()),
-            scope: req.scope,
-            release_timeout,
-        }
-    }
-
-    /// A grant of several keys on one connection, released by `release`
-    /// (`statements` statements; a session unlock answering `t` first).
-    pub(crate) fn with_release(
+    /// The lock (or set) just granted on `conn`, released by `release`: from now on
+    /// the connection is checked every interval, its checks sending `check_sql` (the
+    /// lock's comment) when given.
+    pub(crate) fn new(
         conn: Conn,
-        scope: Scope,
-        release: Cow<'static, str>,
-        statements: usize,
+        release: Release,
+        check_sql: Option<Arc<str>>,
         release_timeout: Duration,
     ) -> Pinned {
+        let link = conn.link().clone();
+        link.set_watched(true);
+        if let Some(sql) = check_sql {
+            link.set_check_sql(sql);
+        }
         Pinned {
-            link: conn.link().clone(),
+            link,
             conn: Some(conn),
             release,
-            release_statements: statements,
-            scope,
             release_timeout,
         }
     }
@@ -122,7 +110,7 @@ impl Pinned {
         // naming the lock (`dblock status`).
         let sql = format!(
             "SELECT inet_client_port(); SELECT inet_server_port(); SELECT pg_backend_pid() {}",
-            self.link.label()
+            self.link.check_sql()
         );
         let rows = conn.query(&sql).await.map_err(QueryError::into_error)?;
         let port = |i: usize| first_value(&rows, i).and_then(|v| v.parse::<u16>().ok());
@@ -161,25 +149,27 @@ impl Pinned {
         // is off once the release starts). Past the bound the connection is given up,
         // which frees the lock on the server when it notices.
         let armed = Armed::new(conn);
-        let res =
-            match tokio::time::timeout(self.release_timeout, armed.conn().query(&self.release))
-                .await
-            {
-                Ok(res) => res,
-                Err(_) => {
-                    drop(armed);
-                    return Err(Error::LockLost {
-                        reason: LossReason::Unresponsive {
-                            after: self.release_timeout,
-                        },
-                    });
-                }
-            };
+        let res = match tokio::time::timeout(
+            self.release_timeout,
+            armed.conn().query(self.release.sql()),
+        )
+        .await
+        {
+            Ok(res) => res,
+            Err(_) => {
+                drop(armed);
+                return Err(Error::LockLost {
+                    reason: LossReason::Unresponsive {
+                        after: self.release_timeout,
+                    },
+                });
+            }
+        };
         let conn = armed.disarm();
         match res {
             Ok(rows) => {
                 // pg_advisory_unlock answers f when the session did not hold the lock.
-                let held = self.scope == Scope::Transaction
+                let held = self.release.scope() == Scope::Transaction
                     || first_value(&rows, 0).as_deref() == Some("t");
                 // Shared with a child: ended for every copy, never reused.
                 match conn.link().shut_down_exported() {
@@ -214,22 +204,14 @@ impl Pinned {
 impl Drop for Pinned {
     fn drop(&mut self) {
         if let Some(conn) = self.conn.take() {
-            conn.link().set_holding(false);
+            conn.link().set_watched(false);
             // Shared with a child: ending the connection for every copy releases the
             // lock; nothing to send, and the connection is never reused.
             if conn.link().shut_down_exported() {
                 drop(conn);
                 return;
             }
-            let release = match self.scope {
-                // The lock's transaction is open: a request may chain it.
-                Scope::Transaction => Release::Rollback { chain: true },
-                Scope::Session => Release::Unlock {
-                    sql: std::mem::take(&mut self.release),
-                    statements: self.release_statements,
-                },
-            };
-            if conn.send_release(release) {
+            if conn.defer(self.release.deferred()) {
                 conn.recycle();
             } else {
                 conn.abandon();
@@ -244,7 +226,7 @@ impl RawHeld for Pinned {
     }
 
     fn lost(&self) -> BoxFuture<'static, LossReason> {
-        Box::pin(self.link.watch())
+        Box::pin(self.link.lost())
     }
 
     fn check(&mut self) -> BoxFuture<'_, Result<(), Error>> {

@@ -1,8 +1,10 @@
-//! The lock logic on PostgreSQL: the SQL of one acquisition and its release (`plan`),
-//! many keys at once (`all`), and the guard's half, on a connection of its own (`held`)
-//! or multiplexed (`mux`).
+//! The lock logic on PostgreSQL: one acquisition's round loop (`acquire`), a round's
+//! message and how its answer is read (`plan`), the text of every message it sends
+//! (`messages`), and the guard's half, on a connection of its own (`held`) or
+//! multiplexed (`mux`).
 
-pub(crate) mod all;
+pub(crate) mod acquire;
 pub(crate) mod held;
+pub(crate) mod messages;
 pub(crate) mod mux;
 pub(crate) mod plan;

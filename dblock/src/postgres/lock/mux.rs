@@ -34,7 +34,10 @@ use crate::postgres::conn::pool::Pool;
 use crate::postgres::conn::wire::{Link, QueryError};
 use crate::postgres::sql::first_value;
 use crate::postgres::store::token::next_token_sql;
-use crate::raw::{BoxFuture, Grant, Mode, RawHeld, Req, Scope};
+use crate::raw::{BoxFuture, Grant, RawHeld, Req, Scope};
+
+use super::messages::{Release, take_first, write_lock_call};
+use super::plan::{Answer, read_one};
 
 pub(crate) struct Mux {
     inner: Arc<MuxInner>,
@@ -88,7 +91,7 @@ impl Mux {
         }
         let c = Arc::new(self.inner.pool.connect_unpooled().await?);
         // Shared connections hold locks for their whole life: always checked.
-        c.link().set_holding(true);
+        c.link().set_watched(true);
         *slot = Some(c.clone());
         Ok(c)
     }
@@ -111,24 +114,20 @@ impl Mux {
             armed: true,
         };
         let conn = self.conn(k).await?;
-        let shared = if req.mode == Mode::Shared {
-            "_shared"
-        } else {
-            ""
-        };
         let mut sql = match fence_table {
-            Some(table) => next_token_sql(
-                table,
-                req,
-                &format!("WHERE pg_try_advisory_lock({k}) "),
-                epoch,
-            ),
-            None => format!("SELECT pg_try_advisory_lock{shared}({k})"),
+            Some(table) => next_token_sql(table, req, &take_first(req.key), epoch),
+            None => {
+                let mut sql = String::new();
+                write_lock_call(&mut sql, Scope::Session, req.mode, req.key, true);
+                sql
+            }
         };
         // Names the lock while the request runs (a shared connection's later requests
         // and checks replace it: `dblock status` names multiplexed locks only so long).
         crate::status::write_comment(&mut sql, req.namespace, req.name, Some(req.scope), None);
-        let unlock = format!("SELECT pg_advisory_unlock{shared}({k})");
+        let unlock = Release::of_one(Scope::Session, req.mode, req.key, false)
+            .sql()
+            .to_string();
         // If this future is dropped mid-request, the unlock is queued behind it on the
         // same connection: whatever the request did, the key ends up free.
         let pending = Pending {
@@ -146,16 +145,21 @@ impl Mux {
                 return Err(e.into_error());
             }
         };
-        let (obtained, token) = match fence_table {
-            Some(_) => match first_value(&rows, 0) {
-                Some(t) => (true, t.parse::<i64>().ok()),
-                None => (false, None),
-            },
-            None => (first_value(&rows, 0).as_deref() == Some("t"), None),
+        // Read as a pinned connection's round is: an answer that is neither a grant nor
+        // a refusal is an error, and whatever it took is unlocked.
+        let first = first_value(&rows, 0);
+        let answer = match fence_table {
+            Some(_) => read_one([None, Some(0)], None, first.as_deref()),
+            None => read_one([Some(0), None], first.as_deref(), None),
         };
-        if !obtained {
-            return Ok(Attempt::NotFree);
-        }
+        let token = match answer {
+            Ok(Answer::Granted { token, .. }) => token,
+            Ok(Answer::NotGranted | Answer::Busy(_)) => return Ok(Attempt::NotFree),
+            Err(e) => {
+                conn.send(&unlock);
+                return Err(e);
+            }
+        };
         let claim = claim.keep();
         Ok(Attempt::Granted(Grant {
             held: Box::new(MuxHeld {
@@ -308,7 +312,7 @@ impl RawHeld for MuxHeld {
     }
 
     fn lost(&self) -> BoxFuture<'static, LossReason> {
-        Box::pin(self.link().watch())
+        Box::pin(self.link().lost())
     }
 
     fn check(&mut self) -> BoxFuture<'_, Result<(), Error>> {

@@ -1,17 +1,41 @@
-//! The SQL of one acquisition on PostgreSQL, and of a held lock's release: what a
-//! request sends as one simple-protocol message, and how its reply is read.
+//! One round of an acquisition on PostgreSQL: what it sends (decided here, spelt in
+//! `messages`) and how its answer is read. A request is one round when what it asks
+//! for is free, and a round per slice of waiting otherwise (see `acquire`).
+//!
+//! - **One key**: `BEGIN …; SET LOCAL lock_timeout …; SELECT pg_advisory_xact_lock(k)`,
+//!   or a try; fenced, its token committed under a bridging session lock (see
+//!   [`messages::lock_fenced`]).
+//! - **Any one of several keys** (a semaphore's slots): one `CASE` statement trying each
+//!   key in turn from a rotating start, then waiting on one of them for a shorter slice
+//!   ([`ANY_SLICE`]), so that the others are tried again soon.
+//! - **All of a set**: one statement tries every key in their order (ascending: the
+//!   caller sorts them) and stops at the first that is busy, answering its index; `-1`
+//!   means every key is held, in that round's transaction. When the names are free that
+//!   is the whole acquisition: one round trip, whatever their number. Otherwise the
+//!   round's transaction is rolled back (nothing stays held) and, if the request may
+//!   wait, the next round first *waits* for the busy key — holding nothing else, for at
+//!   most one slice — and then tries them all again in the same message. So a request
+//!   never waits while it holds a key: two requests for overlapping sets, or a request
+//!   and a holder of single locks taken in any order, cannot deadlock; and each message
+//!   waits for one key at most, so a deadline is kept to within a round trip. The price:
+//!   a request whose names keep being taken by others between its rounds goes round
+//!   again.
+//!
+//! An answer the plan cannot read (a slot out of range, a token that is not a number)
+//! is an [`Error::Unexpected`], never "not obtained": the round is cleaned up like
+//! a failed one, so nothing stays held.
 
-use std::borrow::Cow;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use tokio::time::Instant;
 
+use super::messages::{self, Release, Settings};
+use crate::error::Error;
 use crate::key::Key;
 use crate::postgres::conn::Conn;
-use crate::postgres::conn::wire::{LockSql, Release};
-use crate::postgres::sql::i64_text;
-use crate::postgres::store::token::next_token_sql;
-use crate::raw::{ANY_SLICE, Mode, Req, Scope, Wait};
+use crate::postgres::conn::wire::{Deferred, Message};
+use crate::raw::{ANY_SLICE, Mode, Req, Scope, Wait, any_start};
 use crate::status::write_comment;
 
 /// The longest `lock_timeout`, `idle_in_transaction_session_timeout` or
@@ -33,372 +57,411 @@ pub(crate) const MAX_SERVER_MS: u128 = i32::MAX as u128;
 /// the server's queue at its end.
 pub(crate) const WAIT_SLICE_MS: u128 = 2_000;
 
-/// How long a fenced `try_lock` waits for a previous holder's fenced write to commit.
-const FENCED_TRY_ROW_WAIT_MS: u32 = 100;
+/// About the most a one-key or any-of round's statements take before its comment
+/// (`BEGIN …; SET LOCAL …` three times, the lock call with a 20-digit key).
+const ROUND_BYTES: usize = 256;
 
-/// The SQL of one acquisition, and how to read its result.
-pub(crate) struct Plan {
-    pub(crate) sql: LockSql,
-    scope: Scope,
-    key: Key,
-    mode: Mode,
-    /// Whether the request set a lease (which the clean-up must undo).
-    lease: bool,
-    /// The statement whose single boolean row must be `t` for the lock to be held, if
-    /// any (a plan has at most one).
-    must_be_true: Option<usize>,
-    /// Index of the statement returning the fencing token, if any.
-    token_at: Option<usize>,
-    /// Whether the server's lock_timeout is shorter than the wait asked for.
-    pub(crate) sliced: bool,
-    /// Whether the request takes any one of several keys (see [`Any`]): then the
-    /// statement at `must_be_true` returns the index of the key granted, or NULL.
-    any: bool,
-}
+/// About the most the comment naming the lock takes besides its namespace and name
+/// (the holder, `program[pid]@host`, and the field names).
+const COMMENT_BYTES: usize = 128;
 
-/// A request for any one of several keys (a semaphore's slots), in one statement:
-/// `SELECT CASE WHEN pg_try_advisory_xact_lock(k₂) THEN 2 WHEN … ELSE (SELECT 2 FROM
-/// pg_advisory_xact_lock(k₂)) END` — each key tried in turn from `start` (CASE stops at
-/// the first granted), then a wait on `keys[start]` alone, as long as one slice; the
-/// scalar subquery is evaluated only when the ELSE is reached. A try ends `ELSE NULL`.
+/// What a request takes.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Any<'a> {
-    pub(crate) keys: &'a [Key],
-    pub(crate) start: usize,
+pub(crate) enum What<'k> {
+    /// `req.key`.
+    One,
+    /// Any one of these keys (a semaphore's slots; `req.key` is the name's).
+    AnyOf(&'k [Key]),
+    /// Every one of these keys, sorted ascending and distinct (a lock set).
+    AllOf(&'k [Key]),
 }
 
-impl Plan {
-    /// `fence`: the fencing table, and whether tokens carry the timeline (see
-    /// [`next_token_sql`]). `chain`: whether the server has `ROLLBACK AND CHAIN`
-    /// (PostgreSQL 12).
-    /// `waiting_since`: when the wait began, on a wait's second and later slices (the
-    /// first one's start is the statement's own, which the server shows).
-    #[cfg(test)]
-    pub(crate) fn new(
-        req: &Req<'_>,
-        fence: Option<(&str, bool)>,
-        check_disconnect: bool,
-        chain: bool,
-        waiting_since: Option<SystemTime>,
-    ) -> Plan {
-        Plan::build(req, fence, check_disconnect, chain, None, waiting_since)
+/// Where a request's rounds stand.
+pub(crate) struct Round {
+    /// 1 for the first round.
+    number: u32,
+    /// [`What::AnyOf`]: the key tried first and waited on.
+    start: usize,
+    /// [`What::AllOf`]: the key the last round found busy, waited for first.
+    wait_on: Option<usize>,
+    /// When the first round began.
+    began: SystemTime,
+}
+
+impl Round {
+    pub(crate) fn first(what: What<'_>) -> Round {
+        Round {
+            number: 1,
+            start: match what {
+                What::AnyOf(keys) => any_start(keys.len()),
+                _ => 0,
+            },
+            wait_on: None,
+            began: SystemTime::now(),
+        }
     }
 
-    /// The plan of `req` (`fence` and `chain` as for [`Plan::new`]), for any one of
-    /// several keys when `any` is given (never with a fenced request, which takes its
-    /// slots one by one).
-    pub(crate) fn build(
-        req: &Req<'_>,
-        fence: Option<(&str, bool)>,
-        check_disconnect: bool,
-        chain: bool,
-        any: Option<Any<'_>>,
-        waiting_since: Option<SystemTime>,
-    ) -> Plan {
-        debug_assert!(!req.fenced || fence.is_some());
-        debug_assert!(!(req.fenced && any.is_some()));
-        let (fence_table, epoch) = (fence.map(|f| f.0), fence.is_some_and(|f| f.1));
-        let mut kbuf = [0u8; 20];
-        let k = i64_text(req.key.as_i64(), &mut kbuf);
-        let shared = if req.mode == Mode::Shared {
-            "_shared"
-        } else {
-            ""
-        };
-        // Whole milliseconds left, at least 1 (lock_timeout = 0 would mean "forever"),
-        // at most one WAIT_SLICE_MS: a longer wait is asked for again, so that no waiter
-        // holds one statement's snapshot for longer than that.
-        let mut sliced = false;
-        // A wait for any of several keys waits on one of them: a shorter slice, so that
-        // the others are tried again soon (see ANY_SLICE).
-        let slice_ms = match any {
-            Some(_) => ANY_SLICE.as_millis(),
-            None => WAIT_SLICE_MS,
-        };
-        let timeout_ms = match req.wait {
+    /// The next round (one slice of the wait ended, or a lock set's `busy` key stopped
+    /// the last one): an any-of request starts (and waits) on the next key.
+    pub(crate) fn next(&mut self, what: What<'_>, busy: Option<usize>) {
+        self.number += 1;
+        if let What::AnyOf(keys) = what {
+            self.start = (self.start + 1) % keys.len().max(1);
+        }
+        if busy.is_some() {
+            self.wait_on = busy;
+        }
+    }
+
+    /// Whether a lock set's request, about to wait for its busy key, has no time left to
+    /// wait (under a millisecond, which `lock_timeout` cannot express).
+    pub(crate) fn out_of_time(&self, wait: Wait) -> bool {
+        match (self.wait_on, wait) {
+            (Some(_), Wait::Until(d)) => {
+                d.saturating_duration_since(Instant::now()) < Duration::from_millis(1)
+            }
+            _ => false,
+        }
+    }
+
+    /// When the wait began, on its second and later rounds (the first one's start is
+    /// the statement's own, which the server shows).
+    fn waiting_since(&self) -> Option<SystemTime> {
+        (self.number > 1).then_some(self.began)
+    }
+}
+
+/// What a plan depends on besides the request: the handle and its server.
+pub(crate) struct Server<'a> {
+    /// The fencing table, and whether tokens carry the timeline (see
+    /// [`next_token_sql`](crate::postgres::store::token::next_token_sql)); `None` unless
+    /// the request is fenced.
+    pub(crate) fence: Option<(&'a str, bool)>,
+    /// Whether the round sets `client_connection_check_interval` itself.
+    pub(crate) check_disconnect: bool,
+    /// Whether the server has `ROLLBACK AND CHAIN` (PostgreSQL 12).
+    pub(crate) chain: bool,
+}
+
+/// How long one round may wait: `lock_timeout` in whole milliseconds, rounded up (the
+/// server must not give up before the deadline), at least 1 (0 would mean "forever"),
+/// at most a slice; `None` to try without waiting. `sliced`: the request's wait is longer
+/// than this round's.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Slice {
+    timeout_ms: Option<u128>,
+    sliced: bool,
+}
+
+impl Slice {
+    fn of(wait: Wait, slice_ms: u128) -> Slice {
+        match wait {
             Wait::Until(t) => {
-                // Rounded up: the server must not give up before the deadline.
                 let left = t.saturating_duration_since(Instant::now());
                 let ms = left.as_micros().div_ceil(1000);
-                sliced = ms > slice_ms;
-                if left < Duration::from_millis(1) {
-                    None
-                } else {
-                    Some(ms.min(slice_ms))
+                Slice {
+                    // A deadline less than a millisecond away is a try.
+                    timeout_ms: (left >= Duration::from_millis(1)).then(|| ms.min(slice_ms)),
+                    sliced: ms > slice_ms,
                 }
             }
-            Wait::Forever => {
-                sliced = true;
-                Some(slice_ms)
-            }
-            Wait::Try => None,
-        };
-        let try_ =
-            req.wait == Wait::Try || (matches!(req.wait, Wait::Until(_)) && timeout_ms.is_none());
-        let mut sql = LockSql::new();
-        let mut must_be_true = None;
-        let mut token_at = None;
-        let fenced = req.fenced && fence_table.is_some();
-        // A lease beyond the server's limit is capped: it only bounds how long the lock
-        // outlives a silent holder, and a live holder's session is never idle that long.
-        let lease_ms = req.lease.map(|l| l.as_millis().clamp(1, MAX_SERVER_MS));
-        // Lets the server notice, while it waits, that the client went away.
-        const CHECK: &str = "client_connection_check_interval";
-        let check_ms = 250;
-        match (req.scope, fenced) {
-            (Scope::Transaction, false) => {
-                sql.begin(chain);
-                if check_disconnect {
-                    sql.push(&[&format!("SET LOCAL {CHECK} = {check_ms}")]);
-                }
-                if let Some(ms) = lease_ms {
-                    sql.push(&[&format!(
-                        "SET LOCAL idle_in_transaction_session_timeout = {ms}"
-                    )]);
-                }
-                if let Some(ms) = timeout_ms {
-                    sql.push(&[&format!("SET LOCAL lock_timeout = {ms}")]);
-                }
-                if let Some(any) = any {
-                    must_be_true = Some(push_any(&mut sql, any, "_xact", try_));
-                } else {
-                    let f = if try_ {
-                        "SELECT pg_try_advisory_xact_lock"
-                    } else {
-                        "SELECT pg_advisory_xact_lock"
-                    };
-                    let i = sql.push(&[f, shared, "(", k, ")"]);
-                    if try_ {
-                        must_be_true = Some(i);
-                    }
-                }
-            }
-            (Scope::Session, false) => {
-                if let Some(ms) = lease_ms {
-                    sql.push(&[&format!(
-                        "SELECT set_config('idle_session_timeout', '{ms}', false)"
-                    )]);
-                }
-                if check_disconnect {
-                    sql.push(&[&format!("SELECT set_config('{CHECK}', '{check_ms}', true)")]);
-                }
-                if let Some(ms) = timeout_ms {
-                    sql.push(&[&format!("SELECT set_config('lock_timeout', '{ms}', true)")]);
-                }
-                if let Some(any) = any {
-                    must_be_true = Some(push_any(&mut sql, any, "", try_));
-                } else {
-                    let f = if try_ {
-                        "SELECT pg_try_advisory_lock"
-                    } else {
-                        "SELECT pg_advisory_lock"
-                    };
-                    let i = sql.push(&[f, shared, "(", k, ")"]);
-                    if try_ {
-                        must_be_true = Some(i);
-                    }
-                }
-            }
-            (scope, true) => {
-                // The token is committed *while the lock is held* and before the grant is
-                // returned: a session lock taken first bridges the commit, so no other
-                // holder can come between the increment and the grant.
-                let table = fence_table.unwrap_or_default();
-                sql.begin(chain);
-                // The token must be durable before it is handed out, whatever the
-                // server's synchronous_commit: a crash must never reissue a token.
-                sql.push(&["SET LOCAL synchronous_commit = on"]);
-                if try_ {
-                    // A try must not wait long on the fencing row, which a previous
-                    // holder's fenced write holds until it commits.
-                    sql.push(&[&format!(
-                        "SET LOCAL lock_timeout = {FENCED_TRY_ROW_WAIT_MS}"
-                    )]);
-                }
-                if check_disconnect {
-                    sql.push(&[&format!("SET LOCAL {CHECK} = {check_ms}")]);
-                }
-                if let Some(ms) = timeout_ms {
-                    sql.push(&[&format!("SET LOCAL lock_timeout = {ms}")]);
-                }
-                let cond = if try_ {
-                    format!("WHERE pg_try_advisory_lock({k}) ")
-                } else {
-                    String::new()
-                };
-                let upsert = next_token_sql(table, req, &cond, epoch);
-                if !try_ {
-                    sql.push(&["SELECT pg_advisory_lock(", k, ")"]);
-                }
-                token_at = Some(sql.push(&[&upsert]));
-                sql.push(&["COMMIT"]);
-                if let (Scope::Session, Some(ms)) = (scope, lease_ms) {
-                    sql.push(&[&format!(
-                        "SELECT set_config('idle_session_timeout', '{ms}', false)"
-                    )]);
-                }
-                if scope == Scope::Transaction {
-                    sql.begin(false);
-                    if let Some(ms) = lease_ms {
-                        sql.push(&[&format!(
-                            "SET LOCAL idle_in_transaction_session_timeout = {ms}"
-                        )]);
-                    }
-                    // Re-entrant, so immediate when the session lock above was granted;
-                    // a try, so it never waits when it was not.
-                    must_be_true = Some(sql.push(&["SELECT pg_try_advisory_xact_lock(", k, ")"]));
-                    sql.push(&["SELECT pg_advisory_unlock(", k, ")"]);
+            Wait::Forever => Slice {
+                timeout_ms: Some(slice_ms),
+                sliced: true,
+            },
+            Wait::Try => Slice {
+                timeout_ms: None,
+                sliced: false,
+            },
+        }
+    }
+
+    /// A lock set's round: it waits only for the key the last round found busy (at
+    /// least a millisecond: the round was sent because time was left), and otherwise
+    /// only tries.
+    fn of_set(wait: Wait, wait_on: Option<usize>) -> Slice {
+        match wait_on {
+            None => Slice::of(Wait::Try, WAIT_SLICE_MS),
+            Some(_) => {
+                let s = Slice::of(wait, WAIT_SLICE_MS);
+                Slice {
+                    timeout_ms: Some(s.timeout_ms.unwrap_or(1)),
+                    ..s
                 }
             }
         }
-        // Names the lock in pg_stat_activity for `dblock status`: no extra round trip.
-        sql.annotate(|text| {
-            write_comment(
-                text,
-                req.namespace,
-                req.name,
-                Some(req.scope),
-                waiting_since,
-            )
-        });
+    }
+}
+
+/// A round's answer, as the plan reads it.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Answer {
+    /// Held: `slot`, the index of the key granted among an any-of request's (else 0),
+    /// and a fenced request's token.
+    Granted { slot: usize, token: Option<i64> },
+    /// Not granted, and the round's wait is over.
+    NotGranted,
+    /// A lock set's key `.0` was busy: nothing is held.
+    Busy(usize),
+}
+
+/// One round: its message, and how its answer is read and its connection left.
+pub(crate) struct Plan<'k> {
+    pub(crate) sql: Message,
+    what: What<'k>,
+    /// The statements whose first values [`Plan::read`] reads (see [`Plan::wanted`]): a
+    /// single key's `must_be_true` and `token_at`, or the any-of or all-of statement.
+    at: [Option<usize>; 2],
+    scope: Scope,
+    mode: Mode,
+    key: Key,
+    lease: bool,
+    fenced: bool,
+    /// Whether the request's wait is longer than this round's.
+    pub(crate) sliced: bool,
+}
+
+impl<'k> Plan<'k> {
+    /// The plan of `req`'s round `round` for `what`.
+    pub(crate) fn build(req: &Req<'_>, what: What<'k>, round: &Round, on: &Server<'_>) -> Plan<'k> {
+        debug_assert!(!req.fenced || (on.fence.is_some() && matches!(what, What::One)));
+        let slice = match what {
+            What::One => Slice::of(req.wait, WAIT_SLICE_MS),
+            // A wait for any of several keys waits on one of them: a shorter slice, so
+            // that the others are tried again soon (see ANY_SLICE).
+            What::AnyOf(_) => Slice::of(req.wait, ANY_SLICE.as_millis()),
+            What::AllOf(_) => Slice::of_set(req.wait, round.wait_on),
+        };
+        let settings = Settings {
+            chain: on.chain,
+            check_disconnect: on.check_disconnect,
+            // A lease beyond the server's limit is capped: it only bounds how long the
+            // lock outlives a silent holder, and a live holder's session is never idle
+            // that long.
+            lease_ms: req.lease.map(|l| l.as_millis().clamp(1, MAX_SERVER_MS)),
+            timeout_ms: slice.timeout_ms,
+        };
+        // Sized for the statements and the comment naming the lock, so that the text is
+        // written into one allocation (a set's keys take their own room, see lock_all).
+        let mut sql = Message::with_capacity(
+            ROUND_BYTES + COMMENT_BYTES + req.namespace.len() + req.name.len(),
+        );
+        let at = write_round(&mut sql, req, what, round, on.fence, &settings);
+        if !matches!(what, What::AllOf(_)) {
+            // Names the lock in pg_stat_activity for `dblock status`: no extra round
+            // trip.
+            let since = round.waiting_since();
+            sql.annotate(|text| {
+                write_comment(text, req.namespace, req.name, Some(req.scope), since)
+            });
+        }
         Plan {
             sql,
+            what,
+            at,
             scope: req.scope,
-            key: req.key,
             mode: req.mode,
+            key: req.key,
             lease: req.lease.is_some(),
-            must_be_true,
-            token_at,
-            sliced,
-            any: any.is_some(),
+            fenced: req.fenced,
+            sliced: slice.sliced,
         }
     }
 
-    /// From the first values of [`Plan::wanted`], for a request for any of several
-    /// keys: the index of the key granted, if one was.
-    pub(crate) fn granted_slot(&self, firsts: &[Option<String>; 2]) -> Option<usize> {
-        debug_assert!(self.any);
-        firsts[0].as_deref()?.parse().ok()
-    }
-
-    /// The statements whose first values [`Plan::outcome`] reads.
+    /// The statements whose first values [`Plan::read`] reads.
     pub(crate) fn wanted(&self) -> [Option<usize>; 2] {
-        [self.must_be_true, self.token_at]
+        self.at
     }
 
-    /// From the first values of [`Plan::wanted`]: `None` if the lock was not obtained,
-    /// `Some(token)` if it was.
-    pub(crate) fn outcome(&self, firsts: &[Option<String>; 2]) -> Option<Option<i64>> {
-        debug_assert!(!self.any);
-        let [must_be_true, token] = firsts;
-        if self.must_be_true.is_some() && must_be_true.as_deref() != Some("t") {
-            return None;
-        }
-        match self.token_at {
-            None => Some(None),
-            // A fenced try returns no token row when the lock was not free.
-            Some(_) => Some(token.as_deref()?.parse::<i64>().ok()),
+    /// The round's answer, from the first values of [`Plan::wanted`]; an error for an
+    /// answer that means nothing dblock asked.
+    pub(crate) fn read(&self, firsts: &[Option<String>; 2]) -> Result<Answer, Error> {
+        let [first, second] = [firsts[0].as_deref(), firsts[1].as_deref()];
+        match self.what {
+            What::One => read_one(self.at, first, second),
+            What::AnyOf(keys) => read_slot(first, keys.len()),
+            What::AllOf(keys) => read_busy(first, keys.len()),
         }
     }
 
-    /// After a request that did not end with the lock held: leave the connection clean.
-    /// `failed`: the request ended in an error, so the state it left is unknown (no
-    /// transaction may be open); otherwise it ran to its end, with a transaction-scoped
-    /// request's transaction open.
-    pub(crate) fn clean_up(&self, conn: &Conn, failed: bool) {
-        let sql = match self.scope {
+    /// What releases the grant of `slot` (see [`Answer::Granted`]).
+    pub(crate) fn release(&self, slot: usize) -> Release {
+        let key = match self.what {
+            What::AllOf(_) => return Release::of_all(self.scope, self.lease),
+            What::AnyOf(keys) => keys.get(slot).copied().unwrap_or(self.key),
+            What::One => self.key,
+        };
+        Release::of_one(self.scope, self.mode, key, self.lease)
+    }
+
+    /// What health checks of the held lock's connection send: the round's comment,
+    /// with when the lock was granted, so that `pg_stat_activity.query` keeps naming it.
+    pub(crate) fn check_sql(&self) -> Option<Arc<str>> {
+        self.sql.comment().map(crate::status::label)
+    }
+
+    /// After a round that did not end held: leaves the connection clean and returns it
+    /// to its pool (or gives it up if that cannot be sent). `failed`: the round ended in
+    /// an error, so the state it left is unknown (no transaction may be open); otherwise
+    /// it ran to its end, with a transaction-scoped round's transaction open.
+    pub(crate) fn clean_up(&self, conn: Conn, failed: bool) {
+        let sent = match (self.scope, self.fenced) {
+            // Ends the transaction, failed or not (a warning if there is none).
+            (Scope::Transaction, false) => conn.defer(Deferred::Rollback { chain: !failed }),
             // A fenced request takes a session lock first (to bridge its token's commit):
             // it survives the ROLLBACK, so unlock it too (a no-op with a warning if the
-            // request failed before taking it).
-            Scope::Transaction if self.token_at.is_some() => format!(
-                "ROLLBACK; {}",
-                release_sql(Scope::Session, self.mode, self.key, false)
+            // round failed before taking it).
+            (Scope::Transaction, true) => conn.send(
+                &Release::of_one(Scope::Session, self.mode, self.key, false).after_rollback(),
             ),
-            // Ends the transaction, failed or not (a warning if there is none).
-            Scope::Transaction => {
-                conn.send_release(Release::Rollback { chain: !failed });
-                return;
-            }
-            // A session lock may have been granted before a later statement failed:
-            // unlock it, and end the implicit transaction if one is open. Unlocking a
-            // lock not held is a no-op with a warning.
-            Scope::Session => format!(
-                "ROLLBACK; {}",
-                release_sql(Scope::Session, self.mode, self.key, self.lease)
-            ),
+            // A session lock may have been granted before a later statement failed (or
+            // an answer was unreadable): unlock what the round may have taken, and end
+            // the implicit transaction if one is open.
+            (Scope::Session, _) => conn.send(&self.session_release().after_rollback()),
         };
-        conn.send(&sql);
+        match sent {
+            true => conn.recycle(),
+            false => conn.abandon(),
+        }
+    }
+
+    /// The unlock of every key a session-scoped round may have taken.
+    fn session_release(&self) -> Release {
+        match self.what {
+            What::One => Release::of_one(Scope::Session, self.mode, self.key, self.lease),
+            What::AnyOf(_) | What::AllOf(_) => Release::of_all(Scope::Session, self.lease),
+        }
     }
 }
 
-/// Writes the statement of an [`Any`] request (`scope`: `"_xact"` or `""`); returns its
-/// index.
-fn push_any(sql: &mut LockSql, any: Any<'_>, scope: &str, try_: bool) -> usize {
-    use std::fmt::Write;
-    let n = any.keys.len();
-    let mut text = String::from("SELECT CASE");
-    for i in 0..n {
-        let slot = (any.start + i) % n;
-        let _ = write!(
-            text,
-            " WHEN pg_try_advisory{scope}_lock({}) THEN {slot}",
-            any.keys[slot].as_i64()
-        );
-    }
-    if try_ {
-        text.push_str(" ELSE NULL END");
-    } else {
-        let _ = write!(
-            text,
-            " ELSE (SELECT {s} FROM pg_advisory{scope}_lock({}) AS w) END",
-            any.keys[any.start % n].as_i64(),
-            s = any.start % n
-        );
-    }
-    sql.push(&[&text])
-}
-
-/// How many statements [`release_sql`] writes.
-pub(crate) fn release_statements(scope: Scope, lease: bool) -> usize {
-    match scope {
-        Scope::Session if lease => 2,
-        _ => 1,
+/// Writes round `round` of `req` for `what` into `sql`; where its answer is read (see
+/// [`Plan::wanted`]).
+fn write_round(
+    sql: &mut Message,
+    req: &Req<'_>,
+    what: What<'_>,
+    round: &Round,
+    fence: Option<(&str, bool)>,
+    s: &Settings,
+) -> [Option<usize>; 2] {
+    match (what, fence) {
+        (What::One, Some(fence)) if req.fenced => {
+            let f = messages::lock_fenced(sql, req, s, fence);
+            [f.must_be_true, Some(f.token_at)]
+        }
+        (What::One, _) => {
+            messages::open(sql, req.scope, s);
+            let i = messages::lock_one(sql, req.scope, req.mode, req.key, s.tries());
+            [s.tries().then_some(i), None]
+        }
+        (What::AnyOf(keys), _) => {
+            messages::open(sql, req.scope, s);
+            let i = messages::lock_any(sql, req.scope, keys, round.start, s.tries());
+            [Some(i), None]
+        }
+        (What::AllOf(keys), _) => {
+            messages::open(sql, req.scope, s);
+            let i = messages::lock_all(sql, req.scope, req.mode, keys, round.wait_on);
+            [Some(i), None]
+        }
     }
 }
 
-/// The statement that releases a held lock.
-pub(crate) fn release_sql(scope: Scope, mode: Mode, key: Key, lease: bool) -> Cow<'static, str> {
-    if scope == Scope::Session && lease {
-        // The lease's idle_session_timeout must not outlive the lock on a pooled session.
-        return Cow::Owned(format!(
-            "{}; SET idle_session_timeout = DEFAULT",
-            release_sql(scope, mode, key, false)
-        ));
+/// An answer dblock cannot map to what it asked.
+fn unexpected(asked: &str, answer: Option<&str>) -> Error {
+    Error::Unexpected {
+        message: format!("{asked}: the server answered {answer:?}"),
     }
-    let f = match (scope, mode) {
-        (Scope::Transaction, _) => return Cow::Borrowed("ROLLBACK"),
-        (Scope::Session, Mode::Exclusive) => "SELECT pg_advisory_unlock(",
-        (Scope::Session, Mode::Shared) => "SELECT pg_advisory_unlock_shared(",
+}
+
+/// One key's answer: `must_be_true`'s value (`t` or `f`) where the round tries, and a
+/// fenced round's token (no row when the key was not free).
+pub(crate) fn read_one(
+    at: [Option<usize>; 2],
+    must_be_true: Option<&str>,
+    token: Option<&str>,
+) -> Result<Answer, Error> {
+    let token = match (at[1], token) {
+        (None, _) => None,
+        // A fenced try returns no token row when the lock was not free.
+        (Some(_), None) => return Ok(Answer::NotGranted),
+        (Some(_), Some(t)) => match t.parse::<i64>() {
+            Ok(t) => Some(t),
+            Err(_) => return Err(unexpected("a fencing token", Some(t))),
+        },
     };
-    let mut kbuf = [0u8; 20];
-    let k = i64_text(key.as_i64(), &mut kbuf);
-    let mut sql = String::with_capacity(f.len() + k.len() + 1);
-    for part in [f, k, ")"] {
-        sql.push_str(part);
+    match (at[0], must_be_true) {
+        (None, _) | (Some(_), Some("t")) => Ok(Answer::Granted { slot: 0, token }),
+        (Some(_), Some("f")) => Ok(Answer::NotGranted),
+        (Some(_), other) => Err(unexpected("a lock request (t or f)", other)),
     }
-    Cow::Owned(sql)
+}
+
+/// An any-of answer: the index of the key granted, below `n`, or NULL for none.
+fn read_slot(first: Option<&str>, n: usize) -> Result<Answer, Error> {
+    let Some(v) = first else {
+        return Ok(Answer::NotGranted);
+    };
+    match v.parse::<usize>() {
+        Ok(slot) if slot < n => Ok(Answer::Granted { slot, token: None }),
+        _ => Err(unexpected(
+            &format!("a request for any of {n} keys (the index of one)"),
+            first,
+        )),
+    }
+}
+
+/// An all-of answer: -1 when every key is held, else the index of the busy key.
+fn read_busy(first: Option<&str>, n: usize) -> Result<Answer, Error> {
+    let answer = first.and_then(|v| v.parse::<i64>().ok());
+    if answer == Some(-1) {
+        return Ok(Answer::Granted {
+            slot: 0,
+            token: None,
+        });
+    }
+    match answer
+        .and_then(|i| usize::try_from(i).ok())
+        .filter(|&i| i < n)
+    {
+        Some(i) => Ok(Answer::Busy(i)),
+        None => Err(unexpected(
+            &format!("a request for all of {n} keys (-1 or a busy key's index)"),
+            first,
+        )),
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    impl Plan {
-        fn new_t(req: &Req<'_>, fence_table: Option<&str>) -> Plan {
-            let mut p = Plan::new(req, fence_table.map(|t| (t, true)), false, true, None);
+    const TABLE: &str = "\"public\".dblock_fencing";
+
+    /// The plan of `req`'s first round, fenced in [`TABLE`] if `fenced`, with its comment
+    /// (unless `comment`) and on a server with `ROLLBACK AND CHAIN` (if `chain`).
+    fn plan_of<'k>(
+        req: &Req<'_>,
+        what: What<'k>,
+        round: &Round,
+        comment: bool,
+        chain: bool,
+    ) -> Plan<'k> {
+        let on = Server {
+            fence: req.fenced.then_some((TABLE, true)),
+            check_disconnect: false,
+            chain,
+        };
+        let mut p = Plan::build(req, what, round, &on);
+        if !comment {
             p.sql.strip_annotation();
-            p
         }
+        p
+    }
+
+    /// The plan of one key's first round, without its comment.
+    fn plan(req: &Req<'_>) -> Plan<'static> {
+        plan_of(req, What::One, &Round::first(What::One), false, true)
     }
 
     fn req(scope: Scope, mode: Mode, wait: Wait, fenced: bool) -> Req<'static> {
@@ -415,42 +478,45 @@ mod tests {
         }
     }
 
+    fn round(what: What<'_>, start: usize, wait_on: Option<usize>) -> Round {
+        Round {
+            start,
+            wait_on,
+            ..Round::first(what)
+        }
+    }
+
     #[test]
     fn a_plain_transaction_lock_is_one_message() {
         // A wait is one slice at most (see WAIT_SLICE_MS).
-        let p = Plan::new_t(
-            &req(Scope::Transaction, Mode::Exclusive, Wait::Forever, false),
-            None,
-        );
+        let p = plan(&req(
+            Scope::Transaction,
+            Mode::Exclusive,
+            Wait::Forever,
+            false,
+        ));
         assert_eq!(
             p.sql.alone(),
             "BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL lock_timeout = 2000; \
              SELECT pg_advisory_xact_lock(42)"
         );
         assert!(p.sliced);
-        let p = Plan::new_t(
-            &req(Scope::Session, Mode::Exclusive, Wait::Forever, false),
-            None,
-        );
+        let p = plan(&req(Scope::Session, Mode::Exclusive, Wait::Forever, false));
         assert_eq!(
             p.sql.alone(),
             "SELECT set_config('lock_timeout', '2000', true); SELECT pg_advisory_lock(42)"
         );
-        let p = Plan::new_t(&req(Scope::Session, Mode::Shared, Wait::Try, false), None);
+        let p = plan(&req(Scope::Session, Mode::Shared, Wait::Try, false));
         assert_eq!(p.sql.alone(), "SELECT pg_try_advisory_lock_shared(42)");
-        assert_eq!(p.must_be_true, Some(0));
+        assert_eq!(p.wanted(), [Some(0), None]);
     }
 
     #[test]
     fn a_request_for_any_of_several_keys_is_one_statement() {
         let keys = [Key::from_i64(10), Key::from_i64(11), Key::from_i64(12)];
-        let any = Some(Any {
-            keys: &keys,
-            start: 1,
-        });
+        let any = What::AnyOf(&keys);
         let r = req(Scope::Transaction, Mode::Exclusive, Wait::Forever, false);
-        let mut p = Plan::build(&r, None, false, true, any, None);
-        p.sql.strip_annotation();
+        let p = plan_of(&r, any, &round(any, 1, None), false, true);
         assert_eq!(
             p.sql.alone(),
             "BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL lock_timeout = 500; \
@@ -460,11 +526,29 @@ mod tests {
         );
         assert!(p.sliced);
         assert_eq!(p.wanted(), [Some(2), None]);
-        assert_eq!(p.granted_slot(&[Some("2".into()), None]), Some(2));
-        assert_eq!(p.granted_slot(&[None, None]), None);
+        assert_eq!(
+            p.read(&[Some("2".into()), None]).ok(),
+            Some(Answer::Granted {
+                slot: 2,
+                token: None
+            })
+        );
+        assert_eq!(p.read(&[None, None]).ok(), Some(Answer::NotGranted));
+        // The granted slot's key is the one released.
+        assert_eq!(
+            plan_of(
+                &req(Scope::Session, Mode::Exclusive, Wait::Try, false),
+                any,
+                &round(any, 0, None),
+                false,
+                true
+            )
+            .release(2)
+            .sql(),
+            "SELECT pg_advisory_unlock(12)"
+        );
         let r = req(Scope::Session, Mode::Exclusive, Wait::Try, false);
-        let mut p = Plan::build(&r, None, false, true, any, None);
-        p.sql.strip_annotation();
+        let p = plan_of(&r, any, &round(any, 1, None), false, true);
         assert_eq!(
             p.sql.alone(),
             "SELECT CASE WHEN pg_try_advisory_lock(11) THEN 1 \
@@ -473,24 +557,93 @@ mod tests {
     }
 
     #[test]
+    fn an_answer_dblock_cannot_map_is_an_error_never_not_granted() {
+        let keys = [Key::from_i64(1), Key::from_i64(2)];
+        // Any of two keys: a slot out of range, or not a number.
+        for bad in ["2", "-1", "x", ""] {
+            let e = read_slot(Some(bad), keys.len());
+            assert!(matches!(e, Err(Error::Unexpected { .. })), "{bad}: {e:?}");
+        }
+        assert_eq!(
+            read_slot(Some("1"), 2).ok(),
+            Some(Answer::Granted {
+                slot: 1,
+                token: None
+            })
+        );
+        assert_eq!(read_slot(None, 2).ok(), Some(Answer::NotGranted));
+        // All of two keys.
+        for bad in [Some("2"), Some("-2"), Some("x"), None] {
+            let e = read_busy(bad, keys.len());
+            assert!(matches!(e, Err(Error::Unexpected { .. })), "{bad:?}: {e:?}");
+        }
+        assert_eq!(read_busy(Some("1"), 2).ok(), Some(Answer::Busy(1)));
+        assert_eq!(
+            read_busy(Some("-1"), 2).ok(),
+            Some(Answer::Granted {
+                slot: 0,
+                token: None
+            })
+        );
+        // One key: a try answers t or f; a fenced grant's token is a number.
+        let tried = [Some(0), None];
+        assert_eq!(
+            read_one(tried, Some("t"), None).ok(),
+            Some(Answer::Granted {
+                slot: 0,
+                token: None
+            })
+        );
+        assert_eq!(
+            read_one(tried, Some("f"), None).ok(),
+            Some(Answer::NotGranted)
+        );
+        for bad in [None, Some("true"), Some("")] {
+            let e = read_one(tried, bad, None);
+            assert!(matches!(e, Err(Error::Unexpected { .. })), "{bad:?}: {e:?}");
+        }
+        let fenced = [Some(7), Some(4)];
+        assert_eq!(
+            read_one(fenced, Some("t"), Some("12")).ok(),
+            Some(Answer::Granted {
+                slot: 0,
+                token: Some(12)
+            })
+        );
+        // A fenced try writes no token row when the key was not free.
+        assert_eq!(
+            read_one(fenced, Some("t"), None).ok(),
+            Some(Answer::NotGranted)
+        );
+        let e = read_one(fenced, Some("t"), Some("12.5"));
+        assert!(matches!(e, Err(Error::Unexpected { .. })), "{e:?}");
+        // Through a plan, as the round loop reads it.
+        let any = What::AnyOf(&keys);
+        let r = req(Scope::Transaction, Mode::Exclusive, Wait::Try, false);
+        let p = plan_of(&r, any, &round(any, 0, None), false, true);
+        assert!(matches!(
+            p.read(&[Some("5".into()), None]),
+            Err(Error::Unexpected { .. })
+        ));
+    }
+
+    #[test]
     fn every_request_names_its_lock_in_a_comment_the_chained_form_keeps() {
-        let since = SystemTime::now();
-        for (scope, fenced, waiting) in [
-            (Scope::Transaction, false, None),
-            (Scope::Session, false, Some(since)),
-            (Scope::Transaction, true, None),
+        for (scope, fenced, later) in [
+            (Scope::Transaction, false, false),
+            (Scope::Session, false, true),
+            (Scope::Transaction, true, false),
         ] {
-            let p = Plan::new(
-                &req(scope, Mode::Exclusive, Wait::Forever, fenced),
-                Some(("\"public\".dblock_fencing", true)),
-                false,
-                true,
-                waiting,
-            );
+            let r = req(scope, Mode::Exclusive, Wait::Forever, fenced);
+            let mut rd = Round::first(What::One);
+            if later {
+                rd.next(What::One, None);
+            }
+            let p = plan_of(&r, What::One, &rd, true, true);
             let key = Key::derive("public", "it's");
             for text in [
                 p.sql.alone().to_string(),
-                Release::Rollback { chain: true }
+                Deferred::Rollback { chain: true }
                     .carried_by(&p.sql)
                     .0
                     .into_owned(),
@@ -500,34 +653,34 @@ mod tests {
                 assert_eq!(c.len(), 1, "{text}");
                 assert_eq!(c[0].key(), key);
                 assert_eq!(c[0].scope, Some(scope));
-                assert_eq!(c[0].since.is_some(), waiting.is_some(), "{text}");
+                assert_eq!(c[0].since.is_some(), later, "{text}");
                 // The statements are unchanged: the comment ends the last one.
                 assert!(text.ends_with(" */"), "{text}");
             }
+            assert!(p.check_sql().is_some_and(|c| c.contains(" since=")));
         }
     }
 
     #[test]
     fn a_deadline_becomes_a_server_side_lock_timeout() {
         let until = Instant::now() + Duration::from_secs(5);
-        let p = Plan::new_t(
-            &req(
-                Scope::Transaction,
-                Mode::Exclusive,
-                Wait::Until(until),
-                false,
-            ),
-            None,
-        );
+        let p = plan(&req(
+            Scope::Transaction,
+            Mode::Exclusive,
+            Wait::Until(until),
+            false,
+        ));
         assert!(
             p.sql.alone().contains("SET LOCAL lock_timeout = "),
             "{}",
             p.sql.alone()
         );
-        let p = Plan::new_t(
-            &req(Scope::Session, Mode::Exclusive, Wait::Until(until), false),
-            None,
-        );
+        let p = plan(&req(
+            Scope::Session,
+            Mode::Exclusive,
+            Wait::Until(until),
+            false,
+        ));
         assert!(
             p.sql
                 .alone()
@@ -536,24 +689,23 @@ mod tests {
             p.sql.alone()
         );
         // A deadline already past is a try: lock_timeout = 0 would wait forever.
-        let p = Plan::new_t(
-            &req(
-                Scope::Session,
-                Mode::Exclusive,
-                Wait::Until(Instant::now()),
-                false,
-            ),
-            None,
-        );
+        let p = plan(&req(
+            Scope::Session,
+            Mode::Exclusive,
+            Wait::Until(Instant::now()),
+            false,
+        ));
         assert_eq!(p.sql.alone(), "SELECT pg_try_advisory_lock(42)");
     }
 
     #[test]
     fn a_fenced_transaction_lock_commits_its_token_under_a_bridging_session_lock() {
-        let p = Plan::new_t(
-            &req(Scope::Transaction, Mode::Exclusive, Wait::Forever, true),
-            Some("\"public\".dblock_fencing"),
-        );
+        let p = plan(&req(
+            Scope::Transaction,
+            Mode::Exclusive,
+            Wait::Forever,
+            true,
+        ));
         let stmts: Vec<&str> = p.sql.alone().split("; ").collect();
         // The token's commit is durable whatever the server's synchronous_commit.
         assert_eq!(stmts[1], "SET LOCAL synchronous_commit = on");
@@ -568,15 +720,16 @@ mod tests {
         assert_eq!(stmts[5], "COMMIT");
         assert_eq!(stmts[7], "SELECT pg_try_advisory_xact_lock(42)");
         assert_eq!(stmts[8], "SELECT pg_advisory_unlock(42)");
-        assert_eq!(p.token_at, Some(4));
-        assert_eq!(p.must_be_true, Some(7));
+        assert_eq!(p.wanted(), [Some(7), Some(4)]);
         // A fenced try bounds its wait on the fencing row.
-        let p = Plan::new_t(
-            &req(Scope::Transaction, Mode::Exclusive, Wait::Try, true),
-            Some("\"public\".dblock_fencing"),
-        );
+        let p = plan(&req(Scope::Transaction, Mode::Exclusive, Wait::Try, true));
         assert!(
             p.sql.alone().contains("SET LOCAL lock_timeout = 100"),
+            "{}",
+            p.sql.alone()
+        );
+        assert!(
+            p.sql.alone().contains("WHERE pg_try_advisory_lock(42) "),
             "{}",
             p.sql.alone()
         );
@@ -584,17 +737,23 @@ mod tests {
 
     #[test]
     fn a_lock_request_can_carry_a_rollback() {
-        let p = Plan::new_t(
-            &req(Scope::Transaction, Mode::Exclusive, Wait::Try, false),
-            None,
-        );
+        let p = plan(&req(Scope::Transaction, Mode::Exclusive, Wait::Try, false));
         assert_eq!(
             p.sql.carrying_rollback(),
             "ROLLBACK; BEGIN ISOLATION LEVEL READ COMMITTED; SELECT pg_try_advisory_xact_lock(42)"
         );
         assert_eq!(p.wanted(), [Some(1), None]);
-        assert_eq!(p.outcome(&[Some("t".into()), None]), Some(None));
-        assert_eq!(p.outcome(&[Some("f".into()), None]), None);
+        assert_eq!(
+            p.read(&[Some("t".into()), None]).ok(),
+            Some(Answer::Granted {
+                slot: 0,
+                token: None
+            })
+        );
+        assert_eq!(
+            p.read(&[Some("f".into()), None]).ok(),
+            Some(Answer::NotGranted)
+        );
     }
 
     #[test]
@@ -604,14 +763,8 @@ mod tests {
             (Mode::Shared, false),
             (Mode::Exclusive, true),
         ] {
-            let sql = release_sql(Scope::Session, mode, Key::from_i64(7), lease);
-            let statements = release_statements(Scope::Session, lease);
-            assert_eq!(sql.split("; ").count(), statements, "{sql}");
-            let r = Release::Unlock { sql, statements };
-            let p = Plan::new_t(
-                &req(Scope::Transaction, Mode::Exclusive, Wait::Try, false),
-                None,
-            );
+            let r = Release::of_one(Scope::Session, mode, Key::from_i64(7), lease).deferred();
+            let p = plan(&req(Scope::Transaction, Mode::Exclusive, Wait::Try, false));
             let (text, skip) = r.carried_by(&p.sql);
             assert!(
                 text.starts_with("BEGIN; SELECT pg_advisory_unlock"),
@@ -622,10 +775,7 @@ mod tests {
             assert_eq!(stmts[skip..].join("; "), p.sql.alone());
             // Before a request that begins no transaction, a lone unlock joins its
             // implicit one; a lease's (a SET besides) keeps a transaction of its own.
-            let p = Plan::new_t(
-                &req(Scope::Session, Mode::Exclusive, Wait::Try, false),
-                None,
-            );
+            let p = plan(&req(Scope::Session, Mode::Exclusive, Wait::Try, false));
             let (text, skip) = r.carried_by(&p.sql);
             let stmts: Vec<&str> = text.split("; ").collect();
             assert_eq!(stmts[skip..].join("; "), p.sql.alone());
@@ -636,17 +786,13 @@ mod tests {
                 assert!(text.starts_with("SELECT pg_advisory_unlock"), "{text}");
             }
         }
-        assert_eq!(release_statements(Scope::Transaction, true), 1);
-        assert_eq!(Release::Rollback { chain: true }.sql(), "ROLLBACK");
+        assert_eq!(Deferred::Rollback { chain: true }.sql(), "ROLLBACK");
     }
 
     #[test]
     fn a_carried_rollback_chains_only_a_transaction_known_to_be_open() {
-        let p = Plan::new_t(
-            &req(Scope::Transaction, Mode::Exclusive, Wait::Try, false),
-            None,
-        );
-        let (text, skip) = Release::Rollback { chain: true }.carried_by(&p.sql);
+        let p = plan(&req(Scope::Transaction, Mode::Exclusive, Wait::Try, false));
+        let (text, skip) = Deferred::Rollback { chain: true }.carried_by(&p.sql);
         assert_eq!(
             text,
             "ROLLBACK AND CHAIN; SELECT pg_try_advisory_xact_lock(42)"
@@ -655,32 +801,25 @@ mod tests {
             skip, 0,
             "AND CHAIN stands in for the BEGIN: same statements"
         );
-        let (text, skip) = Release::Rollback { chain: false }.carried_by(&p.sql);
+        let (text, skip) = Deferred::Rollback { chain: false }.carried_by(&p.sql);
         assert_eq!(text, format!("ROLLBACK; {}", p.sql.alone()));
         assert_eq!(skip, 1);
         // A server without AND CHAIN, or a request that does not begin a transaction.
-        let mut old = Plan::new(
-            &req(Scope::Transaction, Mode::Exclusive, Wait::Try, false),
-            None,
-            false,
-            false,
-            None,
-        );
-        old.sql.strip_annotation();
-        assert_eq!(Release::Rollback { chain: true }.carried_by(&old.sql).1, 1);
-        let session = Plan::new_t(
-            &req(Scope::Session, Mode::Exclusive, Wait::Try, false),
-            None,
-        );
-        let (text, skip) = Release::Rollback { chain: true }.carried_by(&session.sql);
+        let r = req(Scope::Transaction, Mode::Exclusive, Wait::Try, false);
+        let old = plan_of(&r, What::One, &Round::first(What::One), false, false);
+        assert_eq!(Deferred::Rollback { chain: true }.carried_by(&old.sql).1, 1);
+        let session = plan(&req(Scope::Session, Mode::Exclusive, Wait::Try, false));
+        let (text, skip) = Deferred::Rollback { chain: true }.carried_by(&session.sql);
         assert_eq!(text, "ROLLBACK; SELECT pg_try_advisory_lock(42)");
         assert_eq!(skip, 1);
         // A fenced request chains its first BEGIN only.
-        let fenced = Plan::new_t(
-            &req(Scope::Transaction, Mode::Exclusive, Wait::Forever, true),
-            Some("\"public\".dblock_fencing"),
-        );
-        let (text, _) = Release::Rollback { chain: true }.carried_by(&fenced.sql);
+        let fenced = plan(&req(
+            Scope::Transaction,
+            Mode::Exclusive,
+            Wait::Forever,
+            true,
+        ));
+        let (text, _) = Deferred::Rollback { chain: true }.carried_by(&fenced.sql);
         assert!(
             text.starts_with("ROLLBACK AND CHAIN; SET LOCAL synchronous_commit = on; "),
             "{text}"
@@ -689,5 +828,53 @@ mod tests {
             text.matches("BEGIN ISOLATION LEVEL READ COMMITTED").count(),
             1
         );
+    }
+
+    #[test]
+    fn free_names_are_one_message_of_one_statement() {
+        let keys = [Key::from_i64(-5), Key::from_i64(3), Key::from_i64(9)];
+        let all = What::AllOf(&keys);
+        let r = req(Scope::Transaction, Mode::Exclusive, Wait::Forever, false);
+        let p = plan_of(&r, all, &Round::first(all), true, true);
+        assert_eq!(
+            p.sql.alone(),
+            "BEGIN ISOLATION LEVEL READ COMMITTED; SELECT coalesce((SELECT i - 1 FROM \
+             unnest('{-5,3,9}'::bigint[]) WITH ORDINALITY AS t(k, i) \
+             WHERE NOT pg_try_advisory_xact_lock(k) LIMIT 1), -1)"
+        );
+        assert!(!p.sliced);
+        assert_eq!(p.wanted(), [Some(1), None]);
+        assert_eq!(
+            p.read(&[Some("1".into()), None]).ok(),
+            Some(Answer::Busy(1))
+        );
+        assert!(
+            p.check_sql().is_none(),
+            "a set's message carries no comment"
+        );
+    }
+
+    #[test]
+    fn a_later_round_waits_for_the_busy_key_alone_then_tries_all() {
+        let keys = [Key::from_i64(1), Key::from_i64(2)];
+        let all = What::AllOf(&keys);
+        let mut rd = Round::first(all);
+        rd.next(all, Some(1));
+        let r = req(Scope::Session, Mode::Exclusive, Wait::Forever, false);
+        let p = plan_of(&r, all, &rd, true, true);
+        assert_eq!(
+            p.sql.alone(),
+            "SELECT set_config('lock_timeout', '2000', true); SELECT pg_advisory_lock(2); \
+             SELECT coalesce((SELECT i - 1 FROM unnest('{1,2}'::bigint[]) WITH ORDINALITY \
+             AS t(k, i) WHERE NOT pg_try_advisory_lock(k) LIMIT 1), -1)"
+        );
+        assert!(p.sliced);
+        assert_eq!(
+            p.release(0).sql(),
+            "SELECT true FROM pg_advisory_unlock_all()"
+        );
+        // Under a millisecond left, the round is not sent.
+        assert!(rd.out_of_time(Wait::Until(Instant::now())));
+        assert!(!rd.out_of_time(Wait::Forever));
     }
 }
