@@ -356,16 +356,15 @@ fn short(checksum: &str) -> &str {
 
 /// ` at statement k of n (…)` for a migration outside a transaction.
 fn at_statement(statement: &Option<(usize, usize)>) -> String {
-    let kept = match statement {
-        None => return String::new(),
-        Some((1, _)) => "none of it was applied".to_string(),
-        Some((2, _)) => "statement 1 stays applied".to_string(),
-        Some((k, _)) => format!("statements 1 to {} stay applied", k.saturating_sub(1)),
+    let Some((k, n)) = *statement else {
+        return String::new();
     };
-    match statement {
-        Some((k, n)) => format!(" at statement {k} of {n} (outside a transaction: {kept})"),
-        None => String::new(),
-    }
+    let kept = match k {
+        1 => "no statement before it ran".to_string(),
+        2 => "statement 1 stays applied".to_string(),
+        k => format!("statements 1 to {} stay applied", k.saturating_sub(1)),
+    };
+    format!(" at statement {k} of {n} (outside a transaction: {kept})")
 }
 
 /// What an [`Error::Timeout`] waited for: one variant per outcome, so that callers

@@ -172,6 +172,17 @@ pub(crate) fn failed(m: &Migration, statement: Option<(usize, usize)>, e: Error)
                 ),
             }
         }
+        // A failed `CREATE INDEX CONCURRENTLY` leaves an INVALID index behind, which no
+        // rollback removes: the file run again fails on it, or keeps it (IF NOT EXISTS).
+        Error::Database { code, message } if failed_statement_builds_concurrently(m, statement) => {
+            Error::Database {
+                code,
+                message: format!(
+                    "{message}; hint: the failed CREATE INDEX CONCURRENTLY may have left an \
+                     INVALID index (see pg_index.indisvalid): drop it before running the file again"
+                ),
+            }
+        }
         other => other,
     };
     Error::MigrationFailed {
@@ -181,6 +192,29 @@ pub(crate) fn failed(m: &Migration, statement: Option<(usize, usize)>, e: Error)
         statement,
         source: Box::new(source),
     }
+}
+
+/// Whether statement k (1-based) of `m`, run outside a transaction, builds an index
+/// concurrently.
+fn failed_statement_builds_concurrently(m: &Migration, statement: Option<(usize, usize)>) -> bool {
+    let Some((k, _)) = statement else {
+        return false;
+    };
+    let Some(text) = m
+        .statements()
+        .get(k.wrapping_sub(1))
+        .map(|s| s.to_ascii_uppercase())
+    else {
+        return false;
+    };
+    // The words outside `--` comments: `CREATE [UNIQUE] INDEX CONCURRENTLY` or `REINDEX …`.
+    let words: Vec<&str> = text
+        .lines()
+        .map(|line| line.split("--").next().unwrap_or(""))
+        .flat_map(str::split_whitespace)
+        .collect();
+    let builds = matches!(words.first(), Some(&"CREATE") | Some(&"REINDEX"));
+    builds && words.windows(2).any(|w| w == ["INDEX", "CONCURRENTLY"])
 }
 
 /// A duration in whole milliseconds, as the bookkeeping table records it.

@@ -111,6 +111,10 @@ fn a_failure_outside_a_transaction_says_which_statement() {
             "-- dblock:no-transaction\nSELECT 1; SELECT 2;",
         ),
         ("dir/0005_cic.sql", "CREATE INDEX CONCURRENTLY i ON t (x)"),
+        (
+            "dir/0006_cic.sql",
+            "-- dblock:no-transaction\ncreate unique index\n concurrently u ON t (x);",
+        ),
     ])
     .unwrap();
     let e = failed(
@@ -140,6 +144,32 @@ fn a_failure_outside_a_transaction_says_which_statement() {
             .contains("hint: make \"-- dblock:no-transaction\""),
         "{e}"
     );
+    // A failed index build outside a transaction leaves an INVALID index: said so, and
+    // "no statement before it ran" rather than "none of it was applied".
+    let e = failed(
+        set.get(6).unwrap(),
+        Some((1, 1)),
+        Error::Database {
+            code: crate::error::ServerCode::sqlstate("23505"),
+            message: "could not create unique index \"u\"".into(),
+        },
+    );
+    let text = e.to_string();
+    assert!(
+        text.contains("(outside a transaction: no statement before it ran)"),
+        "{text}"
+    );
+    assert!(text.contains("may have left an INVALID index"), "{text}");
+    // Not said of a statement that builds nothing concurrently.
+    let e = failed(
+        set.get(4).unwrap(),
+        Some((1, 2)),
+        Error::Database {
+            code: crate::error::ServerCode::sqlstate("42P01"),
+            message: "x".into(),
+        },
+    );
+    assert!(!e.to_string().contains("INVALID"), "{e}");
 }
 
 #[test]
