@@ -499,13 +499,72 @@ pub(crate) fn comment_for(text: &str, key: Key) -> Option<(Comment, Option<u32>)
 
 /// Which slot of the semaphore `(namespace, name)` has `key`, if any (of the
 /// [`MAX_SEMAPHORE_LIMIT`](crate::key::MAX_SEMAPHORE_LIMIT) a semaphore may have).
+///
+/// A listing asks this of every lock whose holder's comment names another lock (a lock
+/// set's session names one of its locks), so a semaphore's slot keys are derived once
+/// per name and kept, for the [`SLOT_NAMES_KEPT`] names asked of most recently, instead
+/// of up to 1,024 hashes per lock listed.
 pub(crate) fn slot_of(namespace: &str, name: &str, key: Key) -> Option<u32> {
-    (0..crate::key::MAX_SEMAPHORE_LIMIT).find(|&i| Key::derive_slot(namespace, name, i) == key)
+    use std::collections::HashMap;
+    use std::sync::{Arc, LazyLock, Mutex};
+    type Slots = Arc<HashMap<Key, u32>>;
+    static KEPT: LazyLock<Mutex<HashMap<(String, String), Slots>>> =
+        LazyLock::new(Default::default);
+    let id = (namespace.to_string(), name.to_string());
+    // A poisoned cache is only a cache: derive the keys again.
+    let cached = KEPT.lock().ok().and_then(|kept| kept.get(&id).cloned());
+    let slots = cached.unwrap_or_else(|| {
+        let slots: Slots = Arc::new(
+            (0..crate::key::MAX_SEMAPHORE_LIMIT)
+                .map(|i| (Key::derive_slot(namespace, name, i), i))
+                .collect(),
+        );
+        if let Ok(mut kept) = KEPT.lock() {
+            if kept.len() >= SLOT_NAMES_KEPT {
+                kept.clear();
+            }
+            kept.insert(id, slots.clone());
+        }
+        slots
+    });
+    slots.get(&key).copied()
 }
+
+/// How many semaphore names' slot keys [`slot_of`] keeps (each about 16 KiB).
+const SLOT_NAMES_KEPT: usize = 64;
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_slot_is_found_by_its_key_and_a_stranger_is_not() {
+        let last = crate::key::MAX_SEMAPHORE_LIMIT - 1;
+        for _ in 0..2 {
+            // twice: derived, then kept
+            assert_eq!(
+                slot_of("ns", "exports", Key::derive_slot("ns", "exports", 0)),
+                Some(0)
+            );
+            assert_eq!(
+                slot_of("ns", "exports", Key::derive_slot("ns", "exports", last)),
+                Some(last)
+            );
+            assert_eq!(slot_of("ns", "exports", Key::derive("ns", "exports")), None);
+            assert_eq!(
+                slot_of("ns2", "exports", Key::derive_slot("ns", "exports", 3)),
+                None
+            );
+        }
+        // More names than are kept: still right after the cache is cleared.
+        for i in 0..(SLOT_NAMES_KEPT + 3) {
+            let name = format!("n{i}");
+            assert_eq!(
+                slot_of("ns", &name, Key::derive_slot("ns", &name, 7)),
+                Some(7)
+            );
+        }
+    }
 
     #[test]
     fn a_name_cannot_end_the_comment_early() {
