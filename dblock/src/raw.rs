@@ -205,6 +205,12 @@ pub enum Pooler {
     /// A pooler in transaction mode: each transaction may run on a different server
     /// connection.
     Transaction,
+    /// A pooler that pools transactions but *pins* a server connection to its client
+    /// while the client holds a session-level advisory lock (RDS Proxy, pgdog with its
+    /// lock tracking, Multigres): session-scoped locks work through it, other session
+    /// state does not. Only declared (`pooler=pinning`): dblock cannot see pinning from
+    /// the client; see docs/poolers.md for each pooler's conditions.
+    Pinning,
 }
 
 impl Pooler {
@@ -215,11 +221,17 @@ impl Pooler {
             Pooler::None => "none",
             Pooler::Session => "session",
             Pooler::Transaction => "transaction",
+            Pooler::Pinning => "pinning",
         }
     }
 
     /// Whether session state survives from one transaction to the next.
     pub(crate) fn keeps_sessions(self) -> bool {
+        !matches!(self, Pooler::Transaction | Pooler::Pinning)
+    }
+
+    /// Whether a session-level advisory lock keeps its server session while held.
+    pub(crate) fn keeps_session_locks(self) -> bool {
         !matches!(self, Pooler::Transaction)
     }
 
@@ -229,8 +241,9 @@ impl Pooler {
             "none" | "direct" => Ok(Pooler::None),
             "session" => Ok(Pooler::Session),
             "transaction" => Ok(Pooler::Transaction),
+            "pinning" => Ok(Pooler::Pinning),
             other => Err(format!(
-                "pooler={other}: expected transaction, session, none or detect"
+                "pooler={other}: expected transaction, pinning, session, none or detect"
             )),
         }
     }

@@ -103,7 +103,7 @@ impl PgBackend {
             opts.acquire_timeout,
             opts.check_interval,
             opts.check_timeout,
-            pg.pooler,
+            (pg.pooler, pg.pooler_known),
         );
         let mux = (pg.multiplex > 0).then(|| mux::Mux::new(pool.clone(), pg.multiplex));
         let (mut b, ns) = PgBackend::finish_open(Source::Native(pool.clone()), false, opts).await?;
@@ -137,7 +137,7 @@ impl PgBackend {
         }
         let (mut b, ns) = PgBackend::finish_open(source, true, opts).await?;
         if pg.pooler != Pooler::Detect {
-            b.set_pooler((pg.pooler, Known::Declared));
+            b.set_pooler((pg.pooler, pg.pooler_known));
         } else if b.server_port.is_some_and(|p| Some(p) != b.sqlx_port()) {
             b.set_pooler((Pooler::Transaction, Known::Port));
         }
@@ -165,19 +165,26 @@ impl PgBackend {
     }
 
     /// Refuses, before anything is taken, what cannot work through a
-    /// transaction-pooling pooler.
+    /// transaction-pooling pooler: anything of a session (`locks_only` false), or, with
+    /// `locks_only`, only session locks — which a pinning pooler keeps.
     pub(crate) fn refuse_behind_pooler(
         &self,
         what: &'static str,
         fix: &'static str,
+        locks_only: bool,
     ) -> Result<(), Error> {
-        match self.pooler {
-            (p, how) if !p.keeps_sessions() => Err(Error::BehindPooler {
+        let (p, how) = self.pooler;
+        let kept = match locks_only {
+            true => p.keeps_session_locks(),
+            false => p.keeps_sessions(),
+        };
+        match kept {
+            false => Err(Error::BehindPooler {
                 what,
-                how: how.describe(),
+                how: how.describe(p),
                 fix,
             }),
-            _ => Ok(()),
+            true => Ok(()),
         }
     }
 

@@ -2,7 +2,7 @@
 //! `application_name` — read by name from the handle's options, which carry them for this
 //! backend without knowing what they mean.
 
-use super::conn::pooler::Pooler;
+use super::conn::pooler::{Known, Pooler};
 use crate::error::Error;
 use crate::raw::Options;
 
@@ -10,14 +10,19 @@ use crate::raw::Options;
 pub(crate) const MULTIPLEX: &str = "multiplex";
 /// The builder's `pooler(p)` (or the URL's `pooler=`), as the options carry it.
 pub(crate) const POOLER: &str = "pooler";
+/// Set (to `host`) when [`POOLER`] was implied by a managed service's host rather than
+/// declared (see [`implied_by_host`](super::conn::pooler::implied_by_host)).
+pub(crate) const POOLER_FROM: &str = "pooler_from";
 /// The builder's `application_name(name)`, as the options carry it.
 pub(crate) const APPLICATION_NAME: &str = "application_name";
 
 /// What this backend reads of a handle's options beyond what every backend does.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub(crate) struct PgSettings {
     /// What lies between dblock and PostgreSQL, as declared (or to detect).
     pub(crate) pooler: Pooler,
+    /// How [`pooler`](Self::pooler) is known when it is not [`Pooler::Detect`].
+    pub(crate) pooler_known: Known,
     /// How many shared connections session locks are multiplexed on (0: none).
     pub(crate) multiplex: usize,
 }
@@ -38,6 +43,14 @@ impl PgSettings {
                 .map_err(|e| invalid(MULTIPLEX, v, format!("{e}")))?,
             None => 0,
         };
-        Ok(PgSettings { pooler, multiplex })
+        let pooler_known = match opts.setting(POOLER_FROM) {
+            Some("host") => Known::Host,
+            _ => Known::Declared,
+        };
+        Ok(PgSettings {
+            pooler,
+            pooler_known,
+            multiplex,
+        })
     }
 }

@@ -20,6 +20,11 @@ pub(crate) async fn open(url: &str, opts: &Options) -> Result<(Box<dyn RawLocks>
     let mut opts = opts.clone();
     if let Some(p) = declared {
         opts.set(super::settings::POOLER, p.as_str());
+    } else if opts.setting(super::settings::POOLER).is_none()
+        && let Some(p) = implied(&config)
+    {
+        opts.set(super::settings::POOLER, p.as_str());
+        opts.set(super::settings::POOLER_FROM, "host");
     }
     let (b, ns) = PgBackend::open(config, parsed.shown, tls, &opts).await?;
     Ok((Box::new(b), ns))
@@ -36,6 +41,22 @@ pub(crate) fn read(
     let (stripped, declared) = super::conn::pooler::split_url(url).map_err(|r| invalid(url, r))?;
     let parsed = super::conn::conninfo::parse(&stripped, env).map_err(|r| invalid(url, r))?;
     Ok((parsed, declared))
+}
+
+/// The pooler the first TCP host (and its port) implies, if a managed service's.
+fn implied(config: &tokio_postgres::Config) -> Option<Pooler> {
+    use tokio_postgres::config::Host;
+    let (i, host) = config
+        .get_hosts()
+        .iter()
+        .enumerate()
+        .find_map(|(i, h)| match h {
+            Host::Tcp(h) => Some((i, h)),
+            Host::Unix(_) => None,
+        })?;
+    let ports = config.get_ports();
+    let port = ports.get(i).or(ports.first()).copied().unwrap_or(5432);
+    super::conn::pooler::implied_by_host(host, port)
 }
 
 /// libpq's environment: a variable set to the empty string counts as unset.
@@ -62,5 +83,58 @@ mod tests {
         ] {
             assert!(read(u, &process_env).is_ok(), "{u}");
         }
+    }
+
+    #[test]
+    fn a_managed_services_host_implies_its_pooler() {
+        let of = |u: &str| {
+            implied(
+                &read(u, &process_env)
+                    .unwrap_or_else(|e| panic!("{e}"))
+                    .0
+                    .config,
+            )
+        };
+        let pooler = "aws-0-eu-west-1.pooler.supabase.com";
+        assert_eq!(
+            of(&format!("postgres://u@{pooler}:6543/db")),
+            Some(Pooler::Transaction)
+        );
+        assert_eq!(
+            of(&format!("postgres://u@{pooler}:5432/db")),
+            Some(Pooler::Session)
+        );
+        assert_eq!(
+            of(&format!("postgres://u@{pooler}/db")),
+            Some(Pooler::Session),
+            "5432 by default"
+        );
+        assert_eq!(
+            of("postgres://u@db.abcdefgh.supabase.co:6543/db"),
+            Some(Pooler::Transaction)
+        );
+        assert_eq!(
+            of("host=db.abcdefgh.supabase.co port=5432 dbname=x"),
+            Some(Pooler::Session)
+        );
+        assert_eq!(
+            of("postgres://u@db.abcdefgh.supabase.co:6000/db"),
+            None,
+            "a port Supabase does not document"
+        );
+        assert_eq!(
+            of("postgres://u@ep-cool-darkness-123456-pooler.us-east-2.aws.neon.tech/db"),
+            Some(Pooler::Transaction)
+        );
+        assert_eq!(
+            of("postgres://u@EP-Cool-Darkness-123456.us-east-2.aws.neon.tech./db"),
+            Some(Pooler::Session)
+        );
+        // Look-alikes are not the services.
+        assert_eq!(of("postgres://u@supabase.co.example.com:6543/db"), None);
+        assert_eq!(of("postgres://u@notsupabase.co:6543/db"), None);
+        assert_eq!(of("postgres://u@x-pooler.example.com/db"), None);
+        assert_eq!(of("postgres://u@127.0.0.1:6543/db"), None);
+        assert_eq!(of("host=/var/run/postgresql port=6543 dbname=x"), None);
     }
 }

@@ -44,12 +44,12 @@ impl Pool {
         acquire_timeout: Duration,
         check_interval: Duration,
         check_timeout: Duration,
-        declared: Pooler,
+        declared: (Pooler, Known),
     ) -> Pool {
         super::health::apply(&mut config);
         let route = std::sync::OnceLock::new();
-        if declared != Pooler::Detect {
-            let _ = route.set((declared, Known::Declared));
+        if declared.0 != Pooler::Detect {
+            let _ = route.set(declared);
         }
         Pool {
             shared: Arc::new(PoolShared {

@@ -148,7 +148,9 @@ impl PgBackend {
                 "a session-scoped lock",
                 "the pooler would hand the session, and the lock with it, to another client; \
                  use transaction-scoped locks (the default), or a URL that reaches PostgreSQL \
-                 directly or through a session-pooling port (say so with pooler=session)",
+                 directly or through a session-pooling port (say so with pooler=session), \
+                 or a pooler that pins a session lock's connection (pooler=pinning)",
+                true,
             )?;
         }
         Ok(())

@@ -166,7 +166,7 @@ impl PgSession {
     /// for holding no snapshot (see [`wait_for_lock`]). Dropped on the way (an error, a
     /// cancelled future), the connection is abandoned, which releases everything.
     async fn lock(b: &PgBackend, opts: &Options, what: &'static str) -> Result<Self, Error> {
-        b.refuse_behind_pooler(what, POOLER_FIX)?;
+        b.refuse_behind_pooler(what, POOLER_FIX, false)?;
         let mut s = PgSession {
             table: table(b)?,
             armed: Some(Armed::new(b.pinned().await?)),
