@@ -1,15 +1,48 @@
 //! What a handle can do for an operator: tell who holds and awaits locks
 //! ([`Locks::status`]), break a lock by ending its holder's session
 //! ([`Locks::terminate_holders`]), and the one-time setup of dblock's tables for roles
-//! that may not create them ([`Locks::setup`]). Written once over the raw interface
+//! that may not create them ([`Locks::setup`]), and the checks `dblock doctor` prints
+//! ([`Locks::doctor`]). Written once over the raw interface
 //! ([`StatusSource`](crate::raw::StatusSource), [`RawLocks::setup`](crate::raw::RawLocks::setup)).
 
+use crate::doctor::Diagnosis;
 use crate::error::Error;
 use crate::key::{Key, check_name};
 use crate::locks::Locks;
 use crate::raw::{Asked, LockStatus, Party};
 
 impl Locks {
+    /// Checks the database this handle talks to, as `dblock doctor` prints it: the
+    /// server, engine and version, TLS, the pooler, whether advisory locks exclude,
+    /// dblock's tables and this role's rights on them, the server's lock table against
+    /// what the handle may hold, the settings that would end holders or waits,
+    /// `client_connection_check_interval`, and whether fencing tokens carry the WAL
+    /// timeline (see [`doctor`](crate::doctor) for each check). What does not apply to a
+    /// backend is not checked.
+    ///
+    /// ```no_run
+    /// # async fn demo(locks: dblock::Locks) -> Result<(), dblock::Error> {
+    /// let report = locks.doctor().await?;
+    /// for c in &report.checks {
+    ///     println!("{:<5} {}: {}", c.verdict.as_str(), c.name, c.detail);
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// The backend's errors when the database cannot be asked at all (a check that
+    /// cannot be made is a line of the report, not an error).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: what it takes to test that locks exclude is released when the
+    /// future is dropped (its connections are closed), and nothing else is written.
+    pub async fn doctor(&self) -> Result<Diagnosis, Error> {
+        let checks = self.inner.backend.diagnose().await?;
+        Ok(Diagnosis::new(self.inner.backend.name(), checks))
+    }
+
     /// Who holds and who awaits locks in the database: the locks named in `names`
     /// (keyed in the handle's namespace) — a name's own lock and, if it is a
     /// [semaphore](Locks::semaphore), its slots (rows with [`LockStatus::slot`] set,

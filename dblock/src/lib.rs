@@ -77,6 +77,7 @@
 #[doc(hidden)]
 pub mod bench;
 mod conninfo;
+pub mod doctor;
 mod error;
 pub mod fencing;
 pub mod fleet;

@@ -379,6 +379,18 @@ pub(crate) trait RawLocks:
         Pooler::None
     }
 
+    /// `dblock doctor`'s checks of this backend's database ([`Locks::doctor`](crate::Locks::doctor)):
+    /// what it finds, each with a verdict and, where something is wrong, the fix. An
+    /// error only when the database cannot be asked at all. By default one line saying
+    /// the backend makes no checks.
+    fn diagnose(&self) -> BoxFuture<'_, Result<Vec<crate::doctor::Check>, Error>> {
+        let note = crate::doctor::Check::ok(
+            "server",
+            format!("the {} backend makes no checks of its own", self.name()),
+        );
+        Box::pin(std::future::ready(Ok(vec![note])))
+    }
+
     /// The benchmark's floor on this backend: a fresh set of raw connections (or
     /// descriptors) each call. [`Error::Unsupported`] for a handle that cannot open raw
     /// connections of its own (one on a caller's sqlx pool).
