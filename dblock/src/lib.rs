@@ -77,6 +77,7 @@
 #[doc(hidden)]
 pub mod bench;
 mod conninfo;
+mod engine;
 mod error;
 pub mod fencing;
 pub mod fleet;

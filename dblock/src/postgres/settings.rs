@@ -1,8 +1,9 @@
-//! PostgreSQL's own settings of a handle — the builder's `pooler`, `multiplex` and
-//! `application_name` — read by name from the handle's options, which carry them for this
+//! PostgreSQL's own settings of a handle — the builder's `pooler`, `multiplex`,
+//! `self_test` and `application_name` — read by name from the handle's options, which carry them for this
 //! backend without knowing what they mean.
 
 use super::conn::pooler::Pooler;
+use super::engine::SelfTest;
 use crate::error::Error;
 use crate::raw::Options;
 
@@ -10,6 +11,8 @@ use crate::raw::Options;
 pub(crate) const MULTIPLEX: &str = "multiplex";
 /// The builder's `pooler(p)` (or the URL's `pooler=`), as the options carry it.
 pub(crate) const POOLER: &str = "pooler";
+/// The builder's `self_test(t)` (or the URL's `self_test=`), as the options carry it.
+pub(crate) const SELF_TEST: &str = "self_test";
 /// The builder's `application_name(name)`, as the options carry it.
 pub(crate) const APPLICATION_NAME: &str = "application_name";
 
@@ -20,6 +23,8 @@ pub(crate) struct PgSettings {
     pub(crate) pooler: Pooler,
     /// How many shared connections session locks are multiplexed on (0: none).
     pub(crate) multiplex: usize,
+    /// When the engine's advisory locks are checked before the handle's first grant.
+    pub(crate) self_test: SelfTest,
 }
 
 impl PgSettings {
@@ -38,6 +43,14 @@ impl PgSettings {
                 .map_err(|e| invalid(MULTIPLEX, v, format!("{e}")))?,
             None => 0,
         };
-        Ok(PgSettings { pooler, multiplex })
+        let self_test = match opts.setting(SELF_TEST) {
+            Some(v) => SelfTest::parse(v).map_err(|why| invalid(SELF_TEST, v, why))?,
+            None => SelfTest::Auto,
+        };
+        Ok(PgSettings {
+            pooler,
+            multiplex,
+            self_test,
+        })
     }
 }
