@@ -204,3 +204,69 @@ fn refused(r: Result<(), Error>) {
         other => panic!("expected the refusal, got {other:?}"),
     }
 }
+
+/// The statements a handle's connections sent, as the server logged them
+/// (`log_statement = all`, each line prefixed with the session's `application_name`).
+fn logged(cluster: &TempCluster, app: &str) -> Vec<String> {
+    let log = std::fs::read_to_string(cluster.dir.path().join("server.log")).unwrap();
+    let head = format!("{app}|LOG:  statement: ");
+    log.lines()
+        .filter_map(|l| l.strip_prefix(&head).map(str::to_string))
+        .collect()
+}
+
+/// `n` cycles of a lock taken and released (waiting for the release's reply).
+async fn cycles(locks: &Locks, n: usize) {
+    for _ in 0..n {
+        let g = within(10, locks.lock("cycle")).await.unwrap();
+        within(10, g.release()).await.unwrap();
+    }
+}
+
+/// PostgreSQL, recognised from its start-up parameters, pays nothing for the check: a
+/// handle left at `self_test=auto` sends none of the check's statements, and the
+/// messages its locks send per cycle are those of a handle with the check forced on
+/// once it has run (the check runs once per handle, before the first grant — never
+/// again). Counted from the server's own log of every statement.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgresql_pays_nothing_for_the_check() {
+    let cluster = TempCluster::start(&[("log_statement", "'all'"), ("log_line_prefix", "'%a|'")]);
+    let auto_url = with_params(&cluster.url(), &[("application_name", "auto")]);
+    let forced_url = with_params(
+        &cluster.url(),
+        &[("application_name", "forced"), ("self_test", "always")],
+    );
+    let auto = within(10, Locks::connect(&auto_url)).await.unwrap();
+    let forced = within(10, Locks::connect(&forced_url)).await.unwrap();
+    cycles(&auto, 3).await;
+    cycles(&forced, 3).await;
+    let (auto_first, forced_first) = (logged(&cluster, "auto"), logged(&cluster, "forced"));
+    cycles(&auto, 5).await;
+    cycles(&forced, 5).await;
+    let (auto_all, forced_all) = (logged(&cluster, "auto"), logged(&cluster, "forced"));
+    let checks = |lines: &[String]| {
+        lines
+            .iter()
+            .filter(|l| l.contains("dblock self-test"))
+            .count()
+    };
+    assert_eq!(
+        checks(&auto_all),
+        0,
+        "the check ran on PostgreSQL: {auto_all:#?}"
+    );
+    assert!(checks(&forced_first) > 0, "the forced check did not run");
+    assert_eq!(
+        checks(&forced_all),
+        checks(&forced_first),
+        "the check ran twice"
+    );
+    let per_lock = |all: &[String], first: &[String]| all.len() - first.len();
+    assert_eq!(
+        per_lock(&auto_all, &auto_first),
+        per_lock(&forced_all, &forced_first),
+        "five cycles sent different messages: {auto_all:#?} {forced_all:#?}"
+    );
+    // One message to take, one to release, per cycle.
+    assert_eq!(per_lock(&auto_all, &auto_first), 10, "{auto_all:#?}");
+}

@@ -48,11 +48,17 @@ fn random_key() -> i64 {
     h.finish() as i64
 }
 
+/// Marks the check's statements for an operator reading the server's log or
+/// `pg_stat_activity`.
+pub(crate) const MARK: &str = "/* dblock self-test */";
+
 /// The statement that tries `key` on its own in `scope`.
 fn try_sql(scope: Scope, key: i64) -> String {
     match scope {
-        Scope::Transaction => format!("SELECT pg_catalog.pg_try_advisory_xact_lock({key})"),
-        Scope::Session => format!("SELECT pg_catalog.pg_try_advisory_lock({key})"),
+        Scope::Transaction => {
+            format!("SELECT pg_catalog.pg_try_advisory_xact_lock({key}) {MARK}")
+        }
+        Scope::Session => format!("SELECT pg_catalog.pg_try_advisory_lock({key}) {MARK}"),
     }
 }
 
@@ -142,11 +148,21 @@ impl PgBackend {
         })
     }
 
+    /// Whether locks on this handle wait for [`PgBackend::trust`]: any engine but
+    /// PostgreSQL, or `self_test=always`.
+    #[inline]
+    pub(crate) fn must_check(&self) -> bool {
+        self.self_test || !self.engine.trusted()
+    }
+
     /// Refuses `scope` on an engine that cannot serve it: a scope the engine is known to
     /// lack, at once; else, on an engine that is checked, a scope its check (run once,
     /// before the handle's first grant) found not to exclude. PostgreSQL without
     /// `self_test=always` costs a field read.
     pub(crate) async fn trust(&self, scope: Scope) -> Result<(), Error> {
+        if !self.must_check() {
+            return Ok(());
+        }
         if let Some(why) = refuses(&self.engine, scope) {
             return Err(Error::unsupported(
                 Capability::AdvisoryLocks,
