@@ -202,3 +202,42 @@ impl Locks {
         self.inner.backend.setup(grant_to).await
     }
 }
+
+#[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+impl Locks {
+    /// The PostgreSQL-protocol engine this handle talks to (PostgreSQL, CockroachDB,
+    /// YugabyteDB, or another), as named when it opened — from the server's start-up
+    /// parameters on dblock's own connections, from `version()` on an sqlx pool; `None`
+    /// on the MySQL and embedded backends. See
+    /// [`postgres::engine`](crate::postgres::engine).
+    pub fn engine(&self) -> Option<crate::postgres::engine::Engine> {
+        self.inner.backend.engine()
+    }
+
+    /// Checks now, whatever the engine, that an advisory lock taken on one connection
+    /// stops a try on another: a transaction-scoped one, and a session-scoped one unless
+    /// the handle is behind a transaction pooler ([`Verdict::Untested`] then). Uses two
+    /// connections at once (on dblock's own connections the second is opened outside
+    /// the pool's count; an sqlx pool must have two to give). Both hold nothing
+    /// afterwards. Handles on engines other than PostgreSQL run this check on their own
+    /// once, before their first grant (and PostgreSQL's too with `self_test=always`);
+    /// this runs it again, for a report (`dblock doctor`).
+    ///
+    /// [`Verdict::Untested`]: crate::postgres::engine::Verdict::Untested
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Unsupported`] ([`Capability::ExclusionCheck`](crate::Capability::ExclusionCheck))
+    /// on the MySQL and embedded backends; connection errors. A server that refuses the
+    /// lock functions is a [`Verdict::Unavailable`](crate::postgres::engine::Verdict::Unavailable),
+    /// not an error.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: a connection whose check is cut off is closed, which ends whatever
+    /// its session held.
+    pub async fn check_exclusion(&self) -> Result<crate::postgres::engine::Exclusion, Error> {
+        self.inner.backend.check_exclusion().await
+    }
+}

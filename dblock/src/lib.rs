@@ -78,6 +78,7 @@
 pub mod bench;
 mod conninfo;
 pub mod doctor;
+mod engine;
 mod error;
 pub mod fencing;
 pub mod fleet;

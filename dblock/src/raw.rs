@@ -28,6 +28,7 @@ use std::time::{Duration, SystemTime};
 
 use tokio::time::Instant;
 
+use crate::engine::{Engine, Exclusion};
 use crate::error::{Capability, Error, LossReason};
 use crate::key::Key;
 use crate::migrate::store::MigrationStore;
@@ -389,6 +390,26 @@ pub(crate) trait RawLocks:
             format!("the {} backend makes no checks of its own", self.name()),
         );
         Box::pin(std::future::ready(Ok(vec![note])))
+    }
+
+    /// The PostgreSQL-protocol engine the handle talks to, as named when it opened;
+    /// `None` for the other backends.
+    fn engine(&self) -> Option<Engine> {
+        None
+    }
+
+    /// Checks now that an advisory lock taken on one connection stops a try on another,
+    /// for each scope. By default refused ([`Capability::ExclusionCheck`]): only
+    /// PostgreSQL-protocol servers are checked.
+    fn check_exclusion(&self) -> BoxFuture<'_, Result<Exclusion, Error>> {
+        Box::pin(std::future::ready(Err(Error::unsupported(
+            Capability::ExclusionCheck,
+            format!(
+                "the {} backend's locks are its own; only PostgreSQL-protocol servers' \
+                 advisory locks are checked",
+                self.name()
+            ),
+        ))))
     }
 
     /// The benchmark's floor on this backend: a fresh set of raw connections (or

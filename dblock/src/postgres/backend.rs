@@ -12,6 +12,7 @@ use super::conn::pooler::{Known, Pooler};
 use super::conn::tls::Connector;
 use super::conn::wire::QueryError;
 use super::conn::{Armed, Conn};
+use super::engine::{Engine, Exclusion, SelfTest};
 use super::lock::mux;
 use super::settings::PgSettings;
 use super::sql::first_value;
@@ -82,6 +83,13 @@ pub(crate) struct PgBackend {
     /// The role the handle connects as (`current_user`), for the setup command that
     /// permission errors name.
     pub(crate) role: String,
+    /// The engine the server is, as named when the handle opened.
+    pub(crate) engine: Engine,
+    /// Whether the engine's advisory locks are checked before the handle's first grant
+    /// (any engine but PostgreSQL, or `self_test=always`).
+    pub(super) self_test: bool,
+    /// What that check found, once it has run.
+    pub(super) exclusion: tokio::sync::OnceCell<Exclusion>,
 }
 
 impl PgBackend {
@@ -107,6 +115,9 @@ impl PgBackend {
         );
         let mux = (pg.multiplex > 0).then(|| mux::Mux::new(pool.clone(), pg.multiplex));
         let (mut b, ns) = PgBackend::finish_open(Source::Native(pool.clone()), false, opts).await?;
+        // The start-up parameters name the engine where they tell; else `version()`.
+        let engine = pool.engine().unwrap_or_else(|| b.engine.clone());
+        b.set_engine(engine, pg.self_test);
         if mux.is_some() {
             // A multiplexing handle keeps to its shared connections until it must wait.
             pool.close_idle();
@@ -136,12 +147,20 @@ impl PgBackend {
             ));
         }
         let (mut b, ns) = PgBackend::finish_open(source, true, opts).await?;
+        let engine = b.engine.clone();
+        b.set_engine(engine, pg.self_test);
         if pg.pooler != Pooler::Detect {
             b.set_pooler((pg.pooler, pg.pooler_known));
         } else if b.server_port.is_some_and(|p| Some(p) != b.sqlx_port()) {
             b.set_pooler((Pooler::Transaction, Known::Port));
         }
         Ok((b, ns))
+    }
+
+    /// Records which engine the server is, and whether its locks are to be checked.
+    fn set_engine(&mut self, engine: Engine, when: SelfTest) {
+        self.self_test = when == SelfTest::Always || !engine.trusted();
+        self.engine = engine;
     }
 
     /// Records what lies between dblock and the server.
@@ -200,7 +219,8 @@ impl PgBackend {
                 "SELECT current_schema(); SELECT current_setting('server_version_num'); \
                  SELECT current_setting('{}', true); \
                  SELECT (extract(epoch FROM current_setting('lock_timeout')::interval) \
-                 * 1000)::bigint; SELECT inet_server_port(); SELECT current_user",
+                 * 1000)::bigint; SELECT inet_server_port(); SELECT current_user; \
+                 SELECT version()",
                 NAMESPACE_SETTING
             ))
             .await
@@ -214,6 +234,8 @@ impl PgBackend {
         // schemas exist, so two processes meaning one lock could key it differently.
         let server_port = first_value(&rows, 4).and_then(|v| v.parse().ok());
         let role = first_value(&rows, 5).unwrap_or_default();
+        // Told by the start-up parameters where they are seen (`set_engine`), else here.
+        let engine = Engine::from_version_text(&first_value(&rows, 6).unwrap_or_default());
         let namespace = first_value(&rows, 2)
             .filter(|ns| !ns.is_empty())
             .unwrap_or_else(|| DEFAULT_NAMESPACE.to_string());
@@ -232,6 +254,9 @@ impl PgBackend {
                 pooler: (Pooler::None, Known::Declared),
                 server_port,
                 role,
+                self_test: !engine.trusted(),
+                engine,
+                exclusion: tokio::sync::OnceCell::new(),
                 server_lock_timeout: first_value(&rows, 3)
                     .and_then(|ms| ms.parse::<u64>().ok())
                     .filter(|&ms| ms > 0)
@@ -281,6 +306,14 @@ impl RawLocks for PgBackend {
 
     fn pooler(&self) -> Pooler {
         self.pooler.0
+    }
+
+    fn engine(&self) -> Option<Engine> {
+        Some(self.engine.clone())
+    }
+
+    fn check_exclusion(&self) -> BoxFuture<'_, Result<Exclusion, Error>> {
+        Box::pin(PgBackend::check_exclusion(self))
     }
 
     fn bench_floor(&self) -> Result<Arc<dyn BenchFloor>, Error> {

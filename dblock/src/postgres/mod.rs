@@ -31,7 +31,8 @@
 //!
 //! - `backend`: the backend as opened (where its connections come from, what it learns
 //!   of the server) and its `RawLocks`; `url` (a URL → the backend), `settings` (its
-//!   settings, read by name), `sql` (quoting, a key in decimal).
+//!   settings, read by name), `sql` (quoting, a key in decimal), `engine` (which
+//!   engine the handle talks to, and the self-test of its advisory locks).
 //! - `lock/`, the lock logic: `acquire` (one round loop for one key, any one of several
 //!   and all of a set: take a connection, send the round, read it, then grant, or clean
 //!   up and wait on in a new round), `plan` (what one round sends and how its answer is
@@ -50,6 +51,7 @@
 
 mod backend;
 mod conn;
+pub mod engine;
 mod lock;
 mod settings;
 mod sql;

@@ -5,13 +5,14 @@ use super::backend::PgBackend;
 use super::conn::conninfo::Parsed;
 use super::conn::pooler::Pooler;
 use super::conn::tls::Connector;
+use super::engine::SelfTest;
 use crate::error::{Error, redact_url};
 use crate::raw::{Options, RawLocks};
 
 /// Opens the backend a `postgres://` or `postgresql://` URL names; the default
 /// namespace with it.
 pub(crate) async fn open(url: &str, opts: &Options) -> Result<(Box<dyn RawLocks>, String), Error> {
-    let (parsed, declared) = read(url, &process_env)?;
+    let (parsed, declared, self_test) = read_all(url, &process_env)?;
     let tls = Connector::new(&parsed.tls).map_err(|reason| invalid(url, reason))?;
     let mut config = parsed.config;
     if let Some(name) = opts.setting(super::settings::APPLICATION_NAME) {
@@ -26,21 +27,37 @@ pub(crate) async fn open(url: &str, opts: &Options) -> Result<(Box<dyn RawLocks>
         opts.set(super::settings::POOLER, p.as_str());
         opts.set(super::settings::POOLER_FROM, "host");
     }
+    if let Some(t) = self_test {
+        opts.set(super::settings::SELF_TEST, t.as_str());
+    }
     let (b, ns) = PgBackend::open(config, parsed.shown, tls, &opts).await?;
     Ok((Box::new(b), ns))
 }
 
 /// Reads a PostgreSQL connection string (a `postgres://` URL or a `key=value` string)
-/// without opening anything: dblock's own `pooler=` parameter (which the driver would
-/// refuse), then libpq's keys, filled from `env` (libpq's environment variables, `HOME`,
+/// without opening anything: dblock's own `pooler=` and `self_test=` parameters (which
+/// the driver would refuse), then libpq's keys, filled from `env` (libpq's environment variables, `HOME`,
 /// `USER`) and the password file. The error is [`Error::InvalidUrl`], password redacted.
 pub(crate) fn read(
     url: &str,
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Result<(Parsed, Option<Pooler>), Error> {
+    read_all(url, env).map(|(parsed, declared, _)| (parsed, declared))
+}
+
+/// [`read`], and dblock's `self_test=` parameter.
+fn read_all(
+    url: &str,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<(Parsed, Option<Pooler>, Option<SelfTest>), Error> {
     let (stripped, declared) = super::conn::pooler::split_url(url).map_err(|r| invalid(url, r))?;
+    let (stripped, self_test) = super::conn::pooler::split_param(&stripped, "self_test");
+    let self_test = self_test
+        .map(|v| SelfTest::parse(&v))
+        .transpose()
+        .map_err(|r| invalid(url, r))?;
     let parsed = super::conn::conninfo::parse(&stripped, env).map_err(|r| invalid(url, r))?;
-    Ok((parsed, declared))
+    Ok((parsed, declared, self_test))
 }
 
 /// The pooler the first TCP host (and its port) implies, if a managed service's.

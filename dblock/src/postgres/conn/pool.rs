@@ -11,6 +11,7 @@ use super::outbox::Outbox;
 use super::pooler::{Known, Pooler};
 use super::tls::Connector;
 use super::wire::Link;
+use crate::engine::Engine;
 use crate::error::{Error, WaitingFor};
 
 /// The pool's settings and idle connections.
@@ -26,6 +27,8 @@ pub(crate) struct PoolShared {
     /// What lies between dblock and the server: declared, or found on the first
     /// connection (see [`super::pooler`]).
     route: std::sync::OnceLock<(Pooler, Known)>,
+    /// The engine the first connection's start-up parameters named, if they did.
+    engine: std::sync::OnceLock<Option<Engine>>,
 }
 
 /// A small LIFO pool of dblock's own connections.
@@ -62,6 +65,7 @@ impl Pool {
                 check_interval,
                 check_timeout,
                 route,
+                engine: std::sync::OnceLock::new(),
             }),
         }
     }
@@ -70,6 +74,12 @@ impl Pool {
     /// unless declared).
     pub(crate) fn route(&self) -> Option<(Pooler, Known)> {
         self.shared.route.get().copied()
+    }
+
+    /// The engine the start-up parameters named (after the first connection), if they
+    /// did.
+    pub(crate) fn engine(&self) -> Option<Engine> {
+        self.shared.engine.get().cloned().flatten()
     }
 
     pub(crate) fn config(&self) -> &tokio_postgres::Config {
@@ -182,6 +192,9 @@ impl Pool {
             .and_then(|v| v.split(|c: char| !c.is_ascii_digit()).next())
             .and_then(|v| v.parse().ok())
             .unwrap_or(0);
+        self.shared
+            .engine
+            .get_or_init(|| Engine::from_parameters(|p| connection.parameter(p).map(Into::into)));
         let client = Arc::new(client);
         let link = Link::new();
         let outbox = Arc::new(Outbox::default());

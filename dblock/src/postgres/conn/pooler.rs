@@ -132,10 +132,19 @@ pub fn implied_by_host(host: &str, port: u16) -> Option<Pooler> {
 /// Removes dblock's `pooler` parameter from a connection string (URL query parameter or
 /// `key=value` word), returning the string the driver gets and the declared mode.
 pub(crate) fn split_url(url: &str) -> Result<(Cow<'_, str>, Option<Pooler>), String> {
+    let (rest, value) = split_param(url, "pooler");
+    Ok((rest, value.map(|v| Pooler::parse(&v)).transpose()?))
+}
+
+/// Removes one of dblock's own parameters, `name` (`pooler`, `self_test`), from a
+/// connection string — a URL query parameter or a `key=value` word, which the driver
+/// would refuse — returning the string without it and its value (the last, if given
+/// more than once).
+pub(crate) fn split_param<'u>(url: &'u str, name: &str) -> (Cow<'u, str>, Option<String>) {
     let lower = url.get(..13).unwrap_or(url).to_ascii_lowercase();
     if lower.starts_with("postgres://") || lower.starts_with("postgresql://") {
         let Some(q) = url.find('?') else {
-            return Ok((Cow::Borrowed(url), None));
+            return (Cow::Borrowed(url), None);
         };
         let (head, query) = (&url[..q], &url[q + 1..]);
         let (query, frag) = match query.find('#') {
@@ -146,36 +155,34 @@ pub(crate) fn split_url(url: &str) -> Result<(Cow<'_, str>, Option<Pooler>), Str
         let mut kept = Vec::new();
         for pair in query.split('&') {
             match pair.split_once('=') {
-                Some((k, v)) if k.eq_ignore_ascii_case("pooler") => {
-                    found = Some(Pooler::parse(v)?);
-                }
+                Some((k, v)) if k.eq_ignore_ascii_case(name) => found = Some(v.to_string()),
                 _ => kept.push(pair),
             }
         }
         if found.is_none() {
-            return Ok((Cow::Borrowed(url), None));
+            return (Cow::Borrowed(url), None);
         }
         let kept = kept.join("&");
         let sep = if kept.is_empty() { "" } else { "?" };
-        return Ok((Cow::Owned(format!("{head}{sep}{kept}{frag}")), found));
+        return (Cow::Owned(format!("{head}{sep}{kept}{frag}")), found);
     }
-    // A key=value connection string: `pooler=…` as one whitespace-separated word.
+    // A key=value connection string: `name=…` as one whitespace-separated word.
     if !url.contains('=') || url.contains("://") {
-        return Ok((Cow::Borrowed(url), None));
+        return (Cow::Borrowed(url), None);
     }
     let mut found = None;
     let mut kept = Vec::new();
     for word in url.split_whitespace() {
         match word.split_once('=') {
-            Some((k, v)) if k.trim().eq_ignore_ascii_case("pooler") => {
-                found = Some(Pooler::parse(v.trim_matches('\''))?);
+            Some((k, v)) if k.trim().eq_ignore_ascii_case(name) => {
+                found = Some(v.trim_matches('\'').to_string());
             }
             _ => kept.push(word),
         }
     }
     match found {
-        None => Ok((Cow::Borrowed(url), None)),
-        Some(p) => Ok((Cow::Owned(kept.join(" ")), Some(p))),
+        None => (Cow::Borrowed(url), None),
+        Some(v) => (Cow::Owned(kept.join(" ")), Some(v)),
     }
 }
 

@@ -160,6 +160,9 @@ impl PgBackend {
     /// (0 unless `what` is any of several keys).
     async fn take(&self, req: &Req<'_>, what: What<'_>) -> Result<Option<(usize, Grant)>, Error> {
         self.refuse_unsupported(req)?;
+        if self.must_check() {
+            self.trust(req.scope).await?;
+        }
         let fence = match req.fenced {
             true => Some(
                 self.fence_table()

@@ -97,6 +97,7 @@ const CLIENT_CHECK_MS: u32 = 1000;
 
 /// The seed's primitive on one of the handle's connections, under advisory key `key`.
 async fn run_script(b: &PgBackend, key: i64, ddl: &str) -> Result<(), Error> {
+    b.trust(crate::raw::Scope::Transaction).await?;
     let armed = Armed::new(b.pinned().await?);
     let res = armed.conn().query(&lock_prefixed_with(key, ddl)).await;
     let conn = armed.disarm();
@@ -167,6 +168,7 @@ impl PgSession {
     /// cancelled future), the connection is abandoned, which releases everything.
     async fn lock(b: &PgBackend, opts: &Options, what: &'static str) -> Result<Self, Error> {
         b.refuse_behind_pooler(what, POOLER_FIX, false)?;
+        b.trust(crate::raw::Scope::Session).await?;
         let mut s = PgSession {
             table: table(b)?,
             armed: Some(Armed::new(b.pinned().await?)),
