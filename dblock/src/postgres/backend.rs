@@ -251,7 +251,7 @@ impl PgBackend {
                 fence_ready: tokio::sync::OnceCell::new(),
                 runs_ready: tokio::sync::OnceCell::new(),
                 fence_epoch: std::sync::atomic::AtomicBool::new(true),
-                pooler: (Pooler::None, Known::Declared),
+                pooler: (Pooler::None, Known::Port),
                 server_port,
                 role,
                 self_test: !engine.trusted(),
@@ -306,6 +306,10 @@ impl RawLocks for PgBackend {
 
     fn pooler(&self) -> Pooler {
         self.pooler.0
+    }
+
+    fn diagnose(&self) -> BoxFuture<'_, Result<Vec<crate::doctor::Check>, Error>> {
+        Box::pin(PgBackend::diagnose(self))
     }
 
     fn engine(&self) -> Option<Engine> {

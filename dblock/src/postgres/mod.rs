@@ -32,7 +32,8 @@
 //! - `backend`: the backend as opened (where its connections come from, what it learns
 //!   of the server) and its `RawLocks`; `url` (a URL → the backend), `settings` (its
 //!   settings, read by name), `sql` (quoting, a key in decimal), `engine` (which
-//!   engine the handle talks to, and the self-test of its advisory locks).
+//!   engine the handle talks to, and the self-test of its advisory locks), `doctor`
+//!   (`dblock doctor`'s checks of the server).
 //! - `lock/`, the lock logic: `acquire` (one round loop for one key, any one of several
 //!   and all of a set: take a connection, send the round, read it, then grant, or clean
 //!   up and wait on in a new round), `plan` (what one round sends and how its answer is
@@ -51,6 +52,7 @@
 
 mod backend;
 mod conn;
+mod doctor;
 pub mod engine;
 mod lock;
 mod settings;

@@ -21,6 +21,8 @@ pub(crate) struct PoolShared {
     tls: Connector,
     idle: Arc<Idle>,
     permits: Arc<Semaphore>,
+    /// The most connections open at once (the builder's `max_connections`).
+    max: usize,
     acquire_timeout: Duration,
     check_interval: Duration,
     check_timeout: Duration,
@@ -61,6 +63,7 @@ impl Pool {
                 tls,
                 idle: Arc::new(Mutex::new(Vec::new())),
                 permits: Arc::new(Semaphore::new(max)),
+                max,
                 acquire_timeout,
                 check_interval,
                 check_timeout,
@@ -80,6 +83,11 @@ impl Pool {
     /// did.
     pub(crate) fn engine(&self) -> Option<Engine> {
         self.shared.engine.get().cloned().flatten()
+    }
+
+    /// The most connections the pool opens at once.
+    pub(crate) fn max(&self) -> usize {
+        self.shared.max
     }
 
     pub(crate) fn config(&self) -> &tokio_postgres::Config {
@@ -249,7 +257,7 @@ async fn detect(client: &tokio_postgres::Client) -> (Pooler, Known) {
     };
     match (announced, server) {
         (Some(a), Some(s)) if a != s => (Pooler::Transaction, Known::CancelKey),
-        _ => (Pooler::None, Known::Declared),
+        _ => (Pooler::None, Known::CancelKey),
     }
 }
 

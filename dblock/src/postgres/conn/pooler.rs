@@ -78,22 +78,20 @@ impl Known {
                 "implied by the host: Supabase's port 5432 and Neon's hosts without -pooler \
                  keep a server session per client"
             }
+            (Known::CancelKey, Pooler::None) => {
+                "detected: no pooler seen (the connection's process id is the server's \
+                 pg_backend_pid())"
+            }
+            (Known::Port, Pooler::None) => {
+                "detected: no pooler seen (the server's port is the one the sqlx pool \
+                 connects to)"
+            }
             (Known::CancelKey, _) => {
                 "detected: the connection's process id is not the server's pg_backend_pid()"
             }
             (Known::Port, _) => {
                 "detected: the server's port is not the one the sqlx pool connects to"
             }
-        }
-    }
-
-    /// The name `dblock doctor --json` gives it.
-    pub(crate) fn as_str(self) -> &'static str {
-        match self {
-            Known::Declared => "declared",
-            Known::Host => "host",
-            Known::CancelKey => "detected",
-            Known::Port => "detected-port",
         }
     }
 }
