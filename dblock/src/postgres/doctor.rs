@@ -3,6 +3,8 @@
 //! end holders or waits, each read as the handle's role sees it (`pg_settings` shows
 //! the session's values, so per-role and per-database settings count).
 
+use std::time::Duration;
+
 use super::backend::{PgBackend, Source};
 use super::conn::Armed;
 use super::conn::pooler::{Known, Pooler};
@@ -12,7 +14,7 @@ use super::lock::plan::WAIT_SLICE_MS;
 use super::sql::{first_value, quote_ident, quote_literal};
 use crate::doctor::{Check, shown_ms};
 use crate::error::Error;
-use crate::raw::{FENCING_TABLE, PG_FENCING_SCHEMA};
+use crate::raw::{FENCING_TABLE, PG_FENCING_SCHEMA, shortest_lease};
 
 /// PostgreSQL's default `max_locks_per_transaction`.
 const DEFAULT_MAX_LOCKS: u64 = 64;
@@ -131,7 +133,11 @@ impl PgBackend {
             self.tables(&facts),
             self.lock_table(&facts),
         ];
-        checks.extend(timeouts(&facts, &self.role));
+        checks.extend(timeouts(
+            &facts,
+            &self.role,
+            (self.check_interval, self.check_timeout),
+        ));
         checks.push(connection_check(&facts));
         checks.push(fencing_timeline(timeline));
         Ok(checks)
@@ -348,30 +354,19 @@ fn advisory_locks(found: &Exclusion) -> Check {
 }
 
 /// The settings that end holders or waits, as this role's sessions have them.
-fn timeouts(facts: &Facts, role: &str) -> Vec<Check> {
+/// `checking`: the handle's check interval and check timeout.
+fn timeouts(facts: &Facts, role: &str, checking: (Duration, Duration)) -> Vec<Check> {
     let alter = |name: &str| {
         format!(
             "ALTER ROLE {} SET {name} = 0 (or ALTER DATABASE …; or the server's own setting)",
             quote_ident(role)
         )
     };
-    let mut checks = Vec::new();
-    match facts.number(IDLE_IN_XACT) {
-        Some(ms) if ms > 0 => checks.push(Check::warn(
-            "timeouts",
-            format!(
-                "idle_in_transaction_session_timeout = {}: ends every transaction-scoped \
-                 holder (the default scope; its transaction stays open while held) idle \
-                 longer than that, and the lock is lost",
-                shown_ms(ms)
-            ),
-            alter("idle_in_transaction_session_timeout"),
-        )),
-        _ => checks.push(Check::ok(
-            "timeouts",
-            "idle_in_transaction_session_timeout off: transaction-scoped holders are not ended",
-        )),
-    }
+    let mut checks = vec![idle_in_transaction(
+        facts.number(IDLE_IN_XACT).unwrap_or(0),
+        checking,
+        alter("idle_in_transaction_session_timeout"),
+    )];
     let slice = WAIT_SLICE_MS as u64;
     match facts.number(STATEMENT_TIMEOUT) {
         Some(ms) if ms > 0 && ms <= slice => checks.push(Check::warn(
@@ -408,6 +403,49 @@ fn timeouts(facts: &Facts, role: &str) -> Vec<Check> {
         _ => checks.push(Check::ok("timeouts", "lock_timeout off")),
     }
     checks
+}
+
+/// `idle_in_transaction_session_timeout` of `ms`, against a transaction-scoped holder's
+/// health check (`checking`: every interval, answered within the timeout), whose
+/// statement ends each idle spell: shorter than the interval, it ends healthy holders;
+/// shorter than the shortest safe lease, it ends silent ones before they can know; else
+/// it is a lease on every holder.
+fn idle_in_transaction(ms: u64, checking: (Duration, Duration), fix: String) -> Check {
+    const NAME: &str = "timeouts";
+    let t = Duration::from_millis(ms);
+    let (interval, timeout) = checking;
+    let lease = shortest_lease(interval, timeout);
+    let shown = shown_ms(ms);
+    if ms == 0 {
+        return Check::ok(
+            NAME,
+            "idle_in_transaction_session_timeout off: transaction-scoped holders are not ended",
+        );
+    }
+    if t <= interval + interval / 10 {
+        return Check::warn(
+            NAME,
+            format!(
+                "idle_in_transaction_session_timeout = {shown}: no longer than the handle's check interval ({interval:?}), so the server ends transaction-scoped holders (the default scope) between checks, and their locks are lost"
+            ),
+            format!("{fix}; or check_interval well below it"),
+        );
+    }
+    if t < lease {
+        return Check::warn(
+            NAME,
+            format!(
+                "idle_in_transaction_session_timeout = {shown}: a lease on every transaction-scoped holder shorter than dblock's shortest safe one ({lease:?} with this check interval and timeout), so a holder cut off may not learn of the loss before the server grants the lock to another"
+            ),
+            format!("{fix}; or at least {lease:?}"),
+        );
+    }
+    Check::ok(
+        NAME,
+        format!(
+            "idle_in_transaction_session_timeout = {shown}: a lease on every transaction-scoped holder (a silent one is ended; dblock notices first)"
+        ),
+    )
 }
 
 /// `client_connection_check_interval` (PostgreSQL 14 and later).
@@ -461,5 +499,53 @@ fn fencing_timeline(timeline: Result<String, (String, String)>) -> Check {
                 }
             },
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn facts(values: &[(usize, &str)]) -> Facts {
+        let mut rows: Results = vec![vec![None]; TABLES + 3];
+        for (i, v) in values {
+            rows[*i] = vec![Some(v.to_string())];
+        }
+        Facts(rows)
+    }
+
+    #[test]
+    fn an_idle_timeout_is_judged_against_the_handles_health_check() {
+        let checking = (Duration::from_secs(1), Duration::from_secs(2));
+        let verdict = |ms| idle_in_transaction(ms, checking, "fix".into()).verdict;
+        use crate::doctor::Verdict::{Ok, Warn};
+        // Off; shorter than the interval (healthy holders ended); shorter than the
+        // shortest safe lease (2 × 1 s + 2 s + a tenth); a lease.
+        assert_eq!(
+            [0, 500, 1000, 3000, 4400, 60_000].map(verdict),
+            [Ok, Warn, Warn, Warn, Ok, Ok]
+        );
+    }
+
+    #[test]
+    fn tls_warns_only_off_this_host_and_timelines_read_as_numbers() {
+        let on = facts(&[(SSL, "on TLSv1.3")]);
+        let off = facts(&[(SSL, "off")]);
+        use crate::doctor::Verdict;
+        assert_eq!(tls(&on, false, Pooler::None).verdict, Verdict::Ok);
+        assert_eq!(tls(&off, true, Pooler::None).verdict, Verdict::Ok);
+        let remote = tls(&off, false, Pooler::None);
+        assert_eq!(remote.verdict, Verdict::Warn);
+        assert!(remote.fix.unwrap_or_default().contains("sslmode"));
+        let t = fencing_timeline(Ok("0000000A".into()));
+        assert!(t.detail.contains("(10)"), "{}", t.detail);
+        assert_eq!(
+            fencing_timeline(Err(("42883".into(), "no".into()))).verdict,
+            Verdict::Warn
+        );
+        assert_eq!(
+            fencing_timeline(Err(("55000".into(), "recovery".into()))).verdict,
+            Verdict::Warn
+        );
     }
 }
