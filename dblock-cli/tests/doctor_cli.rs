@@ -290,7 +290,7 @@ async fn through_pgbouncer_the_pooler_is_reported_detected_or_declared() {
     // A direct connection, for contrast.
     let (_, report) = doctor(&["--db", &s.url]).await;
     assert!(
-        check(&report, "pooler").1.starts_with("none (detected"),
+        check(&report, "pooler").1.starts_with("none: detected"),
         "{report:#}"
     );
 }

@@ -306,7 +306,7 @@ fn tls(facts: &Facts, local: bool, pooler: Pooler) -> Check {
 fn pooler((p, known): (Pooler, Known)) -> Check {
     let how = known.describe(p);
     let detail = match p {
-        Pooler::None | Pooler::Detect => format!("none ({how})"),
+        Pooler::None | Pooler::Detect => format!("none: {how}"),
         Pooler::Session => format!("session pooling: everything works ({how})"),
         Pooler::Pinning => {
             format!("a pinning pooler: session locks work, migrations are refused ({how})")
