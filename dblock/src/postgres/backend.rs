@@ -209,11 +209,11 @@ impl PgBackend {
         let rows = armed
             .conn()
             .query(&format!(
-                "SELECT current_schema(); SELECT current_setting('server_version_num'); \
-                 SELECT current_setting('{}', true); \
-                 SELECT (extract(epoch FROM current_setting('lock_timeout')::interval) \
-                 * 1000)::bigint; SELECT inet_server_port(); SELECT current_user; \
-                 SELECT version()",
+                "SELECT pg_catalog.current_schema(); SELECT pg_catalog.current_setting('server_version_num'); \
+                 SELECT pg_catalog.current_setting('{}', true); \
+                 SELECT (extract(epoch FROM pg_catalog.current_setting('lock_timeout')::interval) \
+                 * 1000)::bigint; SELECT pg_catalog.inet_server_port(); SELECT current_user; \
+                 SELECT pg_catalog.version()",
                 NAMESPACE_SETTING
             ))
             .await

@@ -74,7 +74,7 @@ pub(crate) fn shown_as(key: crate::Key) -> crate::status::ShownAs {
         id: format!("classid={classid} objid={objid} objsubid=1"),
         context: None,
         query: format!(
-            "SELECT * FROM pg_locks WHERE locktype = 'advisory' AND classid = {classid} \
+            "SELECT * FROM pg_catalog.pg_locks WHERE locktype = 'advisory' AND classid = {classid} \
              AND objid = {objid} AND objsubid = 1;"
         ),
     }
