@@ -270,3 +270,31 @@ async fn postgresql_pays_nothing_for_the_check() {
     // One message to take, one to release, per cycle.
     assert_eq!(per_lock(&auto_all, &auto_first), 10, "{auto_all:#?}");
 }
+
+/// Through a PgBouncer in statement pooling mode (taken for a transaction pooler: the two
+/// cannot be told apart from the client), a transaction-scoped lock is refused in
+/// PgBouncer's own words and leaves nothing held on the server; a session-scoped one is
+/// refused before it is sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn statement_pooling_refuses_every_lock_and_leaves_nothing_held() {
+    use dblock_testkit::pgbouncer::{Options, PgBouncer, PoolMode};
+    let s = PgSchema::new("stmt_pool").await;
+    let b = PgBouncer::with(Options::new(PoolMode::Statement, 2).search_path(&s.name));
+    let url = with_params(&b.test_url(), &[("application_name", &s.app)]);
+    let locks = within(10, Locks::connect(&url)).await.unwrap();
+    assert_eq!(locks.pooler(), dblock::postgres::Pooler::Transaction);
+    match within(10, locks.try_lock("x")).await {
+        Err(Error::ConnectionLost { message }) => {
+            assert!(message.contains("statement pooling"), "{message}")
+        }
+        other => panic!("{:?}", other.map(|g| g.is_some())),
+    }
+    match within(10, locks.request("x").scope(Scope::Session).try_lock()).await {
+        Err(Error::BehindPooler { .. }) => {}
+        other => panic!("{:?}", other.map(|g| g.is_some())),
+    }
+    // Nothing stayed held: a direct handle takes the name at once.
+    let direct = within(10, s.locks()).await;
+    assert_eq!(direct.namespace(), locks.namespace());
+    assert!(within(10, direct.try_lock("x")).await.unwrap().is_some());
+}
