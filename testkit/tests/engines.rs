@@ -160,7 +160,7 @@ async fn locks_that_do_not_exclude_are_refused_once_the_check_runs() {
     let by_builder = within(
         10,
         Locks::builder()
-            .url(&cluster.url())
+            .url(cluster.url())
             .self_test(SelfTest::Always)
             .build(),
     )
