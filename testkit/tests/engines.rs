@@ -106,8 +106,12 @@ pub fn stub_sql(schema: &str) -> String {
 /// the real way a server can lie: a superuser replaces `pg_catalog`'s own functions
 /// (`CREATE OR REPLACE FUNCTION pg_catalog.pg_try_advisory_xact_lock(bigint) … AS
 /// 'SELECT true'`; PostgreSQL lets a superuser do so without
-/// `allow_system_table_mods`), so schema-qualified calls reach them too. Proven stubs
-/// before use: a key "taken" twice from two sessions shows no row in `pg_locks`.
+/// `allow_system_table_mods`), so schema-qualified calls reach them too. The stubs are
+/// `LANGUAGE sql` on purpose: a call to a built-in function's OID runs its C code
+/// whatever `pg_proc` now says (fmgr's fast path), but the planner inlines a SQL
+/// function's body, read from `pg_proc`, before anything runs — that is how the lie
+/// reaches dblock's statements. Proven stubs before use: a key "taken" twice from two
+/// sessions shows no row in `pg_locks`.
 async fn stubbed_cluster() -> TempCluster {
     let cluster = TempCluster::start(&[]);
     let admin = admin_connect(&cluster.url()).await;
@@ -185,6 +189,35 @@ async fn locks_that_do_not_exclude_are_refused_once_the_check_runs() {
             (found.transaction, found.session),
             (Verdict::DoesNotExclude, Verdict::DoesNotExclude)
         );
+    }
+
+    // A server whose lock functions fail, as YugabyteDB's did before advisory locks
+    // (`advisory locks are not yet implemented`, 0A000): refused too, in its words.
+    let admin = admin_connect(&cluster.url()).await;
+    admin
+        .batch_execute(
+            "CREATE FUNCTION public.not_implemented() RETURNS boolean LANGUAGE plpgsql AS \
+             $$BEGIN RAISE EXCEPTION 'advisory locks are not yet implemented' \
+             USING ERRCODE = '0A000'; END$$; \
+             CREATE OR REPLACE FUNCTION pg_catalog.pg_try_advisory_xact_lock(bigint) \
+             RETURNS boolean LANGUAGE sql AS 'SELECT public.not_implemented()'",
+        )
+        .await
+        .unwrap();
+    let failing = within(10, Locks::connect(&forced_url)).await.unwrap();
+    let found = within(10, failing.check_exclusion()).await.unwrap();
+    match &found.transaction {
+        Verdict::Unavailable { message } => {
+            assert!(message.contains("not yet implemented"), "{message}")
+        }
+        other => panic!("{other:?}"),
+    }
+    match within(10, failing.try_lock("job")).await {
+        Err(Error::Unsupported {
+            capability: Capability::AdvisoryLocks,
+            reason,
+        }) => assert!(reason.contains("not yet implemented"), "{reason}"),
+        other => panic!("{:?}", other.map(|g| g.is_some())),
     }
 }
 
