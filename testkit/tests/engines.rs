@@ -106,8 +106,12 @@ pub fn stub_sql(schema: &str) -> String {
 /// the real way a server can lie: a superuser replaces `pg_catalog`'s own functions
 /// (`CREATE OR REPLACE FUNCTION pg_catalog.pg_try_advisory_xact_lock(bigint) … AS
 /// 'SELECT true'`; PostgreSQL lets a superuser do so without
-/// `allow_system_table_mods`), so schema-qualified calls reach them too. Proven stubs
-/// before use: a key "taken" twice from two sessions shows no row in `pg_locks`.
+/// `allow_system_table_mods`), so schema-qualified calls reach them too. The stubs are
+/// `LANGUAGE sql` on purpose: a call to a built-in function's OID runs its C code
+/// whatever `pg_proc` now says (fmgr's fast path), but the planner inlines a SQL
+/// function's body, read from `pg_proc`, before anything runs — that is how the lie
+/// reaches dblock's statements. Proven stubs before use: a key "taken" twice from two
+/// sessions shows no row in `pg_locks`.
 async fn stubbed_cluster() -> TempCluster {
     let cluster = TempCluster::start(&[]);
     let admin = admin_connect(&cluster.url()).await;
@@ -160,7 +164,7 @@ async fn locks_that_do_not_exclude_are_refused_once_the_check_runs() {
     let by_builder = within(
         10,
         Locks::builder()
-            .url(&cluster.url())
+            .url(cluster.url())
             .self_test(SelfTest::Always)
             .build(),
     )
@@ -185,6 +189,35 @@ async fn locks_that_do_not_exclude_are_refused_once_the_check_runs() {
             (found.transaction, found.session),
             (Verdict::DoesNotExclude, Verdict::DoesNotExclude)
         );
+    }
+
+    // A server whose lock functions fail, as YugabyteDB's did before advisory locks
+    // (`advisory locks are not yet implemented`, 0A000): refused too, in its words.
+    let admin = admin_connect(&cluster.url()).await;
+    admin
+        .batch_execute(
+            "CREATE FUNCTION public.not_implemented() RETURNS boolean LANGUAGE plpgsql AS \
+             $$BEGIN RAISE EXCEPTION 'advisory locks are not yet implemented' \
+             USING ERRCODE = '0A000'; END$$; \
+             CREATE OR REPLACE FUNCTION pg_catalog.pg_try_advisory_xact_lock(bigint) \
+             RETURNS boolean LANGUAGE sql AS 'SELECT public.not_implemented()'",
+        )
+        .await
+        .unwrap();
+    let failing = within(10, Locks::connect(&forced_url)).await.unwrap();
+    let found = within(10, failing.check_exclusion()).await.unwrap();
+    match &found.transaction {
+        Verdict::Unavailable { message } => {
+            assert!(message.contains("not yet implemented"), "{message}")
+        }
+        other => panic!("{other:?}"),
+    }
+    match within(10, failing.try_lock("job")).await {
+        Err(Error::Unsupported {
+            capability: Capability::AdvisoryLocks,
+            reason,
+        }) => assert!(reason.contains("not yet implemented"), "{reason}"),
+        other => panic!("{:?}", other.map(|g| g.is_some())),
     }
 }
 
@@ -269,4 +302,32 @@ async fn postgresql_pays_nothing_for_the_check() {
     );
     // One message to take, one to release, per cycle.
     assert_eq!(per_lock(&auto_all, &auto_first), 10, "{auto_all:#?}");
+}
+
+/// Through a PgBouncer in statement pooling mode (taken for a transaction pooler: the two
+/// cannot be told apart from the client), a transaction-scoped lock is refused in
+/// PgBouncer's own words and leaves nothing held on the server; a session-scoped one is
+/// refused before it is sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn statement_pooling_refuses_every_lock_and_leaves_nothing_held() {
+    use dblock_testkit::pgbouncer::{Options, PgBouncer, PoolMode};
+    let s = PgSchema::new("stmt_pool").await;
+    let b = PgBouncer::with(Options::new(PoolMode::Statement, 2).search_path(&s.name));
+    let url = with_params(&b.test_url(), &[("application_name", &s.app)]);
+    let locks = within(10, Locks::connect(&url)).await.unwrap();
+    assert_eq!(locks.pooler(), dblock::postgres::Pooler::Transaction);
+    match within(10, locks.try_lock("x")).await {
+        Err(Error::ConnectionLost { message }) => {
+            assert!(message.contains("statement pooling"), "{message}")
+        }
+        other => panic!("{:?}", other.map(|g| g.is_some())),
+    }
+    match within(10, locks.request("x").scope(Scope::Session).try_lock()).await {
+        Err(Error::BehindPooler { .. }) => {}
+        other => panic!("{:?}", other.map(|g| g.is_some())),
+    }
+    // Nothing stayed held: a direct handle takes the name at once.
+    let direct = within(10, s.locks()).await;
+    assert_eq!(direct.namespace(), locks.namespace());
+    assert!(within(10, direct.try_lock("x")).await.unwrap().is_some());
 }

@@ -115,8 +115,13 @@ impl PgBackend {
         );
         let mux = (pg.multiplex > 0).then(|| mux::Mux::new(pool.clone(), pg.multiplex));
         let (mut b, ns) = PgBackend::finish_open(Source::Native(pool.clone()), false, opts).await?;
-        // The start-up parameters name the engine where they tell; else `version()`.
-        let engine = pool.engine().unwrap_or_else(|| b.engine.clone());
+        // The start-up parameters name the engine where they tell; `version()`, read in
+        // the opening query anyway, where they do not, or where it contradicts a claim to
+        // be PostgreSQL (a server that copies PostgreSQL's parameters).
+        let engine = match pool.engine() {
+            Some(e) if !e.trusted() || b.engine.trusted() => e,
+            _ => b.engine.clone(),
+        };
         b.set_engine(engine, pg.self_test);
         if mux.is_some() {
             // A multiplexing handle keeps to its shared connections until it must wait.
@@ -216,11 +221,11 @@ impl PgBackend {
         let rows = armed
             .conn()
             .query(&format!(
-                "SELECT current_schema(); SELECT current_setting('server_version_num'); \
-                 SELECT current_setting('{}', true); \
-                 SELECT (extract(epoch FROM current_setting('lock_timeout')::interval) \
-                 * 1000)::bigint; SELECT inet_server_port(); SELECT current_user; \
-                 SELECT version()",
+                "SELECT pg_catalog.current_schema(); SELECT pg_catalog.current_setting('server_version_num'); \
+                 SELECT pg_catalog.current_setting('{}', true); \
+                 SELECT (extract(epoch FROM pg_catalog.current_setting('lock_timeout')::interval) \
+                 * 1000)::bigint; SELECT pg_catalog.inet_server_port(); SELECT current_user; \
+                 SELECT pg_catalog.version()",
                 NAMESPACE_SETTING
             ))
             .await

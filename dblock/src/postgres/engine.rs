@@ -35,6 +35,16 @@ impl Source {
             Source::Sqlx(_) => self.get().await,
         }
     }
+
+    /// Gives back what [`Source::another`] gave, holding nothing: dblock's own is closed
+    /// (never pooled, so the pool keeps to its size), a borrowed one recycled.
+    fn put_back(conn: Conn) {
+        match conn {
+            // The last handle on its client: the connection ends (Terminate).
+            Conn::Native(c) => drop(c),
+            sqlx => sqlx.recycle(),
+        }
+    }
 }
 
 /// A key no one holds: random, so that two handles checking at once do not meet.
@@ -134,7 +144,7 @@ impl PgBackend {
                 .await
                 .map_err(QueryError::into_error)?;
             first.disarm().recycle();
-            second.disarm().recycle();
+            Source::put_back(second.disarm());
             return Ok(match also.as_deref() {
                 Some("f") => Verdict::Excludes,
                 Some("t") => Verdict::DoesNotExclude,
@@ -143,6 +153,9 @@ impl PgBackend {
                 },
             });
         }
+        // Each try was undone: both hold nothing.
+        first.disarm().recycle();
+        Source::put_back(second.disarm());
         Ok(Verdict::Unavailable {
             message: format!("{KEYS_TRIED} free keys tried, none granted"),
         })

@@ -68,7 +68,8 @@ pub use conn::pooler::{self, Pooler};
 pub use store::xact;
 pub(crate) use url::{open, read as read_connection_string};
 
-/// How PostgreSQL shows the advisory lock of `key`: a row of `pg_locks`.
+/// How PostgreSQL shows the advisory lock of `key`: a row of `pg_locks` (the query is for an
+/// operator to run, not one dblock sends).
 pub(crate) fn shown_as(key: crate::Key) -> crate::status::ShownAs {
     let (classid, objid) = key.pg_locks_ids();
     crate::status::ShownAs {

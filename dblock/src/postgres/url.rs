@@ -154,4 +154,25 @@ mod tests {
         assert_eq!(of("postgres://u@127.0.0.1:6543/db"), None);
         assert_eq!(of("host=/var/run/postgresql port=6543 dbname=x"), None);
     }
+
+    #[test]
+    fn the_self_test_parameter_is_read_and_taken_out() {
+        let none = |_: &str| None;
+        for (u, want) in [
+            ("postgres://h/db?self_test=always", Some(SelfTest::Always)),
+            (
+                "postgres://h/db?pooler=session&self_test=auto",
+                Some(SelfTest::Auto),
+            ),
+            ("host=h dbname=db self_test=always", Some(SelfTest::Always)),
+            ("postgres://h/db", None),
+        ] {
+            let (_, _, got) = read_all(u, &none).unwrap_or_else(|e| panic!("{u}: {e}"));
+            assert_eq!(got, want, "{u}");
+        }
+        assert!(matches!(
+            read_all("postgres://h/db?self_test=sometimes", &none),
+            Err(Error::InvalidUrl { .. })
+        ));
+    }
 }

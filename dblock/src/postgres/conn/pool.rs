@@ -248,7 +248,10 @@ impl Pool {
 async fn detect(client: &tokio_postgres::Client) -> (Pooler, Known) {
     use tokio_postgres::SimpleQueryMessage;
     let announced = super::pooler::announced_pid(client.cancel_token()).await;
-    let server = match client.simple_query("SELECT pg_backend_pid()").await {
+    let server = match client
+        .simple_query("SELECT pg_catalog.pg_backend_pid()")
+        .await
+    {
         Ok(msgs) => msgs.iter().find_map(|m| match m {
             SimpleQueryMessage::Row(r) => r.get(0).and_then(|v| v.parse::<i32>().ok()),
             _ => None,
