@@ -258,7 +258,8 @@ async fn a_short_idle_timeout_a_small_lock_table_and_per_role_timeouts_warn() {
 }
 
 /// Through PgBouncer: the pooler detected (transaction pooling: session locks refused,
-/// so not checked), or declared pinning.
+/// so not checked), or declared pinning — truly (session mode: a session lock excludes)
+/// or falsely (transaction mode: the check finds session locks that do not exclude).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn through_pgbouncer_the_pooler_is_reported_detected_or_declared() {
     let s = PgSchema::new("doc_pgb").await;
@@ -287,6 +288,23 @@ async fn through_pgbouncer_the_pooler_is_reported_detected_or_declared() {
             .1
             .contains("session-scoped locks exclude")
     );
+    // Declared pinning on a transaction pooler that does not pin: PgBouncer hands the
+    // server connection released last to the next client (LIFO), so another client's try
+    // reaches the holder's session, where the lock is re-entrant. The check finds it out.
+    let t = PgBouncer::with(Options::new(PoolMode::Transaction, 2).search_path(&s.name));
+    let lying = with_params(
+        &t.test_url(),
+        &[("application_name", &s.app), ("pooler", "pinning")],
+    );
+    let (code, report) = doctor(&["--db", &lying]).await;
+    let (verdict, detail, fix) = check(&report, "advisory-locks");
+    assert_eq!((code, verdict.as_str()), (2, "fail"), "{report:#}");
+    assert!(
+        detail.contains("transaction-scoped locks exclude")
+            && detail.contains("session-scoped locks DO NOT exclude"),
+        "{detail}"
+    );
+    assert!(fix.unwrap().contains("remove pooler=pinning"));
     // A direct connection, for contrast.
     let (_, report) = doctor(&["--db", &s.url]).await;
     assert!(

@@ -129,7 +129,7 @@ impl PgBackend {
             server(&self.engine, &facts),
             tls(&facts, self.local(), self.pooler.0),
             pooler(self.pooler),
-            advisory_locks(&exclusion),
+            advisory_locks(&exclusion, self.pooler.0, self.must_check()),
             self.tables(&facts),
             self.lock_table(&facts),
         ];
@@ -320,7 +320,9 @@ fn pooler((p, known): (Pooler, Known)) -> Check {
 }
 
 /// Whether a lock on one connection stops a try on another, per scope.
-fn advisory_locks(found: &Exclusion) -> Check {
+/// `checked`: whether the handle checks its locks before trusting them (and so refuses a
+/// scope found not to exclude).
+fn advisory_locks(found: &Exclusion, pooler: Pooler, checked: bool) -> Check {
     let said = |v: &Found| match v {
         Found::Excludes => "exclude".to_string(),
         Found::DoesNotExclude => "DO NOT exclude".to_string(),
@@ -345,10 +347,26 @@ fn advisory_locks(found: &Exclusion) -> Check {
                 found.engine
             ),
         ),
+        (false, true) if pooler == Pooler::Pinning => Check::fail(
+            "advisory-locks",
+            detail,
+            "pooler=pinning was declared, but the pooler does not keep a session lock's \
+             server connection (another client's try reached the holder's session): remove \
+             pooler=pinning, so that session locks are refused, or make the pooler pin \
+             (docs/poolers.md, pinning poolers)",
+        ),
+        (false, true) if !checked => Check::fail(
+            "advisory-locks",
+            detail,
+            "dblock trusts this server's session locks without checking them: use \
+             transaction-scoped locks (the default), and self_test=always in the URL so that \
+             session ones are refused",
+        ),
         (false, true) => Check::warn(
             "advisory-locks",
             detail,
-            "use transaction-scoped locks (the default): session-scoped ones are refused here",
+            "use transaction-scoped locks (the default): dblock refuses session-scoped ones \
+             on this server",
         ),
     }
 }
