@@ -405,3 +405,19 @@ async fn mysql_and_the_embedded_file_get_the_checks_that_apply() {
     assert_eq!(code, 0, "{report:#}");
     assert!(check(&report, "lock-kind").1.contains("-locks"));
 }
+
+/// On a hot standby fencing tokens cannot be taken (nor the live timeline read): the
+/// timeline line warns and points at the primary, whose own line is ok.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_warns_that_fencing_needs_the_primary() {
+    let primary = TempCluster::start(&[("wal_level", "replica")]);
+    let standby = TempCluster::standby_of(&primary);
+    let (code, report) = doctor(&["--db", &standby.url()]).await;
+    let (verdict, detail, fix) = check(&report, "fencing-timeline");
+    assert_eq!((code, verdict.as_str()), (1, "warn"), "{report:#}");
+    assert!(detail.starts_with("a standby"), "{detail}");
+    assert!(fix.unwrap().contains("primary"));
+    let (code, report) = doctor(&["--db", &primary.url()]).await;
+    assert_eq!(check(&report, "fencing-timeline").0, "ok", "{report:#}");
+    assert_eq!(code, 0, "{report:#}");
+}

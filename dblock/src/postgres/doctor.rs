@@ -19,7 +19,7 @@ use crate::raw::{FENCING_TABLE, PG_FENCING_SCHEMA, shortest_lease};
 /// PostgreSQL's default `max_locks_per_transaction`.
 const DEFAULT_MAX_LOCKS: u64 = 64;
 
-/// What one query of the server tells, by statement.
+/// What the server tells, by statement: each one's rows (first column).
 struct Facts(Results);
 
 /// The statements, in order; [`Facts`] reads them by these indexes.
@@ -51,8 +51,8 @@ fn tables() -> [(String, &'static [&'static str]); 3] {
     ]
 }
 
-/// The query: each statement answers one value (NULL where the server lacks it).
-fn facts_sql() -> String {
+/// The statements, each answering one value (NULL where the server lacks it).
+fn facts_sql() -> Vec<String> {
     let setting = |name: &str| {
         format!("SELECT (SELECT setting FROM pg_catalog.pg_settings WHERE name = '{name}')")
     };
@@ -88,7 +88,7 @@ fn facts_sql() -> String {
             quote_literal(&table)
         ));
     }
-    sql.join("; ")
+    sql
 }
 
 impl Facts {
@@ -106,11 +106,16 @@ impl PgBackend {
     /// facts, one for its timeline, and the check that its advisory locks exclude.
     pub(super) async fn diagnose(&self) -> Result<Vec<Check>, Error> {
         let armed = Armed::new(self.pinned().await?);
-        let facts = armed
-            .conn()
-            .query(&facts_sql())
-            .await
-            .map_err(QueryError::into_error)?;
+        // One statement at a time: an engine that lacks a view or setting answers the
+        // others (the one it lacks is a value unknown, not a report lost).
+        let mut facts = Vec::new();
+        for sql in facts_sql() {
+            match armed.conn().query(&sql).await {
+                Ok(rows) => facts.push(rows.into_iter().next().unwrap_or_default()),
+                Err(QueryError::Db { .. }) => facts.push(Vec::new()),
+                Err(lost) => return Err(lost.into_error()),
+            }
+        }
         let facts = Facts(facts);
         let timeline = armed
             .conn()
