@@ -126,6 +126,32 @@ async fn on_the_tests_server_every_check_is_ok_and_the_exit_code_is_0() {
         "{text}"
     );
     assert!(text.contains("0 warnings, 0 failures"), "{text}");
+    // What the handle is configured for counts: a multiplexing handle may hold any
+    // number of locks, more than a small lock table keeps in all (the tests' server, with
+    // PostgreSQL's defaults: 6400).
+    let capacity: i64 = s
+        .admin()
+        .query_one(
+            "SELECT current_setting('max_locks_per_transaction')::bigint * \
+             (current_setting('max_connections')::bigint \
+             + current_setting('max_prepared_transactions')::bigint)",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let (code, report) = doctor(&["--db", &url, "--multiplex", "2"]).await;
+    let (verdict, detail, _) = check(&report, "lock-table");
+    let expected = if capacity < 10_000 {
+        (1, "warn")
+    } else {
+        (0, "ok")
+    };
+    assert_eq!((code, verdict.as_str()), expected, "{capacity}: {report:#}");
+    assert!(
+        detail.contains("multiplexes session locks on 2 connections"),
+        "{detail}"
+    );
 }
 
 /// A role without rights on dblock's tables: the tables check fails (exit 2) and names
