@@ -11,6 +11,7 @@
 //! dblock migrate [--db URL] [--ignore-missing] DIR [--dry-run]
 //! dblock migrate status [--db URL] [--ignore-missing] DIR
 //! dblock setup [--db URL] [--grant ROLE]...
+//! dblock doctor [--db URL] [--max-connections N] [--multiplex N] [--json]
 //! dblock exporter [--db URL] [--namespace NS] --listen ADDR [--name PATTERN]... [--group PATTERN]... [--election PATTERN]...
 //! dblock migrate baseline [--db URL] DIR [--to VERSION]
 //! dblock migrate revert [--db URL] DIR [--to VERSION]
@@ -24,7 +25,8 @@
 //! obtained; 76 the server answered something dblock cannot map (a bug: report it); 78
 //! dblock's or the database's configuration cannot serve the request; 124 COMMAND ran
 //! past `--max-runtime` and was stopped. With `--once-per`/`--slot`, a slot already
-//! claimed: 0, or `--skipped-exit N`.
+//! claimed: 0, or `--skipped-exit N`. `dblock doctor`: 0 every check ok, 1 a warning, 2
+//! a failure.
 //!
 //! `dblock migrate`: 0 when everything is applied (including nothing to do); 65 for a
 //! migration set that cannot be applied (a malformed file name, an edited migration,
@@ -57,6 +59,7 @@ macro_rules! err {
     }};
 }
 
+mod doctor;
 mod duration;
 mod exporter;
 mod migrate;
@@ -125,6 +128,10 @@ enum Command {
     /// Create dblock's fencing table once, as the schema's owner, and grant roles that
     /// may not create tables what fenced locks and leader election need.
     Setup(setup::SetupArgs),
+    /// Check what the database does for dblock: server, engine, TLS, pooler, whether
+    /// advisory locks exclude, dblock's tables and rights, the lock table, timeouts,
+    /// the WAL timeline. Exit 0 all ok, 1 warnings, 2 failures.
+    Doctor(doctor::DoctorArgs),
     /// Serve the fleet's view over HTTP: /metrics (Prometheus) and / (who holds what).
     Exporter(exporter::ExporterArgs),
 }
@@ -200,6 +207,7 @@ fn main() -> ExitCode {
         Command::Run(args) => block_on(false, run::run(args)),
         Command::Migrate(args) => migrate::main(args),
         Command::Setup(args) => block_on(false, setup::setup(args)),
+        Command::Doctor(args) => block_on(false, doctor::doctor(args)),
         Command::Exporter(args) => block_on(false, exporter::exporter(args)),
         Command::Status(args) => block_on(false, status::status(args)),
         Command::Runs(args) => block_on(false, runs::runs(args)),

@@ -153,7 +153,7 @@ async fn eight_migrate_processes_through_pgbouncer() {
             Err(_) => Vec::new(),
         };
         match mode {
-            PoolMode::Transaction => {
+            PoolMode::Transaction | PoolMode::Statement => {
                 for out in &outs {
                     assert_eq!(dblock_testkit::exit_code(out), 64, "{out:?}");
                     let line = dblock_testkit::one_line_error(out);

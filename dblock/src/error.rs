@@ -473,6 +473,18 @@ pub enum Capability {
     /// ([`Key::shown_on`](crate::Key::shown_on)): the embedded backend's locks are byte
     /// ranges of its lock file, not rows a query shows; `dblock status` shows them.
     ShowKey,
+    /// Advisory locks that exclude: the server (an engine other than PostgreSQL) has no
+    /// advisory locks of the scope asked for (CockroachDB's session-level ones), or its
+    /// check found that a lock taken on one connection did not stop another (functions
+    /// that always grant, as CockroachDB's were for years), so every caller would hold
+    /// the lock at once. Every request of that scope on the handle is refused; use
+    /// PostgreSQL, or the scope the message names. See `docs/connecting.md` (engines).
+    AdvisoryLocks,
+    /// Checking that advisory locks exclude
+    /// ([`Locks::check_exclusion`](crate::Locks::check_exclusion)): only PostgreSQL-protocol
+    /// servers are checked; MySQL's named locks and the embedded backend's file locks are
+    /// the database's and the kernel's own.
+    ExclusionCheck,
 }
 
 /// What a server called an error it reported ([`Error::Database`], [`Error::Deadlock`],

@@ -1,15 +1,48 @@
 //! What a handle can do for an operator: tell who holds and awaits locks
 //! ([`Locks::status`]), break a lock by ending its holder's session
 //! ([`Locks::terminate_holders`]), and the one-time setup of dblock's tables for roles
-//! that may not create them ([`Locks::setup`]). Written once over the raw interface
+//! that may not create them ([`Locks::setup`]), and the checks `dblock doctor` prints
+//! ([`Locks::doctor`]). Written once over the raw interface
 //! ([`StatusSource`](crate::raw::StatusSource), [`RawLocks::setup`](crate::raw::RawLocks::setup)).
 
+use crate::doctor::Diagnosis;
 use crate::error::Error;
 use crate::key::{Key, check_name};
 use crate::locks::Locks;
 use crate::raw::{Asked, LockStatus, Party};
 
 impl Locks {
+    /// Checks the database this handle talks to, as `dblock doctor` prints it: the
+    /// server, engine and version, TLS, the pooler, whether advisory locks exclude,
+    /// dblock's tables and this role's rights on them, the server's lock table against
+    /// what the handle may hold, the settings that would end holders or waits,
+    /// `client_connection_check_interval`, and whether fencing tokens carry the WAL
+    /// timeline (see [`doctor`](crate::doctor) for each check). What does not apply to a
+    /// backend is not checked.
+    ///
+    /// ```no_run
+    /// # async fn demo(locks: dblock::Locks) -> Result<(), dblock::Error> {
+    /// let report = locks.doctor().await?;
+    /// for c in &report.checks {
+    ///     println!("{:<5} {}: {}", c.verdict.as_str(), c.name, c.detail);
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// The backend's errors when the database cannot be asked at all (a check that
+    /// cannot be made is a line of the report, not an error).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: what it takes to test that locks exclude is released when the
+    /// future is dropped (its connections are closed), and nothing else is written.
+    pub async fn doctor(&self) -> Result<Diagnosis, Error> {
+        let checks = self.inner.backend.diagnose().await?;
+        Ok(Diagnosis::new(self.inner.backend.name(), checks))
+    }
+
     /// Who holds and who awaits locks in the database: the locks named in `names`
     /// (keyed in the handle's namespace) — a name's own lock and, if it is a
     /// [semaphore](Locks::semaphore), its slots (rows with [`LockStatus::slot`] set,
@@ -167,5 +200,44 @@ impl Locks {
     /// partly done, and running it again completes it.
     pub async fn setup(&self, grant_to: &[&str]) -> Result<String, Error> {
         self.inner.backend.setup(grant_to).await
+    }
+}
+
+#[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+impl Locks {
+    /// The PostgreSQL-protocol engine this handle talks to (PostgreSQL, CockroachDB,
+    /// YugabyteDB, or another), as named when it opened — from the server's start-up
+    /// parameters on dblock's own connections, from `version()` on an sqlx pool; `None`
+    /// on the MySQL and embedded backends. See
+    /// [`postgres::engine`](crate::postgres::engine).
+    pub fn engine(&self) -> Option<crate::postgres::engine::Engine> {
+        self.inner.backend.engine()
+    }
+
+    /// Checks now, whatever the engine, that an advisory lock taken on one connection
+    /// stops a try on another: a transaction-scoped one, and a session-scoped one unless
+    /// the handle is behind a transaction pooler ([`Verdict::Untested`] then). Uses two
+    /// connections at once (on dblock's own connections the second is opened outside
+    /// the pool's count; an sqlx pool must have two to give). Both hold nothing
+    /// afterwards. Handles on engines other than PostgreSQL run this check on their own
+    /// once, before their first grant (and PostgreSQL's too with `self_test=always`);
+    /// this runs it again, for a report (`dblock doctor`).
+    ///
+    /// [`Verdict::Untested`]: crate::postgres::engine::Verdict::Untested
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Unsupported`] ([`Capability::ExclusionCheck`](crate::Capability::ExclusionCheck))
+    /// on the MySQL and embedded backends; connection errors. A server that refuses the
+    /// lock functions is a [`Verdict::Unavailable`](crate::postgres::engine::Verdict::Unavailable),
+    /// not an error.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: a connection whose check is cut off is closed, which ends whatever
+    /// its session held.
+    pub async fn check_exclusion(&self) -> Result<crate::postgres::engine::Exclusion, Error> {
+        self.inner.backend.check_exclusion().await
     }
 }

@@ -77,6 +77,8 @@
 #[doc(hidden)]
 pub mod bench;
 mod conninfo;
+pub mod doctor;
+mod engine;
 mod error;
 pub mod fencing;
 pub mod fleet;

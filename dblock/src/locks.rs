@@ -343,6 +343,19 @@ impl Builder {
         self
     }
 
+    /// When the handle checks that its server's advisory locks exclude (see
+    /// [`postgres::engine`](crate::postgres::engine)): by default
+    /// ([`SelfTest::Auto`](crate::postgres::engine::SelfTest::Auto)) on every engine but
+    /// PostgreSQL, once, before the handle's first grant;
+    /// [`SelfTest::Always`](crate::postgres::engine::SelfTest::Always) on PostgreSQL too.
+    /// A `self_test=…` parameter in the URL sets it too.
+    #[cfg(feature = "postgres")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+    pub fn self_test(mut self, when: crate::postgres::engine::SelfTest) -> Self {
+        self.opts.set("self_test", when.as_str());
+        self
+    }
+
     /// Labels this handle's metrics with a `group` derived from each lock's name — say its
     /// kind, `autoland` for `autoland:7` — where the default labels (`backend`, `mode`)
     /// are too coarse. The function must map the names of a process to a *bounded* set

@@ -28,6 +28,7 @@ use std::time::{Duration, SystemTime};
 
 use tokio::time::Instant;
 
+use crate::engine::{Engine, Exclusion};
 use crate::error::{Capability, Error, LossReason};
 use crate::key::Key;
 use crate::migrate::store::MigrationStore;
@@ -205,6 +206,12 @@ pub enum Pooler {
     /// A pooler in transaction mode: each transaction may run on a different server
     /// connection.
     Transaction,
+    /// A pooler that pools transactions but *pins* a server connection to its client
+    /// while the client holds a session-level advisory lock (RDS Proxy, pgdog with its
+    /// lock tracking, Multigres): session-scoped locks work through it, other session
+    /// state does not. Only declared (`pooler=pinning`): dblock cannot see pinning from
+    /// the client; see docs/poolers.md for each pooler's conditions.
+    Pinning,
 }
 
 impl Pooler {
@@ -215,11 +222,17 @@ impl Pooler {
             Pooler::None => "none",
             Pooler::Session => "session",
             Pooler::Transaction => "transaction",
+            Pooler::Pinning => "pinning",
         }
     }
 
     /// Whether session state survives from one transaction to the next.
     pub(crate) fn keeps_sessions(self) -> bool {
+        !matches!(self, Pooler::Transaction | Pooler::Pinning)
+    }
+
+    /// Whether a session-level advisory lock keeps its server session while held.
+    pub(crate) fn keeps_session_locks(self) -> bool {
         !matches!(self, Pooler::Transaction)
     }
 
@@ -229,8 +242,9 @@ impl Pooler {
             "none" | "direct" => Ok(Pooler::None),
             "session" => Ok(Pooler::Session),
             "transaction" => Ok(Pooler::Transaction),
+            "pinning" => Ok(Pooler::Pinning),
             other => Err(format!(
-                "pooler={other}: expected transaction, session, none or detect"
+                "pooler={other}: expected transaction, pinning, session, none or detect"
             )),
         }
     }
@@ -364,6 +378,38 @@ pub(crate) trait RawLocks:
     /// ([`Pooler::None`] where there is no server).
     fn pooler(&self) -> Pooler {
         Pooler::None
+    }
+
+    /// `dblock doctor`'s checks of this backend's database ([`Locks::doctor`](crate::Locks::doctor)):
+    /// what it finds, each with a verdict and, where something is wrong, the fix. An
+    /// error only when the database cannot be asked at all. By default one line saying
+    /// the backend makes no checks.
+    fn diagnose(&self) -> BoxFuture<'_, Result<Vec<crate::doctor::Check>, Error>> {
+        let note = crate::doctor::Check::ok(
+            "server",
+            format!("the {} backend makes no checks of its own", self.name()),
+        );
+        Box::pin(std::future::ready(Ok(vec![note])))
+    }
+
+    /// The PostgreSQL-protocol engine the handle talks to, as named when it opened;
+    /// `None` for the other backends.
+    fn engine(&self) -> Option<Engine> {
+        None
+    }
+
+    /// Checks now that an advisory lock taken on one connection stops a try on another,
+    /// for each scope. By default refused ([`Capability::ExclusionCheck`]): only
+    /// PostgreSQL-protocol servers are checked.
+    fn check_exclusion(&self) -> BoxFuture<'_, Result<Exclusion, Error>> {
+        Box::pin(std::future::ready(Err(Error::unsupported(
+            Capability::ExclusionCheck,
+            format!(
+                "the {} backend's locks are its own; only PostgreSQL-protocol servers' \
+                 advisory locks are checked",
+                self.name()
+            ),
+        ))))
     }
 
     /// The benchmark's floor on this backend: a fresh set of raw connections (or

@@ -17,6 +17,8 @@ pub enum PoolMode {
     Session,
     /// A server connection per transaction.
     Transaction,
+    /// A server connection per statement: no transaction may span two.
+    Statement,
 }
 
 impl PoolMode {
@@ -24,6 +26,7 @@ impl PoolMode {
         match self {
             PoolMode::Session => "session",
             PoolMode::Transaction => "transaction",
+            PoolMode::Statement => "statement",
         }
     }
 }

@@ -233,6 +233,98 @@ async fn session_locks_work_through_a_session_pooler_when_declared() {
     assert!(g.is_some());
 }
 
+/// Told that the pooler pins a session lock's server connection (`pooler=pinning`),
+/// session-scoped locks work through it: PgBouncer in session mode stands in for a
+/// pinning pooler (RDS Proxy, pgdog, Multigres), since it keeps a client's server
+/// connection for at least as long. The locks exclude across clients and processes, and
+/// are freed when the guard drops and when the holding process dies. The control: the
+/// same pooler undeclared is taken to pool transactions, and the same request is
+/// refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn session_locks_work_through_a_pinning_pooler_when_declared() {
+    let s = PgSchema::new("pgb_pin").await;
+    let (_b, url) = bouncer(&s, PoolMode::Session, 3);
+
+    // The control: not declared, detected as a transaction pooler, refused.
+    let undeclared = connect(&url, &s).await;
+    assert_eq!(undeclared.pooler(), Pooler::Transaction);
+    let e = bounded(10, undeclared.request("s").scope(Scope::Session).lock())
+        .await
+        .unwrap_err();
+    assert!(matches!(e, Error::BehindPooler { .. }), "{e:?}");
+    assert!(
+        e.to_string().contains("pooler=pinning"),
+        "the fix names it: {e}"
+    );
+    drop(undeclared);
+
+    let pinning = format!("{url}&pooler=pinning");
+    let a = connect(&pinning, &s).await;
+    let b = bounded(
+        10,
+        dblock::Locks::builder()
+            .url(&url)
+            .pooler(Pooler::Pinning)
+            .namespace(&s.name)
+            .build(),
+    )
+    .await
+    .unwrap();
+    assert_eq!((a.pooler(), b.pooler()), (Pooler::Pinning, Pooler::Pinning));
+    macro_rules! session {
+        ($l:expr) => {
+            $l.request("s").scope(Scope::Session)
+        };
+    }
+    let g = bounded(10, session!(a).lock()).await.unwrap();
+    assert!(bounded(10, session!(b).try_lock()).await.unwrap().is_none());
+    assert_eq!(s.advisory(a.key("s").unwrap()).await.len(), 1);
+    drop(g);
+    let g = bounded(10, session!(b).try_lock_for(Duration::from_secs(5)))
+        .await
+        .unwrap();
+    assert!(g.is_some(), "freed when the guard dropped");
+    assert!(bounded(10, session!(a).try_lock()).await.unwrap().is_none());
+    drop(g);
+
+    // Held by another process, which then dies.
+    let mut holder = Command::new(WORKER)
+        .args(["hold", &pinning, "s", "--session"])
+        .env("DBLOCK_TEST_NAMESPACE", &s.name)
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut out = tokio::io::BufReader::new(holder.stdout.take().unwrap());
+    let mut line = String::new();
+    bounded(
+        20,
+        tokio::io::AsyncBufReadExt::read_line(&mut out, &mut line),
+    )
+    .await
+    .unwrap();
+    assert!(line.starts_with("held"), "{line:?}");
+    assert!(
+        bounded(10, session!(a).try_lock_for(Duration::from_millis(300)))
+            .await
+            .unwrap()
+            .is_none(),
+        "the other process holds it"
+    );
+    holder.start_kill().unwrap();
+    bounded(10, holder.wait()).await.unwrap();
+    let g = bounded(10, session!(a).try_lock_for(Duration::from_secs(5)))
+        .await
+        .unwrap();
+    assert!(g.is_some(), "freed when its holder died");
+
+    // Nothing but the session lock is kept: migrations stay refused.
+    let set =
+        dblock::migrate::Migrations::from_sources([("1_t.sql", "CREATE TABLE t (x int)")]).unwrap();
+    let e = bounded(10, set.run(&a)).await.unwrap_err();
+    assert!(matches!(e, Error::BehindPooler { .. }), "{e:?}");
+}
+
 /// A holder occupying the pooler's only server connection: a transaction-scoped lock
 /// through the pooler, held for `secs`.
 async fn occupy(url: &str, secs: u64) -> tokio::task::JoinHandle<()> {

@@ -27,7 +27,7 @@
 //!
 //! For a component that owns an idempotent DDL script and runs it at every start:
 //! [`run_script`] (on your sqlx pool) or [`Locks::run_script`] sends
-//! [`lock_prefixed`]`(ddl)`: `SELECT pg_advisory_xact_lock(KEY);` followed by the script,
+//! [`lock_prefixed`]`(ddl)`: `SELECT pg_catalog.pg_advisory_xact_lock(KEY);` followed by the script,
 //! unaltered, as one simple-protocol message. PostgreSQL runs such a message as one
 //! implicit transaction, so the lock is held for the whole script and released at its
 //! end, on success and failure alike; there is nothing to release and no path that
@@ -197,7 +197,7 @@
 //! A service whose start-up scripts already take an advisory key of their own moves to
 //! dblock instance by instance with [`run_script_with_key`] (and
 //! [`Locks::run_script_with_key`]): the script is sent as old instances send it,
-//! `SELECT pg_advisory_xact_lock(KEY);` then the DDL in one message, so old and new
+//! `SELECT pg_catalog.pg_advisory_xact_lock(KEY);` then the DDL in one message, so old and new
 //! instances exclude each other while both run.
 //!
 //! # Status and dry runs

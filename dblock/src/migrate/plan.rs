@@ -38,7 +38,7 @@ pub const TABLE: &str = "dblock_migrations";
 /// let sql = dblock::migrate::lock_prefixed("CREATE TABLE IF NOT EXISTS t (x int);");
 /// assert_eq!(
 ///     sql,
-///     "SELECT pg_advisory_xact_lock(4918577646357138689);\nCREATE TABLE IF NOT EXISTS t (x int);"
+///     "SELECT pg_catalog.pg_advisory_xact_lock(4918577646357138689);\nCREATE TABLE IF NOT EXISTS t (x int);"
 /// );
 /// ```
 pub fn lock_prefixed(ddl: &str) -> String {
@@ -54,11 +54,11 @@ pub fn lock_prefixed(ddl: &str) -> String {
 /// let sql = dblock::migrate::lock_prefixed_with(0x4652_4149_5345_0001, "CREATE TABLE IF NOT EXISTS t (x int);");
 /// assert_eq!(
 ///     sql,
-///     "SELECT pg_advisory_xact_lock(5067184313930678273);\nCREATE TABLE IF NOT EXISTS t (x int);"
+///     "SELECT pg_catalog.pg_advisory_xact_lock(5067184313930678273);\nCREATE TABLE IF NOT EXISTS t (x int);"
 /// );
 /// ```
 pub fn lock_prefixed_with(key: i64, ddl: &str) -> String {
-    format!("SELECT pg_advisory_xact_lock({key});\n{ddl}")
+    format!("SELECT pg_catalog.pg_advisory_xact_lock({key});\n{ddl}")
 }
 
 /// What a run did.

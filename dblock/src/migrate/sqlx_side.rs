@@ -106,7 +106,7 @@ fn crc32(bytes: &[u8]) -> u32 {
 /// on MySQL and SQLite with `TIMESTAMP` and `BLOB`.
 pub(crate) fn create_table(table: &str, postgres: bool) -> String {
     let (at, now, bytes) = if postgres {
-        ("TIMESTAMPTZ", "now()", "BYTEA")
+        ("TIMESTAMPTZ", "pg_catalog.now()", "BYTEA")
     } else {
         ("TIMESTAMP", "CURRENT_TIMESTAMP", "BLOB")
     };

@@ -11,14 +11,14 @@ fn the_lock_comes_first_and_the_ddl_is_carried_through_byte_for_byte() {
     let ddl = "-- leading comment\nCREATE TABLE IF NOT EXISTS t (x int);\n\
                DO $$ BEGIN PERFORM 1; END $$;\r\n\tCREATE INDEX IF NOT EXISTS i ON t (x)";
     let sql = lock_prefixed(ddl);
-    let first = "SELECT pg_advisory_xact_lock(4918577646357138689);\n";
+    let first = "SELECT pg_catalog.pg_advisory_xact_lock(4918577646357138689);\n";
     assert!(sql.starts_with(first), "{sql}");
     assert_eq!(&sql[first.len()..], ddl, "the caller's DDL, unaltered");
     // The prefix is one complete statement, whatever the script starts with.
     let stmts = split::split(&sql);
     assert_eq!(
         stmts[0],
-        "SELECT pg_advisory_xact_lock(4918577646357138689)"
+        "SELECT pg_catalog.pg_advisory_xact_lock(4918577646357138689)"
     );
     assert_eq!(lock_prefixed(""), first);
 }

@@ -88,6 +88,7 @@
 //! so committed before the grant returns. Claims of scheduled slots are recorded in
 //! `dblock_runs` there (see [`jobs`](crate::jobs)).
 
+mod doctor;
 pub(crate) mod fence;
 mod floor;
 mod leader;
@@ -417,6 +418,10 @@ impl MyBackend {
 impl RawLocks for MyBackend {
     fn name(&self) -> &'static str {
         "mysql"
+    }
+
+    fn diagnose(&self) -> BoxFuture<'_, Result<Vec<crate::doctor::Check>, Error>> {
+        Box::pin(MyBackend::diagnose(self))
     }
 
     fn acquire<'a>(&'a self, req: &'a Req<'a>) -> BoxFuture<'a, Result<Option<Grant>, Error>> {

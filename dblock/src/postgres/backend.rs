@@ -12,6 +12,7 @@ use super::conn::pooler::{Known, Pooler};
 use super::conn::tls::Connector;
 use super::conn::wire::QueryError;
 use super::conn::{Armed, Conn};
+use super::engine::{Engine, Exclusion, SelfTest};
 use super::lock::mux;
 use super::settings::PgSettings;
 use super::sql::first_value;
@@ -82,6 +83,13 @@ pub(crate) struct PgBackend {
     /// The role the handle connects as (`current_user`), for the setup command that
     /// permission errors name.
     pub(crate) role: String,
+    /// The engine the server is, as named when the handle opened.
+    pub(crate) engine: Engine,
+    /// Whether the engine's advisory locks are checked before the handle's first grant
+    /// (any engine but PostgreSQL, or `self_test=always`).
+    pub(super) self_test: bool,
+    /// What that check found, once it has run.
+    pub(super) exclusion: tokio::sync::OnceCell<Exclusion>,
 }
 
 impl PgBackend {
@@ -103,10 +111,18 @@ impl PgBackend {
             opts.acquire_timeout,
             opts.check_interval,
             opts.check_timeout,
-            pg.pooler,
+            (pg.pooler, pg.pooler_known),
         );
         let mux = (pg.multiplex > 0).then(|| mux::Mux::new(pool.clone(), pg.multiplex));
         let (mut b, ns) = PgBackend::finish_open(Source::Native(pool.clone()), false, opts).await?;
+        // The start-up parameters name the engine where they tell; `version()`, read in
+        // the opening query anyway, where they do not, or where it contradicts a claim to
+        // be PostgreSQL (a server that copies PostgreSQL's parameters).
+        let engine = match pool.engine() {
+            Some(e) if !e.trusted() || b.engine.trusted() => e,
+            _ => b.engine.clone(),
+        };
+        b.set_engine(engine, pg.self_test);
         if mux.is_some() {
             // A multiplexing handle keeps to its shared connections until it must wait.
             pool.close_idle();
@@ -136,12 +152,20 @@ impl PgBackend {
             ));
         }
         let (mut b, ns) = PgBackend::finish_open(source, true, opts).await?;
+        let engine = b.engine.clone();
+        b.set_engine(engine, pg.self_test);
         if pg.pooler != Pooler::Detect {
-            b.set_pooler((pg.pooler, Known::Declared));
+            b.set_pooler((pg.pooler, pg.pooler_known));
         } else if b.server_port.is_some_and(|p| Some(p) != b.sqlx_port()) {
             b.set_pooler((Pooler::Transaction, Known::Port));
         }
         Ok((b, ns))
+    }
+
+    /// Records which engine the server is, and whether its locks are to be checked.
+    fn set_engine(&mut self, engine: Engine, when: SelfTest) {
+        self.self_test = when == SelfTest::Always || !engine.trusted();
+        self.engine = engine;
     }
 
     /// Records what lies between dblock and the server.
@@ -165,19 +189,26 @@ impl PgBackend {
     }
 
     /// Refuses, before anything is taken, what cannot work through a
-    /// transaction-pooling pooler.
+    /// transaction-pooling pooler: anything of a session (`locks_only` false), or, with
+    /// `locks_only`, only session locks — which a pinning pooler keeps.
     pub(crate) fn refuse_behind_pooler(
         &self,
         what: &'static str,
         fix: &'static str,
+        locks_only: bool,
     ) -> Result<(), Error> {
-        match self.pooler {
-            (p, how) if !p.keeps_sessions() => Err(Error::BehindPooler {
+        let (p, how) = self.pooler;
+        let kept = match locks_only {
+            true => p.keeps_session_locks(),
+            false => p.keeps_sessions(),
+        };
+        match kept {
+            false => Err(Error::BehindPooler {
                 what,
-                how: how.describe(),
+                how: how.describe(p),
                 fix,
             }),
-            _ => Ok(()),
+            true => Ok(()),
         }
     }
 
@@ -190,10 +221,11 @@ impl PgBackend {
         let rows = armed
             .conn()
             .query(&format!(
-                "SELECT current_schema(); SELECT current_setting('server_version_num'); \
-                 SELECT current_setting('{}', true); \
-                 SELECT (extract(epoch FROM current_setting('lock_timeout')::interval) \
-                 * 1000)::bigint; SELECT inet_server_port(); SELECT current_user",
+                "SELECT pg_catalog.current_schema(); SELECT pg_catalog.current_setting('server_version_num'); \
+                 SELECT pg_catalog.current_setting('{}', true); \
+                 SELECT (extract(epoch FROM pg_catalog.current_setting('lock_timeout')::interval) \
+                 * 1000)::bigint; SELECT pg_catalog.inet_server_port(); SELECT current_user; \
+                 SELECT pg_catalog.version()",
                 NAMESPACE_SETTING
             ))
             .await
@@ -207,6 +239,8 @@ impl PgBackend {
         // schemas exist, so two processes meaning one lock could key it differently.
         let server_port = first_value(&rows, 4).and_then(|v| v.parse().ok());
         let role = first_value(&rows, 5).unwrap_or_default();
+        // Told by the start-up parameters where they are seen (`set_engine`), else here.
+        let engine = Engine::from_version_text(&first_value(&rows, 6).unwrap_or_default());
         let namespace = first_value(&rows, 2)
             .filter(|ns| !ns.is_empty())
             .unwrap_or_else(|| DEFAULT_NAMESPACE.to_string());
@@ -222,9 +256,12 @@ impl PgBackend {
                 fence_ready: tokio::sync::OnceCell::new(),
                 runs_ready: tokio::sync::OnceCell::new(),
                 fence_epoch: std::sync::atomic::AtomicBool::new(true),
-                pooler: (Pooler::None, Known::Declared),
+                pooler: (Pooler::None, Known::Port),
                 server_port,
                 role,
+                self_test: !engine.trusted(),
+                engine,
+                exclusion: tokio::sync::OnceCell::new(),
                 server_lock_timeout: first_value(&rows, 3)
                     .and_then(|ms| ms.parse::<u64>().ok())
                     .filter(|&ms| ms > 0)
@@ -274,6 +311,18 @@ impl RawLocks for PgBackend {
 
     fn pooler(&self) -> Pooler {
         self.pooler.0
+    }
+
+    fn diagnose(&self) -> BoxFuture<'_, Result<Vec<crate::doctor::Check>, Error>> {
+        Box::pin(PgBackend::diagnose(self))
+    }
+
+    fn engine(&self) -> Option<Engine> {
+        Some(self.engine.clone())
+    }
+
+    fn check_exclusion(&self) -> BoxFuture<'_, Result<Exclusion, Error>> {
+        Box::pin(PgBackend::check_exclusion(self))
     }
 
     fn bench_floor(&self) -> Result<Arc<dyn BenchFloor>, Error> {

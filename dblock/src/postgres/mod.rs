@@ -31,7 +31,9 @@
 //!
 //! - `backend`: the backend as opened (where its connections come from, what it learns
 //!   of the server) and its `RawLocks`; `url` (a URL → the backend), `settings` (its
-//!   settings, read by name), `sql` (quoting, a key in decimal).
+//!   settings, read by name), `sql` (quoting, a key in decimal), `engine` (which
+//!   engine the handle talks to, and the self-test of its advisory locks), `doctor`
+//!   (`dblock doctor`'s checks of the server).
 //! - `lock/`, the lock logic: `acquire` (one round loop for one key, any one of several
 //!   and all of a set: take a connection, send the round, read it, then grant, or clean
 //!   up and wait on in a new round), `plan` (what one round sends and how its answer is
@@ -50,6 +52,8 @@
 
 mod backend;
 mod conn;
+mod doctor;
+pub mod engine;
 mod lock;
 mod settings;
 mod sql;
@@ -64,7 +68,8 @@ pub use conn::pooler::{self, Pooler};
 pub use store::xact;
 pub(crate) use url::{open, read as read_connection_string};
 
-/// How PostgreSQL shows the advisory lock of `key`: a row of `pg_locks`.
+/// How PostgreSQL shows the advisory lock of `key`: a row of `pg_locks` (the query is for an
+/// operator to run, not one dblock sends).
 pub(crate) fn shown_as(key: crate::Key) -> crate::status::ShownAs {
     let (classid, objid) = key.pg_locks_ids();
     crate::status::ShownAs {

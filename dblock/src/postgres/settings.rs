@@ -1,8 +1,9 @@
-//! PostgreSQL's own settings of a handle — the builder's `pooler`, `multiplex` and
-//! `application_name` — read by name from the handle's options, which carry them for this
+//! PostgreSQL's own settings of a handle — the builder's `pooler`, `multiplex`,
+//! `self_test` and `application_name` — read by name from the handle's options, which carry them for this
 //! backend without knowing what they mean.
 
-use super::conn::pooler::Pooler;
+use super::conn::pooler::{Known, Pooler};
+use super::engine::SelfTest;
 use crate::error::Error;
 use crate::raw::Options;
 
@@ -10,16 +11,25 @@ use crate::raw::Options;
 pub(crate) const MULTIPLEX: &str = "multiplex";
 /// The builder's `pooler(p)` (or the URL's `pooler=`), as the options carry it.
 pub(crate) const POOLER: &str = "pooler";
+/// Set (to `host`) when [`POOLER`] was implied by a managed service's host rather than
+/// declared (see [`implied_by_host`](super::conn::pooler::implied_by_host)).
+pub(crate) const POOLER_FROM: &str = "pooler_from";
+/// The builder's `self_test(t)` (or the URL's `self_test=`), as the options carry it.
+pub(crate) const SELF_TEST: &str = "self_test";
 /// The builder's `application_name(name)`, as the options carry it.
 pub(crate) const APPLICATION_NAME: &str = "application_name";
 
 /// What this backend reads of a handle's options beyond what every backend does.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub(crate) struct PgSettings {
     /// What lies between dblock and PostgreSQL, as declared (or to detect).
     pub(crate) pooler: Pooler,
+    /// How [`pooler`](Self::pooler) is known when it is not [`Pooler::Detect`].
+    pub(crate) pooler_known: Known,
     /// How many shared connections session locks are multiplexed on (0: none).
     pub(crate) multiplex: usize,
+    /// When the engine's advisory locks are checked before the handle's first grant.
+    pub(crate) self_test: SelfTest,
 }
 
 impl PgSettings {
@@ -38,6 +48,19 @@ impl PgSettings {
                 .map_err(|e| invalid(MULTIPLEX, v, format!("{e}")))?,
             None => 0,
         };
-        Ok(PgSettings { pooler, multiplex })
+        let pooler_known = match opts.setting(POOLER_FROM) {
+            Some("host") => Known::Host,
+            _ => Known::Declared,
+        };
+        let self_test = match opts.setting(SELF_TEST) {
+            Some(v) => SelfTest::parse(v).map_err(|why| invalid(SELF_TEST, v, why))?,
+            None => SelfTest::Auto,
+        };
+        Ok(PgSettings {
+            pooler,
+            pooler_known,
+            multiplex,
+            self_test,
+        })
     }
 }

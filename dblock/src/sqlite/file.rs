@@ -138,6 +138,14 @@ pub(crate) struct LockFile {
     shards: Box<[Shard]>,
 }
 
+impl LockFile {
+    /// The network or FUSE file system the lock file is on, if it is (see
+    /// [`sys::network_filesystem`]).
+    pub(crate) fn network_fs(&self) -> Option<&'static str> {
+        self.network_fs
+    }
+}
+
 /// How many parts the table of a lock file has. Requests for different keys meet on one
 /// mutex only when their keys fall in one part, so tasks working on keys of their own
 /// rarely wait for each other (with one mutex for the whole table, 8 workers on 2 cores

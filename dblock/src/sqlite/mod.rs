@@ -121,6 +121,7 @@
 
 mod adopt;
 mod bookkeeping;
+mod doctor;
 pub(crate) mod fence;
 mod file;
 mod floor;
@@ -450,6 +451,10 @@ impl Shared {
 impl RawLocks for SqliteBackend {
     fn name(&self) -> &'static str {
         "sqlite"
+    }
+
+    fn diagnose(&self) -> BoxFuture<'_, Result<Vec<crate::doctor::Check>, Error>> {
+        Box::pin(std::future::ready(Ok(SqliteBackend::diagnose(self))))
     }
 
     fn acquire<'a>(&'a self, req: &'a Req<'a>) -> BoxFuture<'a, Result<Option<Grant>, Error>> {

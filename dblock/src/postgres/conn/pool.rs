@@ -11,6 +11,7 @@ use super::outbox::Outbox;
 use super::pooler::{Known, Pooler};
 use super::tls::Connector;
 use super::wire::Link;
+use crate::engine::Engine;
 use crate::error::{Error, WaitingFor};
 
 /// The pool's settings and idle connections.
@@ -20,12 +21,16 @@ pub(crate) struct PoolShared {
     tls: Connector,
     idle: Arc<Idle>,
     permits: Arc<Semaphore>,
+    /// The most connections open at once (the builder's `max_connections`).
+    max: usize,
     acquire_timeout: Duration,
     check_interval: Duration,
     check_timeout: Duration,
     /// What lies between dblock and the server: declared, or found on the first
     /// connection (see [`super::pooler`]).
     route: std::sync::OnceLock<(Pooler, Known)>,
+    /// The engine the first connection's start-up parameters named, if they did.
+    engine: std::sync::OnceLock<Option<Engine>>,
 }
 
 /// A small LIFO pool of dblock's own connections.
@@ -44,12 +49,12 @@ impl Pool {
         acquire_timeout: Duration,
         check_interval: Duration,
         check_timeout: Duration,
-        declared: Pooler,
+        declared: (Pooler, Known),
     ) -> Pool {
         super::health::apply(&mut config);
         let route = std::sync::OnceLock::new();
-        if declared != Pooler::Detect {
-            let _ = route.set((declared, Known::Declared));
+        if declared.0 != Pooler::Detect {
+            let _ = route.set(declared);
         }
         Pool {
             shared: Arc::new(PoolShared {
@@ -58,10 +63,12 @@ impl Pool {
                 tls,
                 idle: Arc::new(Mutex::new(Vec::new())),
                 permits: Arc::new(Semaphore::new(max)),
+                max,
                 acquire_timeout,
                 check_interval,
                 check_timeout,
                 route,
+                engine: std::sync::OnceLock::new(),
             }),
         }
     }
@@ -70,6 +77,17 @@ impl Pool {
     /// unless declared).
     pub(crate) fn route(&self) -> Option<(Pooler, Known)> {
         self.shared.route.get().copied()
+    }
+
+    /// The engine the start-up parameters named (after the first connection), if they
+    /// did.
+    pub(crate) fn engine(&self) -> Option<Engine> {
+        self.shared.engine.get().cloned().flatten()
+    }
+
+    /// The most connections the pool opens at once.
+    pub(crate) fn max(&self) -> usize {
+        self.shared.max
     }
 
     pub(crate) fn config(&self) -> &tokio_postgres::Config {
@@ -182,6 +200,9 @@ impl Pool {
             .and_then(|v| v.split(|c: char| !c.is_ascii_digit()).next())
             .and_then(|v| v.parse().ok())
             .unwrap_or(0);
+        self.shared
+            .engine
+            .get_or_init(|| Engine::from_parameters(|p| connection.parameter(p).map(Into::into)));
         let client = Arc::new(client);
         let link = Link::new();
         let outbox = Arc::new(Outbox::default());
@@ -227,7 +248,10 @@ impl Pool {
 async fn detect(client: &tokio_postgres::Client) -> (Pooler, Known) {
     use tokio_postgres::SimpleQueryMessage;
     let announced = super::pooler::announced_pid(client.cancel_token()).await;
-    let server = match client.simple_query("SELECT pg_backend_pid()").await {
+    let server = match client
+        .simple_query("SELECT pg_catalog.pg_backend_pid()")
+        .await
+    {
         Ok(msgs) => msgs.iter().find_map(|m| match m {
             SimpleQueryMessage::Row(r) => r.get(0).and_then(|v| v.parse::<i32>().ok()),
             _ => None,
@@ -236,7 +260,7 @@ async fn detect(client: &tokio_postgres::Client) -> (Pooler, Known) {
     };
     match (announced, server) {
         (Some(a), Some(s)) if a != s => (Pooler::Transaction, Known::CancelKey),
-        _ => (Pooler::None, Known::Declared),
+        _ => (Pooler::None, Known::CancelKey),
     }
 }
 

@@ -11,8 +11,8 @@
 //! | what                                   | direct / session pooling | transaction pooling |
 //! |----------------------------------------|--------------------------|---------------------|
 //! | transaction-scoped locks (the default), fencing, leases, leader election | work | work: the lock's open transaction pins one server connection |
-//! | session-scoped locks, [`multiplex`](crate::Builder::multiplex) | work | refused: [`Error::BehindPooler`](crate::Error::BehindPooler) |
-//! | migrations ([`migrate`](crate::migrate)) | work | refused: [`Error::BehindPooler`](crate::Error::BehindPooler) (run them through a direct URL) |
+//! | session-scoped locks, [`multiplex`](crate::Builder::multiplex) | work | refused: [`Error::BehindPooler`](crate::Error::BehindPooler); work behind a *pinning* pooler ([`Pooler::Pinning`]) |
+//! | migrations ([`migrate`](crate::migrate)) | work | refused: [`Error::BehindPooler`](crate::Error::BehindPooler) (run them through a direct URL), behind a pinning pooler too |
 //! | [`xact`](crate::postgres::xact) helpers | work | work (no server-side prepared statements) |
 //!
 //! Behind any pooler dblock sets nothing on a server session beyond the transaction
@@ -23,10 +23,11 @@
 //!
 //! # How dblock knows
 //!
-//! Say it: `pooler=transaction`, `pooler=session` or `pooler=none` in the URL (a query
-//! parameter, or a `key=value` word; dblock removes it before connecting), or
-//! [`Builder::pooler`](crate::Builder::pooler). Otherwise dblock detects a pooler on its
-//! own connections: PostgreSQL tells a client its backend's process id when it connects
+//! Say it: `pooler=transaction`, `pooler=pinning`, `pooler=session` or `pooler=none` in
+//! the URL (a query parameter, or a `key=value` word; dblock removes it before
+//! connecting), or [`Builder::pooler`](crate::Builder::pooler). Otherwise a managed
+//! service's host says it ([`implied_by_host`]: Supabase's ports, Neon's `-pooler`
+//! hosts). Otherwise dblock detects a pooler on its own connections: PostgreSQL tells a client its backend's process id when it connects
 //! (the cancel key), and a pooler answers with a key of its own, so the process id the
 //! connection was given differs from `pg_backend_pid()`. A detected pooler is taken to
 //! pool transactions, the mode in which session state is unsafe, until told otherwise.
@@ -45,11 +46,13 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 pub use crate::raw::Pooler;
 
-/// How an effective [`Pooler::Transaction`] became known, for error messages.
+/// How the pooler in effect became known, for error messages and `dblock doctor`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Known {
     /// The user said so.
     Declared,
+    /// Implied by a managed service's host and port ([`implied_by_host`]).
+    Host,
     /// Detected on dblock's own connections (cancel key).
     CancelKey,
     /// Detected on an sqlx pool (port).
@@ -57,24 +60,89 @@ pub(crate) enum Known {
 }
 
 impl Known {
-    pub(crate) fn describe(self) -> &'static str {
-        match self {
-            Known::Declared => "pooler=transaction was set",
-            Known::CancelKey => {
+    /// How `pooler` is known, in words.
+    pub(crate) fn describe(self, pooler: Pooler) -> &'static str {
+        match (self, pooler) {
+            (Known::Declared, Pooler::Pinning) => {
+                "pooler=pinning was set: a server connection is pinned while a session lock \
+                 is held, and nothing else of a session is kept"
+            }
+            (Known::Declared, Pooler::Session) => "pooler=session was set",
+            (Known::Declared, Pooler::None) => "pooler=none was set",
+            (Known::Declared, _) => "pooler=transaction was set",
+            (Known::Host, Pooler::Transaction) => {
+                "implied by the host: Supabase's port 6543 and Neon's -pooler hosts pool \
+                 transactions"
+            }
+            (Known::Host, _) => {
+                "implied by the host: Supabase's port 5432 and Neon's hosts without -pooler \
+                 keep a server session per client"
+            }
+            (Known::CancelKey, Pooler::None) => {
+                "detected: no pooler seen (the connection's process id is the server's \
+                 pg_backend_pid())"
+            }
+            (Known::Port, Pooler::None) => {
+                "detected: no pooler seen (the server's port is the one the sqlx pool \
+                 connects to)"
+            }
+            (Known::CancelKey, _) => {
                 "detected: the connection's process id is not the server's pg_backend_pid()"
             }
-            Known::Port => "detected: the server's port is not the one the sqlx pool connects to",
+            (Known::Port, _) => {
+                "detected: the server's port is not the one the sqlx pool connects to"
+            }
         }
     }
+}
+
+/// The pooler a managed service's host and port imply, which dblock uses unless it is
+/// told otherwise (`pooler=…`, [`Builder::pooler`](crate::Builder::pooler)):
+///
+/// - Supabase (`*.supabase.co`, `*.supabase.com`, the Supavisor hosts
+///   `*.pooler.supabase.com` among them): port 6543 pools transactions, port 5432 keeps
+///   a server session per client (Supavisor's session mode, or the database itself).
+/// - Neon (`*.neon.tech`): an endpoint whose first label ends in `-pooler` is PgBouncer
+///   in transaction mode; any other endpoint is Neon's proxy, one server session per
+///   client (whose cancel keys are its own, so detection would mistake it for a pooler).
+///
+/// `None` for any other host, or a port the service does not document.
+pub fn implied_by_host(host: &str, port: u16) -> Option<Pooler> {
+    let host = host.trim_end_matches('.').to_ascii_lowercase();
+    let under = |domain: &str| host.ends_with(&format!(".{domain}"));
+    if under("supabase.co") || under("supabase.com") {
+        return match port {
+            6543 => Some(Pooler::Transaction),
+            5432 => Some(Pooler::Session),
+            _ => None,
+        };
+    }
+    if under("neon.tech") {
+        let first = host.split('.').next().unwrap_or_default();
+        return Some(match first.ends_with("-pooler") {
+            true => Pooler::Transaction,
+            false => Pooler::Session,
+        });
+    }
+    None
 }
 
 /// Removes dblock's `pooler` parameter from a connection string (URL query parameter or
 /// `key=value` word), returning the string the driver gets and the declared mode.
 pub(crate) fn split_url(url: &str) -> Result<(Cow<'_, str>, Option<Pooler>), String> {
+    let (rest, value) = split_param(url, "pooler");
+    Ok((rest, value.map(|v| Pooler::parse(&v)).transpose()?))
+}
+
+/// Removes one of dblock's own parameters, `name` (`pooler`, `self_test`), from a
+/// connection string — a URL query parameter or a `key=value` word, which the driver
+/// would refuse — returning the string without it and its value (the last, if given
+/// more than once).
+pub(crate) fn split_param<'u>(url: &'u str, name: &str) -> (Cow<'u, str>, Option<String>) {
     let lower = url.get(..13).unwrap_or(url).to_ascii_lowercase();
     if lower.starts_with("postgres://") || lower.starts_with("postgresql://") {
         let Some(q) = url.find('?') else {
-            return Ok((Cow::Borrowed(url), None));
+            return (Cow::Borrowed(url), None);
         };
         let (head, query) = (&url[..q], &url[q + 1..]);
         let (query, frag) = match query.find('#') {
@@ -85,36 +153,34 @@ pub(crate) fn split_url(url: &str) -> Result<(Cow<'_, str>, Option<Pooler>), Str
         let mut kept = Vec::new();
         for pair in query.split('&') {
             match pair.split_once('=') {
-                Some((k, v)) if k.eq_ignore_ascii_case("pooler") => {
-                    found = Some(Pooler::parse(v)?);
-                }
+                Some((k, v)) if k.eq_ignore_ascii_case(name) => found = Some(v.to_string()),
                 _ => kept.push(pair),
             }
         }
         if found.is_none() {
-            return Ok((Cow::Borrowed(url), None));
+            return (Cow::Borrowed(url), None);
         }
         let kept = kept.join("&");
         let sep = if kept.is_empty() { "" } else { "?" };
-        return Ok((Cow::Owned(format!("{head}{sep}{kept}{frag}")), found));
+        return (Cow::Owned(format!("{head}{sep}{kept}{frag}")), found);
     }
-    // A key=value connection string: `pooler=…` as one whitespace-separated word.
+    // A key=value connection string: `name=…` as one whitespace-separated word.
     if !url.contains('=') || url.contains("://") {
-        return Ok((Cow::Borrowed(url), None));
+        return (Cow::Borrowed(url), None);
     }
     let mut found = None;
     let mut kept = Vec::new();
     for word in url.split_whitespace() {
         match word.split_once('=') {
-            Some((k, v)) if k.trim().eq_ignore_ascii_case("pooler") => {
-                found = Some(Pooler::parse(v.trim_matches('\''))?);
+            Some((k, v)) if k.trim().eq_ignore_ascii_case(name) => {
+                found = Some(v.trim_matches('\'').to_string());
             }
             _ => kept.push(word),
         }
     }
     match found {
-        None => Ok((Cow::Borrowed(url), None)),
-        Some(p) => Ok((Cow::Owned(kept.join(" ")), Some(p))),
+        None => (Cow::Borrowed(url), None),
+        Some(v) => (Cow::Owned(kept.join(" ")), Some(v)),
     }
 }
 
@@ -247,6 +313,8 @@ mod tests {
             (u.as_ref(), p),
             ("host=h port=6432 dbname=x", Some(Pooler::None))
         );
+        let (u, p) = split_url("postgres://h/db?pooler=pinning").unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!((u.as_ref(), p), ("postgres://h/db", Some(Pooler::Pinning)));
         assert!(split_url("postgres://h/db?pooler=sometimes").is_err());
         assert_eq!(
             split_url("sqlite:/tmp/x.db").map(|(u, p)| (u.into_owned(), p)),

@@ -148,7 +148,9 @@ impl PgBackend {
                 "a session-scoped lock",
                 "the pooler would hand the session, and the lock with it, to another client; \
                  use transaction-scoped locks (the default), or a URL that reaches PostgreSQL \
-                 directly or through a session-pooling port (say so with pooler=session)",
+                 directly or through a session-pooling port (say so with pooler=session), \
+                 or a pooler that pins a session lock's connection (pooler=pinning)",
+                true,
             )?;
         }
         Ok(())
@@ -158,6 +160,9 @@ impl PgBackend {
     /// (0 unless `what` is any of several keys).
     async fn take(&self, req: &Req<'_>, what: What<'_>) -> Result<Option<(usize, Grant)>, Error> {
         self.refuse_unsupported(req)?;
+        if self.must_check() {
+            self.trust(req.scope).await?;
+        }
         let fence = match req.fenced {
             true => Some(
                 self.fence_table()

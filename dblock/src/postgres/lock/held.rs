@@ -109,7 +109,7 @@ impl Pinned {
         // The held lock's comment goes with it, so that `pg_stat_activity.query` keeps
         // naming the lock (`dblock status`).
         let sql = format!(
-            "SELECT inet_client_port(); SELECT inet_server_port(); SELECT pg_backend_pid() {}",
+            "SELECT pg_catalog.inet_client_port(); SELECT pg_catalog.inet_server_port(); SELECT pg_catalog.pg_backend_pid() {}",
             self.link.check_sql()
         );
         let rows = conn.query(&sql).await.map_err(QueryError::into_error)?;

@@ -19,18 +19,19 @@ const FENCED_TRY_ROW_WAIT_MS: u32 = 100;
 const CHECK: &str = "client_connection_check_interval";
 const CHECK_MS: u32 = 250;
 
-/// The advisory-lock function of a request: `pg_[try_]advisory[_xact]_lock[_shared]`.
+/// The advisory-lock function of a request: `pg_[try_]advisory[_xact]_lock[_shared]`,
+/// schema-qualified like every function dblock calls (a `search_path` cannot redirect it).
 pub(crate) fn lock_fn(scope: Scope, mode: Mode, try_: bool) -> &'static str {
     use {Mode::*, Scope::*};
     match (try_, scope, mode) {
-        (false, Transaction, Exclusive) => "pg_advisory_xact_lock",
-        (false, Transaction, Shared) => "pg_advisory_xact_lock_shared",
-        (false, Session, Exclusive) => "pg_advisory_lock",
-        (false, Session, Shared) => "pg_advisory_lock_shared",
-        (true, Transaction, Exclusive) => "pg_try_advisory_xact_lock",
-        (true, Transaction, Shared) => "pg_try_advisory_xact_lock_shared",
-        (true, Session, Exclusive) => "pg_try_advisory_lock",
-        (true, Session, Shared) => "pg_try_advisory_lock_shared",
+        (false, Transaction, Exclusive) => "pg_catalog.pg_advisory_xact_lock",
+        (false, Transaction, Shared) => "pg_catalog.pg_advisory_xact_lock_shared",
+        (false, Session, Exclusive) => "pg_catalog.pg_advisory_lock",
+        (false, Session, Shared) => "pg_catalog.pg_advisory_lock_shared",
+        (true, Transaction, Exclusive) => "pg_catalog.pg_try_advisory_xact_lock",
+        (true, Transaction, Shared) => "pg_catalog.pg_try_advisory_xact_lock_shared",
+        (true, Session, Exclusive) => "pg_catalog.pg_try_advisory_lock",
+        (true, Session, Shared) => "pg_catalog.pg_try_advisory_lock_shared",
     }
 }
 
@@ -46,7 +47,7 @@ pub(crate) fn write_lock_call(out: &mut String, scope: Scope, mode: Mode, key: K
 /// The `WHERE` clause that takes a fenced key's session lock before its token row is
 /// written: no row, and no token, when the key is not free.
 pub(crate) fn take_first(key: Key) -> String {
-    format!("WHERE pg_try_advisory_lock({}) ", key.as_i64())
+    format!("WHERE pg_catalog.pg_try_advisory_lock({}) ", key.as_i64())
 }
 
 /// What a round's message sets for itself before it locks.
@@ -91,17 +92,17 @@ pub(crate) fn open(msg: &mut Message, scope: Scope, s: &Settings) {
         Scope::Session => {
             if let Some(ms) = s.lease_ms {
                 msg.push_fmt(format_args!(
-                    "SELECT set_config('idle_session_timeout', '{ms}', false)"
+                    "SELECT pg_catalog.set_config('idle_session_timeout', '{ms}', false)"
                 ));
             }
             if s.check_disconnect {
                 msg.push_fmt(format_args!(
-                    "SELECT set_config('{CHECK}', '{CHECK_MS}', true)"
+                    "SELECT pg_catalog.set_config('{CHECK}', '{CHECK_MS}', true)"
                 ));
             }
             if let Some(ms) = s.timeout_ms {
                 msg.push_fmt(format_args!(
-                    "SELECT set_config('lock_timeout', '{ms}', true)"
+                    "SELECT pg_catalog.set_config('lock_timeout', '{ms}', true)"
                 ));
             }
         }
@@ -173,7 +174,7 @@ pub(crate) fn lock_all(
     }
     msg.push_with(|text| {
         text.reserve(160 + keys.len() * 21);
-        text.push_str("SELECT coalesce((SELECT i - 1 FROM unnest('{");
+        text.push_str("SELECT coalesce((SELECT i - 1 FROM pg_catalog.unnest('{");
         for (i, k) in keys.iter().enumerate() {
             if i > 0 {
                 text.push(',');
@@ -228,7 +229,7 @@ pub(crate) fn lock_fenced(
     let cond = match s.tries() {
         true => take_first(req.key),
         false => {
-            msg.push(&["SELECT pg_advisory_lock(", k, ")"]);
+            msg.push(&["SELECT pg_catalog.pg_advisory_lock(", k, ")"]);
             String::new()
         }
     };
@@ -238,7 +239,7 @@ pub(crate) fn lock_fenced(
     match (req.scope, s.lease_ms) {
         (Scope::Session, Some(ms)) => {
             msg.push_fmt(format_args!(
-                "SELECT set_config('idle_session_timeout', '{ms}', false)"
+                "SELECT pg_catalog.set_config('idle_session_timeout', '{ms}', false)"
             ));
         }
         (Scope::Session, None) => {}
@@ -251,8 +252,9 @@ pub(crate) fn lock_fenced(
             }
             // Re-entrant, so immediate when the session lock above was granted; a try,
             // so it never waits when it was not.
-            must_be_true = Some(msg.push(&["SELECT pg_try_advisory_xact_lock(", k, ")"]));
-            msg.push(&["SELECT pg_advisory_unlock(", k, ")"]);
+            must_be_true =
+                Some(msg.push(&["SELECT pg_catalog.pg_try_advisory_xact_lock(", k, ")"]));
+            msg.push(&["SELECT pg_catalog.pg_advisory_unlock(", k, ")"]);
         }
     }
     Fenced {
@@ -279,8 +281,8 @@ impl Release {
                 let mut kbuf = [0u8; 20];
                 let k = i64_text(key.as_i64(), &mut kbuf);
                 let f = match mode {
-                    Mode::Exclusive => "SELECT pg_advisory_unlock(",
-                    Mode::Shared => "SELECT pg_advisory_unlock_shared(",
+                    Mode::Exclusive => "SELECT pg_catalog.pg_advisory_unlock(",
+                    Mode::Shared => "SELECT pg_catalog.pg_advisory_unlock_shared(",
                 };
                 let mut sql = String::with_capacity(f.len() + k.len() + 40);
                 for part in [f, k, ")"] {
@@ -299,7 +301,7 @@ impl Release {
     pub(crate) fn of_all(scope: Scope, lease: bool) -> Release {
         let sql = match scope {
             Scope::Transaction => Cow::Borrowed("ROLLBACK"),
-            Scope::Session => Cow::Borrowed("SELECT true FROM pg_advisory_unlock_all()"),
+            Scope::Session => Cow::Borrowed("SELECT true FROM pg_catalog.pg_advisory_unlock_all()"),
         };
         Release::with_reset(scope, lease, sql)
     }
@@ -356,7 +358,7 @@ mod tests {
             for scope in [Scope::Transaction, Scope::Session] {
                 for mode in [Mode::Exclusive, Mode::Shared] {
                     let expected = format!(
-                        "pg_{}advisory{}_lock{}",
+                        "pg_catalog.pg_{}advisory{}_lock{}",
                         if try_ { "try_" } else { "" },
                         if scope == Scope::Transaction {
                             "_xact"
@@ -379,20 +381,20 @@ mod tests {
     fn releases_are_spelt_once_for_a_lock_and_for_a_set() {
         let k = Key::from_i64(-7);
         let r = Release::of_one(Scope::Session, Mode::Shared, k, false);
-        assert_eq!(r.sql(), "SELECT pg_advisory_unlock_shared(-7)");
+        assert_eq!(r.sql(), "SELECT pg_catalog.pg_advisory_unlock_shared(-7)");
         assert_eq!(
             r.after_rollback(),
-            "ROLLBACK; SELECT pg_advisory_unlock_shared(-7)"
+            "ROLLBACK; SELECT pg_catalog.pg_advisory_unlock_shared(-7)"
         );
         let r = Release::of_one(Scope::Session, Mode::Exclusive, k, true);
         assert_eq!(
             r.sql(),
-            "SELECT pg_advisory_unlock(-7); SET idle_session_timeout = DEFAULT"
+            "SELECT pg_catalog.pg_advisory_unlock(-7); SET idle_session_timeout = DEFAULT"
         );
         let r = Release::of_all(Scope::Session, true);
         assert_eq!(
             r.sql(),
-            "SELECT true FROM pg_advisory_unlock_all(); SET idle_session_timeout = DEFAULT"
+            "SELECT true FROM pg_catalog.pg_advisory_unlock_all(); SET idle_session_timeout = DEFAULT"
         );
         // A transaction-scoped lock's lease is the transaction's own: nothing to reset.
         let r = Release::of_one(Scope::Transaction, Mode::Exclusive, k, true);

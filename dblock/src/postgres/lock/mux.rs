@@ -64,6 +64,11 @@ pub(crate) enum Attempt {
 }
 
 impl Mux {
+    /// How many shared connections it keeps.
+    pub(crate) fn width(&self) -> usize {
+        self.inner.slots.len()
+    }
+
     pub(crate) fn new(pool: Pool, n: usize) -> Mux {
         Mux {
             inner: Arc::new(MuxInner {

@@ -498,16 +498,19 @@ mod tests {
         assert_eq!(
             p.sql.alone(),
             "BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL lock_timeout = 2000; \
-             SELECT pg_advisory_xact_lock(42)"
+             SELECT pg_catalog.pg_advisory_xact_lock(42)"
         );
         assert!(p.sliced);
         let p = plan(&req(Scope::Session, Mode::Exclusive, Wait::Forever, false));
         assert_eq!(
             p.sql.alone(),
-            "SELECT set_config('lock_timeout', '2000', true); SELECT pg_advisory_lock(42)"
+            "SELECT pg_catalog.set_config('lock_timeout', '2000', true); SELECT pg_catalog.pg_advisory_lock(42)"
         );
         let p = plan(&req(Scope::Session, Mode::Shared, Wait::Try, false));
-        assert_eq!(p.sql.alone(), "SELECT pg_try_advisory_lock_shared(42)");
+        assert_eq!(
+            p.sql.alone(),
+            "SELECT pg_catalog.pg_try_advisory_lock_shared(42)"
+        );
         assert_eq!(p.wanted(), [Some(0), None]);
     }
 
@@ -520,9 +523,9 @@ mod tests {
         assert_eq!(
             p.sql.alone(),
             "BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL lock_timeout = 500; \
-             SELECT CASE WHEN pg_try_advisory_xact_lock(11) THEN 1 \
-             WHEN pg_try_advisory_xact_lock(12) THEN 2 WHEN pg_try_advisory_xact_lock(10) THEN 0 \
-             ELSE (SELECT 1 FROM pg_advisory_xact_lock(11) AS w) END"
+             SELECT CASE WHEN pg_catalog.pg_try_advisory_xact_lock(11) THEN 1 \
+             WHEN pg_catalog.pg_try_advisory_xact_lock(12) THEN 2 WHEN pg_catalog.pg_try_advisory_xact_lock(10) THEN 0 \
+             ELSE (SELECT 1 FROM pg_catalog.pg_advisory_xact_lock(11) AS w) END"
         );
         assert!(p.sliced);
         assert_eq!(p.wanted(), [Some(2), None]);
@@ -545,14 +548,14 @@ mod tests {
             )
             .release(2)
             .sql(),
-            "SELECT pg_advisory_unlock(12)"
+            "SELECT pg_catalog.pg_advisory_unlock(12)"
         );
         let r = req(Scope::Session, Mode::Exclusive, Wait::Try, false);
         let p = plan_of(&r, any, &round(any, 1, None), false, true);
         assert_eq!(
             p.sql.alone(),
-            "SELECT CASE WHEN pg_try_advisory_lock(11) THEN 1 \
-             WHEN pg_try_advisory_lock(12) THEN 2 WHEN pg_try_advisory_lock(10) THEN 0 ELSE NULL END"
+            "SELECT CASE WHEN pg_catalog.pg_try_advisory_lock(11) THEN 1 \
+             WHEN pg_catalog.pg_try_advisory_lock(12) THEN 2 WHEN pg_catalog.pg_try_advisory_lock(10) THEN 0 ELSE NULL END"
         );
     }
 
@@ -684,7 +687,7 @@ mod tests {
         assert!(
             p.sql
                 .alone()
-                .starts_with("SELECT set_config('lock_timeout', "),
+                .starts_with("SELECT pg_catalog.set_config('lock_timeout', "),
             "{}",
             p.sql.alone()
         );
@@ -695,7 +698,7 @@ mod tests {
             Wait::Until(Instant::now()),
             false,
         ));
-        assert_eq!(p.sql.alone(), "SELECT pg_try_advisory_lock(42)");
+        assert_eq!(p.sql.alone(), "SELECT pg_catalog.pg_try_advisory_lock(42)");
     }
 
     #[test]
@@ -710,7 +713,7 @@ mod tests {
         // The token's commit is durable whatever the server's synchronous_commit.
         assert_eq!(stmts[1], "SET LOCAL synchronous_commit = on");
         assert_eq!(stmts[2], "SET LOCAL lock_timeout = 2000");
-        assert_eq!(stmts[3], "SELECT pg_advisory_lock(42)");
+        assert_eq!(stmts[3], "SELECT pg_catalog.pg_advisory_lock(42)");
         assert!(stmts[4].starts_with("INSERT INTO \"public\".dblock_fencing"));
         assert!(
             stmts[4].contains("E'it''s'"),
@@ -718,8 +721,8 @@ mod tests {
             stmts[4]
         );
         assert_eq!(stmts[5], "COMMIT");
-        assert_eq!(stmts[7], "SELECT pg_try_advisory_xact_lock(42)");
-        assert_eq!(stmts[8], "SELECT pg_advisory_unlock(42)");
+        assert_eq!(stmts[7], "SELECT pg_catalog.pg_try_advisory_xact_lock(42)");
+        assert_eq!(stmts[8], "SELECT pg_catalog.pg_advisory_unlock(42)");
         assert_eq!(p.wanted(), [Some(7), Some(4)]);
         // A fenced try bounds its wait on the fencing row.
         let p = plan(&req(Scope::Transaction, Mode::Exclusive, Wait::Try, true));
@@ -729,7 +732,9 @@ mod tests {
             p.sql.alone()
         );
         assert!(
-            p.sql.alone().contains("WHERE pg_try_advisory_lock(42) "),
+            p.sql
+                .alone()
+                .contains("WHERE pg_catalog.pg_try_advisory_lock(42) "),
             "{}",
             p.sql.alone()
         );
@@ -740,7 +745,7 @@ mod tests {
         let p = plan(&req(Scope::Transaction, Mode::Exclusive, Wait::Try, false));
         assert_eq!(
             p.sql.carrying_rollback(),
-            "ROLLBACK; BEGIN ISOLATION LEVEL READ COMMITTED; SELECT pg_try_advisory_xact_lock(42)"
+            "ROLLBACK; BEGIN ISOLATION LEVEL READ COMMITTED; SELECT pg_catalog.pg_try_advisory_xact_lock(42)"
         );
         assert_eq!(p.wanted(), [Some(1), None]);
         assert_eq!(
@@ -767,7 +772,7 @@ mod tests {
             let p = plan(&req(Scope::Transaction, Mode::Exclusive, Wait::Try, false));
             let (text, skip) = r.carried_by(&p.sql);
             assert!(
-                text.starts_with("BEGIN; SELECT pg_advisory_unlock"),
+                text.starts_with("BEGIN; SELECT pg_catalog.pg_advisory_unlock"),
                 "{text}"
             );
             let stmts: Vec<&str> = text.split("; ").collect();
@@ -783,7 +788,10 @@ mod tests {
                 assert!(text.starts_with("BEGIN; "), "{text}");
             } else {
                 assert_eq!(skip, 1);
-                assert!(text.starts_with("SELECT pg_advisory_unlock"), "{text}");
+                assert!(
+                    text.starts_with("SELECT pg_catalog.pg_advisory_unlock"),
+                    "{text}"
+                );
             }
         }
         assert_eq!(Deferred::Rollback { chain: true }.sql(), "ROLLBACK");
@@ -795,7 +803,7 @@ mod tests {
         let (text, skip) = Deferred::Rollback { chain: true }.carried_by(&p.sql);
         assert_eq!(
             text,
-            "ROLLBACK AND CHAIN; SELECT pg_try_advisory_xact_lock(42)"
+            "ROLLBACK AND CHAIN; SELECT pg_catalog.pg_try_advisory_xact_lock(42)"
         );
         assert_eq!(
             skip, 0,
@@ -810,7 +818,7 @@ mod tests {
         assert_eq!(Deferred::Rollback { chain: true }.carried_by(&old.sql).1, 1);
         let session = plan(&req(Scope::Session, Mode::Exclusive, Wait::Try, false));
         let (text, skip) = Deferred::Rollback { chain: true }.carried_by(&session.sql);
-        assert_eq!(text, "ROLLBACK; SELECT pg_try_advisory_lock(42)");
+        assert_eq!(text, "ROLLBACK; SELECT pg_catalog.pg_try_advisory_lock(42)");
         assert_eq!(skip, 1);
         // A fenced request chains its first BEGIN only.
         let fenced = plan(&req(
@@ -839,8 +847,8 @@ mod tests {
         assert_eq!(
             p.sql.alone(),
             "BEGIN ISOLATION LEVEL READ COMMITTED; SELECT coalesce((SELECT i - 1 FROM \
-             unnest('{-5,3,9}'::bigint[]) WITH ORDINALITY AS t(k, i) \
-             WHERE NOT pg_try_advisory_xact_lock(k) LIMIT 1), -1)"
+             pg_catalog.unnest('{-5,3,9}'::bigint[]) WITH ORDINALITY AS t(k, i) \
+             WHERE NOT pg_catalog.pg_try_advisory_xact_lock(k) LIMIT 1), -1)"
         );
         assert!(!p.sliced);
         assert_eq!(p.wanted(), [Some(1), None]);
@@ -864,14 +872,14 @@ mod tests {
         let p = plan_of(&r, all, &rd, true, true);
         assert_eq!(
             p.sql.alone(),
-            "SELECT set_config('lock_timeout', '2000', true); SELECT pg_advisory_lock(2); \
-             SELECT coalesce((SELECT i - 1 FROM unnest('{1,2}'::bigint[]) WITH ORDINALITY \
-             AS t(k, i) WHERE NOT pg_try_advisory_lock(k) LIMIT 1), -1)"
+            "SELECT pg_catalog.set_config('lock_timeout', '2000', true); SELECT pg_catalog.pg_advisory_lock(2); \
+             SELECT coalesce((SELECT i - 1 FROM pg_catalog.unnest('{1,2}'::bigint[]) WITH ORDINALITY \
+             AS t(k, i) WHERE NOT pg_catalog.pg_try_advisory_lock(k) LIMIT 1), -1)"
         );
         assert!(p.sliced);
         assert_eq!(
             p.release(0).sql(),
-            "SELECT true FROM pg_advisory_unlock_all()"
+            "SELECT true FROM pg_catalog.pg_advisory_unlock_all()"
         );
         // Under a millisecond left, the round is not sent.
         assert!(rd.out_of_time(Wait::Until(Instant::now())));

@@ -15,14 +15,14 @@ pub(crate) async fn history(armed: &Armed, sqlx_table: &str) -> Result<History, 
     let found = q(
         armed,
         &format!(
-            "SELECT concat_ws(',', \
-           CASE WHEN to_regclass({}) IS NOT NULL THEN 'sqlx' END, \
-           CASE WHEN EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = \
-             coalesce(to_regclass('schema_migrations'), 0) AND attname = 'dirty' \
+            "SELECT pg_catalog.concat_ws(',', \
+           CASE WHEN pg_catalog.to_regclass({}) IS NOT NULL THEN 'sqlx' END, \
+           CASE WHEN EXISTS (SELECT 1 FROM pg_catalog.pg_attribute WHERE attrelid = \
+             coalesce(pg_catalog.to_regclass('schema_migrations'), 0) AND attname = 'dirty' \
              AND NOT attisdropped) THEN 'golang-migrate' END, \
-           CASE WHEN to_regclass('flyway_schema_history') IS NOT NULL THEN 'flyway' END, \
-           CASE WHEN to_regclass('refinery_schema_history') IS NOT NULL THEN 'refinery' END, \
-           CASE WHEN to_regclass('goose_db_version') IS NOT NULL THEN 'goose' END)",
+           CASE WHEN pg_catalog.to_regclass('flyway_schema_history') IS NOT NULL THEN 'flyway' END, \
+           CASE WHEN pg_catalog.to_regclass('refinery_schema_history') IS NOT NULL THEN 'refinery' END, \
+           CASE WHEN pg_catalog.to_regclass('goose_db_version') IS NOT NULL THEN 'goose' END)",
             quote_literal(sqlx_table)
         ),
     )
@@ -53,38 +53,34 @@ pub(crate) async fn history(armed: &Armed, sqlx_table: &str) -> Result<History, 
                     }
                 }
             }
-            "flyway" => {
-                latest(
-                    armed,
-                    &mut h,
-                    "Flyway",
-                    "flyway_schema_history",
-                    "SELECT max(version::numeric)::bigint::text FROM flyway_schema_history \
+            "flyway" => latest(
+                armed,
+                &mut h,
+                "Flyway",
+                "flyway_schema_history",
+                "SELECT pg_catalog.max(version::numeric)::bigint::text FROM flyway_schema_history \
                  WHERE success AND version ~ '^[0-9]{1,18}$'",
-                )
-                .await?
-            }
+            )
+            .await?,
             "refinery" => {
                 latest(
                     armed,
                     &mut h,
                     "refinery",
                     "refinery_schema_history",
-                    "SELECT max(version)::text FROM refinery_schema_history",
+                    "SELECT pg_catalog.max(version)::text FROM refinery_schema_history",
                 )
                 .await?
             }
-            "goose" => {
-                latest(
-                    armed,
-                    &mut h,
-                    "goose",
-                    "goose_db_version",
-                    "SELECT max(version_id)::text FROM goose_db_version WHERE is_applied \
+            "goose" => latest(
+                armed,
+                &mut h,
+                "goose",
+                "goose_db_version",
+                "SELECT pg_catalog.max(version_id)::text FROM goose_db_version WHERE is_applied \
                  AND version_id > 0",
-                )
-                .await?
-            }
+            )
+            .await?,
             _ => {}
         }
     }
@@ -115,8 +111,8 @@ async fn sqlx_rows(armed: &Armed, table: &str) -> Result<Vec<SqlxRow>, Error> {
     let rows = q(
         armed,
         &format!(
-            "SELECT concat_ws(E'\\t', version, success, encode(checksum, 'hex'), \
-             execution_time, to_char(installed_on AT TIME ZONE 'UTC', \
+            "SELECT pg_catalog.concat_ws(E'\\t', version, success, pg_catalog.encode(checksum, 'hex'), \
+             execution_time, pg_catalog.to_char(installed_on AT TIME ZONE 'UTC', \
              'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"'), description) \
              FROM {table} ORDER BY version"
         ),
@@ -150,7 +146,7 @@ pub(crate) async fn record(armed: &Armed, table: &str, rows: &[Record]) -> Resul
         .iter()
         .map(|r| {
             let at = if r.applied_at.is_empty() {
-                "now()".to_string()
+                "pg_catalog.now()".to_string()
             } else {
                 format!("{}::timestamptz", quote_literal(&r.applied_at))
             };

@@ -50,8 +50,8 @@ pub(crate) async fn read_records(armed: &Armed, table: &str) -> Result<Vec<Recor
     let rows = q(
         armed,
         &format!(
-            "SELECT concat_ws(E'\\t', version, checksum, duration_ms, \
-             to_char(applied_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"'), \
+            "SELECT pg_catalog.concat_ws(E'\\t', version, checksum, duration_ms, \
+             pg_catalog.to_char(applied_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"'), \
              coalesce(to_jsonb(d)->>'state', 'done'), \
              coalesce(to_jsonb(d)->>'statements_done', ''), name) \
              FROM {table} d ORDER BY version"
@@ -95,8 +95,8 @@ fn parse_record(row: Option<&str>) -> Result<Record, Error> {
 pub(crate) fn holds_lock_sql() -> String {
     let (classid, objid) = Key::from_i64(MIGRATION_LOCK_KEY).pg_locks_ids();
     format!(
-        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted \
-         AND pid = pg_backend_pid() AND classid = {classid} AND objid = {objid} \
+        "SELECT pg_catalog.count(*) FROM pg_catalog.pg_locks WHERE locktype = 'advisory' AND granted \
+         AND pid = pg_catalog.pg_backend_pid() AND classid = {classid} AND objid = {objid} \
          AND objsubid = 1"
     )
 }
@@ -105,8 +105,8 @@ pub(crate) fn holds_lock_sql() -> String {
 pub(crate) fn lock_held_sql() -> String {
     let (classid, objid) = Key::from_i64(MIGRATION_LOCK_KEY).pg_locks_ids();
     format!(
-        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted \
-         AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
+        "SELECT pg_catalog.count(*) FROM pg_catalog.pg_locks WHERE locktype = 'advisory' AND granted \
+         AND database = (SELECT oid FROM pg_catalog.pg_database WHERE datname = pg_catalog.current_database()) \
          AND classid = {classid} AND objid = {objid} AND objsubid = 1"
     )
 }
@@ -159,7 +159,7 @@ pub(crate) fn create_table(table: &str) -> String {
          version bigint PRIMARY KEY, \
          name text NOT NULL, \
          checksum text NOT NULL, \
-         applied_at timestamptz NOT NULL DEFAULT now(), \
+         applied_at timestamptz NOT NULL DEFAULT pg_catalog.now(), \
          duration_ms bigint NOT NULL, \
          {STATE_COLUMNS})"
     )
@@ -181,7 +181,7 @@ pub(crate) fn add_state_columns(table: &str) -> String {
 /// Whether `table` has [`STATE_COLUMNS`] (`2`).
 pub(crate) fn state_columns_sql(table: &str) -> String {
     format!(
-        "SELECT count(*) FROM pg_attribute WHERE attrelid = to_regclass({}) \
+        "SELECT pg_catalog.count(*) FROM pg_catalog.pg_attribute WHERE attrelid = pg_catalog.to_regclass({}) \
          AND attname IN ('state', 'statements_done') AND NOT attisdropped",
         quote_literal(table)
     )

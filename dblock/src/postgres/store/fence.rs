@@ -54,7 +54,7 @@ const POLL_MAX: Duration = Duration::from_millis(100);
 /// which releases the lock.
 pub(crate) async fn setup_ddl(armed: &Armed, ddl: &str) -> Result<(), Error> {
     let attempt = format!(
-        "BEGIN ISOLATION LEVEL READ COMMITTED; SELECT pg_try_advisory_xact_lock({SETUP_LOCK_KEY})"
+        "BEGIN ISOLATION LEVEL READ COMMITTED; SELECT pg_catalog.pg_try_advisory_xact_lock({SETUP_LOCK_KEY})"
     );
     let started = tokio::time::Instant::now();
     let mut pause = POLL_FIRST;
@@ -100,7 +100,7 @@ impl PgBackend {
                 let rows = armed
                     .conn()
                     .query(&format!(
-                        "SELECT to_regclass({}) IS NOT NULL",
+                        "SELECT pg_catalog.to_regclass({}) IS NOT NULL",
                         quote_literal(&table)
                     ))
                     .await
@@ -141,7 +141,7 @@ impl PgBackend {
         // One statement, its three values as three rows in order (unnest keeps the
         // array's order); the connection reads the first column of each row.
         let sql = format!(
-            "SELECT unnest(ARRAY[holder, token::text, granted_at::text]) FROM {table} \
+            "SELECT pg_catalog.unnest(ARRAY[holder, token::text, granted_at::text]) FROM {table} \
              WHERE key = {k}",
             k = key.as_i64()
         );
@@ -173,7 +173,7 @@ pub(crate) fn table_ddl(table: &str) -> String {
     let schema = quote_literal(PG_SCHEMA);
     format!(
         "DO $dblock$ DECLARE s text; BEGIN \
-         IF to_regclass({lit}) IS NULL THEN \
+         IF pg_catalog.to_regclass({lit}) IS NULL THEN \
          CREATE TABLE {table} (\
          key bigint PRIMARY KEY, \
          namespace text NOT NULL, \
@@ -181,10 +181,10 @@ pub(crate) fn table_ddl(table: &str) -> String {
          token bigint NOT NULL, \
          holder text NOT NULL, \
          granted_at timestamptz NOT NULL); \
-         FOR s IN SELECT n.nspname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+         FOR s IN SELECT n.nspname FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
          WHERE c.relname = '{FENCING_TABLE}' AND c.relkind = 'r' AND n.nspname <> {schema} \
-         AND has_table_privilege(c.oid, 'SELECT') LOOP \
-         EXECUTE format('INSERT INTO {table} AS f SELECT key, namespace, name, token, holder, \
+         AND pg_catalog.has_table_privilege(c.oid, 'SELECT') LOOP \
+         EXECUTE pg_catalog.format('INSERT INTO {table} AS f SELECT key, namespace, name, token, holder, \
          granted_at FROM %I.{FENCING_TABLE} ON CONFLICT (key) DO UPDATE SET token = \
          greatest(f.token, EXCLUDED.token)', s); \
          END LOOP; END IF; END $dblock$"

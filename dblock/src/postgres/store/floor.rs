@@ -115,7 +115,8 @@ impl Floor {
             self.list().push(w);
         }
         if self.transport.get().is_none() {
-            const SSL: &str = "SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()";
+            const SSL: &str =
+                "SELECT ssl FROM pg_catalog.pg_stat_ssl WHERE pid = pg_catalog.pg_backend_pid()";
             let first = self.list().first().cloned();
             let floor = match first {
                 Some(w) => run(&w.client, SSL).await?,
@@ -156,7 +157,7 @@ impl Floor {
             (true, false) => "ROLLBACK; BEGIN; ",
         };
         let mut sql = String::with_capacity(64);
-        for part in [head, "SELECT pg_advisory_xact_lock(", k, ")"] {
+        for part in [head, "SELECT pg_catalog.pg_advisory_xact_lock(", k, ")"] {
             sql.push_str(part);
         }
         let t = Instant::now();

@@ -83,7 +83,7 @@ impl PgBackend {
         // or none) writes nothing; nor does an older term over a newer one's value.
         let sql = format!(
             "INSERT INTO {table} AS l (key, namespace, name, token, holder, value, published_at) \
-             SELECT f.key, f.namespace, f.name, f.token, f.holder, {v}, now() \
+             SELECT f.key, f.namespace, f.name, f.token, f.holder, {v}, pg_catalog.now() \
              FROM {fencing} f WHERE f.key = {k} AND f.token = {t} \
              ON CONFLICT (key) DO UPDATE SET namespace = EXCLUDED.namespace, \
              name = EXCLUDED.name, token = EXCLUDED.token, holder = EXCLUDED.holder, \
@@ -150,7 +150,7 @@ impl PgBackend {
         }
         for (ns, prefix) in prefixes {
             cond.push(format!(
-                "(f.namespace = {} AND left(f.name, {}) = {})",
+                "(f.namespace = {} AND pg_catalog.left(f.name, {}) = {})",
                 quote_literal(ns),
                 prefix.chars().count(),
                 quote_literal(prefix)
@@ -161,7 +161,7 @@ impl PgBackend {
         }
         let select = |value: &str, join: &str| {
             format!(
-                "SELECT unnest(ARRAY[f.key::text, f.namespace, f.name, f.holder, f.token::text, \
+                "SELECT pg_catalog.unnest(ARRAY[f.key::text, f.namespace, f.name, f.holder, f.token::text, \
                  (extract(epoch FROM f.granted_at) * 1000)::text, {value}]) \
                  FROM {} f{join} WHERE {} ORDER BY f.key",
                 fencing_table(),

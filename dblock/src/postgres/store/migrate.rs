@@ -84,7 +84,11 @@ impl sealed::Sealed for sqlx::PgPool {}
 /// The server's `server_version_num`, on a connection of its own.
 async fn server_version_num(b: &PgBackend) -> Result<u32, Error> {
     let armed = Armed::new(b.pinned().await?);
-    let rows = q(&armed, "SELECT current_setting('server_version_num')").await?;
+    let rows = q(
+        &armed,
+        "SELECT pg_catalog.current_setting('server_version_num')",
+    )
+    .await?;
     armed.disarm().recycle();
     first_value(&rows, 0)
         .and_then(|v| v.parse().ok())
@@ -97,6 +101,7 @@ const CLIENT_CHECK_MS: u32 = 1000;
 
 /// The seed's primitive on one of the handle's connections, under advisory key `key`.
 async fn run_script(b: &PgBackend, key: i64, ddl: &str) -> Result<(), Error> {
+    b.trust(crate::raw::Scope::Transaction).await?;
     let armed = Armed::new(b.pinned().await?);
     let res = armed.conn().query(&lock_prefixed_with(key, ddl)).await;
     let conn = armed.disarm();
@@ -125,7 +130,10 @@ async fn read(b: &PgBackend, opts: &Options) -> Result<Recorded, Error> {
     let armed = Armed::new(b.pinned().await?);
     let exists = q(
         &armed,
-        &format!("SELECT to_regclass({}) IS NOT NULL", quote_literal(&table)),
+        &format!(
+            "SELECT pg_catalog.to_regclass({}) IS NOT NULL",
+            quote_literal(&table)
+        ),
     )
     .await?;
     let records = match first_value(&exists, 0).as_deref() {
@@ -166,7 +174,8 @@ impl PgSession {
     /// for holding no snapshot (see [`wait_for_lock`]). Dropped on the way (an error, a
     /// cancelled future), the connection is abandoned, which releases everything.
     async fn lock(b: &PgBackend, opts: &Options, what: &'static str) -> Result<Self, Error> {
-        b.refuse_behind_pooler(what, POOLER_FIX)?;
+        b.refuse_behind_pooler(what, POOLER_FIX, false)?;
+        b.trust(crate::raw::Scope::Session).await?;
         let mut s = PgSession {
             table: table(b)?,
             armed: Some(Armed::new(b.pinned().await?)),
@@ -183,8 +192,8 @@ impl PgSession {
         // already have it; a borrowed sqlx connection may not): what is set is reset.
         let v = s
             .q(
-                "SELECT current_setting('server_version_num')::int >= 140000 \
-                AND coalesce(current_setting('client_connection_check_interval', true), '0') = '0'",
+                "SELECT pg_catalog.current_setting('server_version_num')::int >= 140000 \
+                AND coalesce(pg_catalog.current_setting('client_connection_check_interval', true), '0') = '0'",
             )
             .await?;
         if first_value(&v, 0).as_deref() == Some("t") {
@@ -242,7 +251,7 @@ impl PgSession {
         let mut sql = format!("DELETE FROM {} WHERE version = {v}", self.table);
         let sqlx = self
             .q(&format!(
-                "SELECT to_regclass({}) IS NOT NULL",
+                "SELECT pg_catalog.to_regclass({}) IS NOT NULL",
                 quote_literal(&self.sqlx_table)
             ))
             .await?;
@@ -279,7 +288,7 @@ impl PgSession {
             ),
             // One message, so one implicit transaction with sqlx's row.
             Write::Finished(m, took) => format!(
-                "UPDATE {t} SET state = 'done', statements_done = NULL, applied_at = now(), \
+                "UPDATE {t} SET state = 'done', statements_done = NULL, applied_at = pg_catalog.now(), \
                  duration_ms = {} WHERE version = {}{}",
                 millis(took),
                 m.version(),
@@ -436,7 +445,7 @@ impl Session for PgSession {
         Box::pin(async move {
             // In autocommit a statement's transaction starts with it.
             let open = self
-                .q("SELECT transaction_timestamp() <> statement_timestamp()")
+                .q("SELECT pg_catalog.transaction_timestamp() <> pg_catalog.statement_timestamp()")
                 .await?;
             if first_value(&open, 0).as_deref() != Some("t") {
                 return Ok(false);
@@ -469,7 +478,9 @@ impl PgSession {
             stmts.push(format!("SELECT pg_catalog.pg_advisory_unlock({key})"));
         }
         let unlock_at = self.locked.then(|| {
-            stmts.push(format!("SELECT pg_advisory_unlock({MIGRATION_LOCK_KEY})"));
+            stmts.push(format!(
+                "SELECT pg_catalog.pg_advisory_unlock({MIGRATION_LOCK_KEY})"
+            ));
             stmts.len() - 1
         });
         if self.checking {

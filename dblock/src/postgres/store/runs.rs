@@ -59,9 +59,9 @@ fn fields_sql() -> &'static str {
 /// row's fields as rows of one column, in order (the connection reads first columns).
 fn select_sql(table: &str, filter: &str, limit: u32) -> String {
     format!(
-        "SELECT u.v FROM (SELECT row_number() OVER (ORDER BY started_at DESC, slot) AS n, \
+        "SELECT u.v FROM (SELECT pg_catalog.row_number() OVER (ORDER BY started_at DESC, slot) AS n, \
          {fields} AS a FROM {table} WHERE {filter} ORDER BY started_at DESC, slot \
-         LIMIT {limit}) r CROSS JOIN LATERAL unnest(r.a) WITH ORDINALITY AS u(v, i) \
+         LIMIT {limit}) r CROSS JOIN LATERAL pg_catalog.unnest(r.a) WITH ORDINALITY AS u(v, i) \
          ORDER BY r.n, u.i",
         fields = fields_sql()
     )
@@ -108,7 +108,10 @@ impl PgBackend {
             .get_or_try_init(|| async {
                 let table = table_name();
                 let armed = Armed::new(self.source.get().await?);
-                let sql = format!("SELECT to_regclass({}) IS NOT NULL", quote_literal(&table));
+                let sql = format!(
+                    "SELECT pg_catalog.to_regclass({}) IS NOT NULL",
+                    quote_literal(&table)
+                );
                 if first_value(&q(&armed, &sql).await?, 0).as_deref() != Some("t") {
                     setup_ddl(&armed, &table_ddl(&table)).await?;
                 }
@@ -134,7 +137,7 @@ impl PgBackend {
         let armed = Armed::new(self.source.get().await?);
         let rows = q(
             &armed,
-            "SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint",
+            "SELECT (extract(epoch FROM pg_catalog.clock_timestamp()) * 1000000)::bigint",
         )
         .await?;
         armed.disarm().recycle();
@@ -150,7 +153,7 @@ impl PgBackend {
                 format!(
                     "INSERT INTO {t} (key, slot, namespace, name, attempt, host, pid, program, \
                      started_at) VALUES ({k}, {s}, {ns}, {n}, 1, {h}, {pid}, {p}, \
-                     clock_timestamp()) ON CONFLICT (key, slot) DO NOTHING RETURNING 1",
+                     pg_catalog.clock_timestamp()) ON CONFLICT (key, slot) DO NOTHING RETURNING 1",
                     k = c.key.as_i64(),
                     s = quote_literal(c.slot),
                     ns = quote_literal(c.namespace),
@@ -175,7 +178,7 @@ impl PgBackend {
             .runs_query(|t| {
                 format!(
                     "UPDATE {t} SET attempt = attempt + 1, host = {h}, pid = {pid}, program = {p}, \
-                     started_at = clock_timestamp(), finished_at = NULL, exit_code = NULL \
+                     started_at = pg_catalog.clock_timestamp(), finished_at = NULL, exit_code = NULL \
                      WHERE key = {k} AND slot = {s} AND attempt = {seen} \
                      AND (finished_at IS NULL OR exit_code IS DISTINCT FROM 0) RETURNING attempt",
                     k = c.key.as_i64(),
@@ -199,7 +202,7 @@ impl PgBackend {
         let rows = self
             .runs_query(|t| {
                 format!(
-                    "UPDATE {t} SET finished_at = clock_timestamp(), exit_code = {exit_code} \
+                    "UPDATE {t} SET finished_at = pg_catalog.clock_timestamp(), exit_code = {exit_code} \
                      WHERE key = {k} AND slot = {s} AND attempt = {attempt} \
                      AND finished_at IS NULL RETURNING 1",
                     k = key.as_i64(),

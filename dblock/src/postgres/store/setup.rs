@@ -89,7 +89,7 @@ async fn setup(b: &PgBackend, grant_to: &[&str]) -> Result<String, Error> {
             let (lit, tlit) = (quote_literal(&name), quote_literal(t));
             privileges
                 .iter()
-                .map(|p| format!("has_table_privilege({lit}, {tlit}, '{p}')"))
+                .map(|p| format!("pg_catalog.has_table_privilege({lit}, {tlit}, '{p}')"))
                 .collect::<Vec<_>>()
                 .join(" AND ")
         };

@@ -39,7 +39,7 @@ pub(crate) fn insert(table: &str, rows: &[SqlxEntry]) -> String {
 pub(crate) fn waiters(key: i64) -> String {
     let (classid, objid) = Key::from_i64(key).pg_locks_ids();
     format!(
-        "SELECT count(*) FROM pg_catalog.pg_locks WHERE locktype = 'advisory' AND NOT granted \
+        "SELECT pg_catalog.count(*) FROM pg_catalog.pg_locks WHERE locktype = 'advisory' AND NOT granted \
          AND database = (SELECT oid FROM pg_catalog.pg_database \
          WHERE datname = pg_catalog.current_database()) \
          AND classid = {classid} AND objid = {objid} AND objsubid = 1"

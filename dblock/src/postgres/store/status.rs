@@ -78,20 +78,23 @@ impl PgBackend {
         // Terminating, the `granted` value says whether the holder was ended; the
         // subquery (OFFSET 0 keeps it apart) picks the holders before anyone is.
         let (granted, only_granted) = match terminate {
-            true => ("pg_terminate_backend(h.pid)::text", " AND l.granted"),
+            true => (
+                "pg_catalog.pg_terminate_backend(h.pid)::text",
+                " AND l.granted",
+            ),
             false => ("h.granted::text", ""),
         };
         format!(
-            "SELECT unnest(ARRAY[h.k::text, h.mode, {granted}, h.pid::text, \
+            "SELECT pg_catalog.unnest(ARRAY[h.k::text, h.mode, {granted}, h.pid::text, \
              h.application_name, h.client, h.xact_start, h.query_start, h.waitstart, h.query]) \
              FROM (SELECT {key} AS k, l.mode, l.granted, l.pid, a.application_name, \
              host(a.client_addr) || ':' || a.client_port::text AS client, \
              (extract(epoch FROM a.xact_start) * 1000)::text AS xact_start, \
              (extract(epoch FROM a.query_start) * 1000)::text AS query_start, \
              {waitstart} AS waitstart, a.query \
-             FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid \
-             WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.pid <> pg_backend_pid() \
-             AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())\
+             FROM pg_catalog.pg_locks l LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid \
+             WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.pid <> pg_catalog.pg_backend_pid() \
+             AND l.database = (SELECT oid FROM pg_catalog.pg_database WHERE datname = pg_catalog.current_database())\
              {only_granted}{filter} ORDER BY l.granted DESC, l.pid OFFSET 0) h"
         )
     }
@@ -143,7 +146,7 @@ impl PgBackend {
         }
         let exists = self
             .run(&format!(
-                "SELECT to_regclass(format('%I.%I', {}, '{FENCING_TABLE}'))::text",
+                "SELECT pg_catalog.to_regclass(pg_catalog.format('%I.%I', {}, '{FENCING_TABLE}'))::text",
                 quote_literal(PG_FENCING_SCHEMA)
             ))
             .await;
@@ -152,7 +155,7 @@ impl PgBackend {
         };
         let Ok(rows) = self
             .run(&format!(
-                "SELECT unnest(ARRAY[key::text, namespace, name]) FROM {qualified} \
+                "SELECT pg_catalog.unnest(ARRAY[key::text, namespace, name]) FROM {qualified} \
                  WHERE key IN ({})",
                 unnamed.join(",")
             ))

@@ -19,7 +19,7 @@ use crate::raw::{Req, holder_id};
 ///
 /// Multiplied, not shifted: a timeline of 2²³ or more fails the grant ("bigint out of
 /// range") instead of wrapping to a small token.
-pub(crate) const EPOCH_SQL: &str = "(('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))\
+pub(crate) const EPOCH_SQL: &str = "(('x' || pg_catalog.substr(pg_catalog.pg_walfile_name(pg_catalog.pg_current_wal_lsn()), 1, 8))\
      ::bit(32)::bigint * 1099511627776)";
 
 /// SQLSTATEs of a server without [`EPOCH_SQL`]'s functions (or forbidding them): the
@@ -49,7 +49,7 @@ pub(crate) fn next_token_sql(table: &str, req: &Req<'_>, cond: &str, epoch: bool
     };
     format!(
         "INSERT INTO {table} AS f (key, namespace, name, token, holder, granted_at) \
-         SELECT {k}, {ns}, {name}, {first}, {holder}, now() {cond}\
+         SELECT {k}, {ns}, {name}, {first}, {holder}, pg_catalog.now() {cond}\
          ON CONFLICT (key) DO UPDATE SET token = {next}, \
          holder = EXCLUDED.holder, granted_at = EXCLUDED.granted_at RETURNING token",
         k = req.fence_key().as_i64(),

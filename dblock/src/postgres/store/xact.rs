@@ -94,7 +94,7 @@ pub async fn try_lock(
 /// A read; cancelling it has no effect on the database.
 pub async fn current_namespace(conn: &mut PgConnection) -> Result<String, Error> {
     let sql = format!(
-        "SELECT current_setting({}, true)",
+        "SELECT pg_catalog.current_setting({}, true)",
         crate::postgres::sql::quote_literal(crate::NAMESPACE_SETTING)
     );
     let row = sqlx::raw_sql(AssertSqlSafe(sql))
