@@ -51,6 +51,8 @@
 mod backend;
 mod conn;
 mod lock;
+#[cfg(all(test, dblock_loom))]
+mod loom_models;
 mod settings;
 mod sql;
 mod store;
