@@ -58,9 +58,11 @@ fn task_turn(outbox: &Outbox, cx: &Context<'_>, wire: &Wire) -> Poll<()> {
 }
 
 /// The connection's task: runs a turn whenever woken, until told to stop (after a last
-/// turn, so whatever was deferred before the stop is sent).
+/// turn, so whatever was deferred before the stop is sent). Registered before it reads
+/// the stop, so a stop asked for after the read wakes it.
 fn connection_task(outbox: &Outbox, wire: &Wire, stop: &AtomicBool, turn: TaskTurn) {
     loom::future::block_on(poll_fn(|cx| {
+        outbox.task.register(cx.waker());
         let stopping = stop.load(Ordering::Acquire);
         if turn(outbox, cx, wire).is_ready() || stopping {
             return Poll::Ready(());
@@ -181,7 +183,7 @@ enum End {
 /// it: claim the key (or go to a connection of its own), owe the unlock, queue the lock
 /// call; then hold, and end as `end` says.
 fn multiplexed(claims: &Arc<Claims>, wire: &Arc<Wire>, holders: &AtomicUsize, end: End) {
-    let Some(mut claim) = claims.claim(7) else {
+    let Some(mut claim) = Claims::claim(claims, 7) else {
         // Held here already: the request goes to a connection of its own.
         return;
     };
@@ -249,7 +251,7 @@ fn two_tasks_share_a_connection(a: End, b: End) {
         replay(&wire.statements());
         // Nothing left claimed: a third request gets the shared connection.
         assert!(
-            claims.claim::<WireUnlock>(7).is_some(),
+            Claims::claim::<WireUnlock>(&claims, 7).is_some(),
             "a claim left behind"
         );
     });

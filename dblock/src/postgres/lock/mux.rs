@@ -106,7 +106,7 @@ impl Mux {
     ) -> Result<Attempt, Error> {
         let k = req.key.as_i64();
         // Claim the key first: never two requests for one key on a shared connection.
-        let Some(mut claim) = self.inner.claims.claim(k) else {
+        let Some(mut claim) = Claims::claim(&self.inner.claims, k) else {
             return Ok(Attempt::HeldHere);
         };
         let conn = self.conn(k).await?;
@@ -171,9 +171,12 @@ pub(crate) trait Unlock {
 
 impl Claims {
     /// Claims `key`; `None` if this process holds or is taking it already.
-    pub(crate) fn claim<U: Unlock>(self: &crate::sync::Arc<Self>, key: i64) -> Option<Claim<U>> {
-        crate::sync::lock(&self.held).insert(key).then(|| Claim {
-            claims: self.clone(),
+    pub(crate) fn claim<U: Unlock>(
+        claims: &crate::sync::Arc<Claims>,
+        key: i64,
+    ) -> Option<Claim<U>> {
+        crate::sync::lock(&claims.held).insert(key).then(|| Claim {
+            claims: claims.clone(),
             key,
             owed: None,
         })
