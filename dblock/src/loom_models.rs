@@ -50,8 +50,9 @@ impl Link {
     }
 }
 
-/// The backend's half of the guard, over the model's link.
-struct Held(Arc<Link>);
+/// The backend's half of the guard, over the model's link; `checks_loss` false for the
+/// control, a release that does not first ask whether the connection was lost.
+struct Held(Arc<Link>, bool);
 
 impl RawHeld for Held {
     fn loss(&self) -> Option<LossReason> {
@@ -82,7 +83,7 @@ impl RawHeld for Held {
     fn release(self: Box<Self>) -> BoxFuture<'static, Result<(), Error>> {
         // As `Pinned::release`: a connection already lost has nothing to release.
         Box::pin(async move {
-            match self.0.loss() {
+            match self.0.loss().filter(|_| self.1) {
                 Some(reason) => Err(Error::LockLost { reason }),
                 None => Ok(()),
             }
@@ -140,7 +141,7 @@ impl tracing::Subscriber for Reports {
     fn exit(&self, _: &tracing::span::Id) {}
 }
 
-fn guard(link: &Arc<Link>) -> LockGuard {
+fn guard(link: &Arc<Link>, checks_loss: bool) -> LockGuard {
     let req = Req {
         namespace: "model",
         name: "model",
@@ -156,7 +157,7 @@ fn guard(link: &Arc<Link>) -> LockGuard {
     LockGuard::new(
         tally,
         Grant {
-            held: Box::new(Held(link.clone())),
+            held: Box::new(Held(link.clone(), checks_loss)),
             fence: None,
         },
     )
@@ -169,6 +170,9 @@ enum Owner {
     Releases,
     /// `is_held()`, then drops the guard.
     LooksThenDrops,
+    /// The control: `release().await` over a backend half that releases without asking
+    /// whether the connection was lost.
+    ReleasesBlindly,
 }
 
 /// The guard's owner ends the lock while its connection is marked lost (by the
@@ -183,7 +187,7 @@ fn loss_marked_while_the_owner_ends_the_lock(owner: Owner) {
         let reports = Reports::default();
         let _subscriber = tracing::subscriber::set_default(reports.clone());
         let link = Arc::new(Link::default());
-        let guard = guard(&link);
+        let guard = guard(&link, !matches!(owner, Owner::ReleasesBlindly));
         let lost = guard.lost();
         let watcher = thread::spawn(move || loom::future::block_on(lost));
         let connection = {
@@ -191,7 +195,9 @@ fn loss_marked_while_the_owner_ends_the_lock(owner: Owner) {
             thread::spawn(move || link.mark_lost())
         };
         let saw_loss = match owner {
-            Owner::Releases => loom::future::block_on(guard.release()).is_err(),
+            Owner::Releases | Owner::ReleasesBlindly => {
+                loom::future::block_on(guard.release()).is_err()
+            }
             Owner::LooksThenDrops => {
                 let held = guard.is_held();
                 drop(guard);
@@ -210,7 +216,7 @@ fn loss_marked_while_the_owner_ends_the_lock(owner: Owner) {
         );
         if saw_loss {
             assert_eq!(reports.lost(), 1, "a loss the owner saw went unreported");
-        } else if let Owner::Releases = owner {
+        } else if let Owner::Releases | Owner::ReleasesBlindly = owner {
             assert_eq!(reports.lost(), 0, "a release reported as a loss");
         }
     });
@@ -224,4 +230,10 @@ fn loom_a_loss_marked_while_the_guard_releases_is_reported_once_or_not_at_all() 
 #[test]
 fn loom_a_loss_marked_while_the_guard_is_dropped_is_reported_once_or_not_at_all() {
     loss_marked_while_the_owner_ends_the_lock(Owner::LooksThenDrops);
+}
+
+#[test]
+#[should_panic(expected = "a release reported as a loss")]
+fn loom_control_a_release_that_does_not_ask_about_loss_is_reported_as_a_loss() {
+    loss_marked_while_the_owner_ends_the_lock(Owner::ReleasesBlindly);
 }

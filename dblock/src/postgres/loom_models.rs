@@ -233,21 +233,27 @@ fn replay(statements: &[String]) {
     assert_eq!(held, 0, "a release lost: {statements:?}");
 }
 
-/// Two tasks sharing the multiplexed connection of one key, each ending as given.
+/// Tasks sharing the multiplexed connection of one key, the first on this thread, the
+/// others on threads of their own, each ending as given.
 ///
 /// Invariant: never two holders of the key in the process; each lock call on the shared
 /// session is matched by exactly one unlock after it (never lost, never twice).
-fn two_tasks_share_a_connection(a: End, b: End) {
+fn tasks_share_a_connection(ends: &'static [End]) {
     loom::model(move || {
         let claims = Arc::new(Claims::default());
         let wire = Arc::new(Wire::default());
         let holders = Arc::new(AtomicUsize::new(0));
-        let other = {
-            let (claims, wire, holders) = (claims.clone(), wire.clone(), holders.clone());
-            thread::spawn(move || multiplexed(&claims, &wire, &holders, b))
-        };
-        multiplexed(&claims, &wire, &holders, a);
-        other.join().unwrap();
+        let others: Vec<_> = ends[1..]
+            .iter()
+            .map(|&end| {
+                let (claims, wire, holders) = (claims.clone(), wire.clone(), holders.clone());
+                thread::spawn(move || multiplexed(&claims, &wire, &holders, end))
+            })
+            .collect();
+        multiplexed(&claims, &wire, &holders, ends[0]);
+        for other in others {
+            other.join().unwrap();
+        }
         replay(&wire.statements());
         // Nothing left claimed: a third request gets the shared connection.
         assert!(
@@ -259,16 +265,21 @@ fn two_tasks_share_a_connection(a: End, b: End) {
 
 #[test]
 fn loom_two_tasks_on_a_multiplexed_connection_released_and_dropped() {
-    two_tasks_share_a_connection(End::Release, End::Drop);
+    tasks_share_a_connection(&[End::Release, End::Drop]);
+}
+
+#[test]
+fn loom_three_tasks_on_a_multiplexed_connection_released_dropped_and_cut_off() {
+    tasks_share_a_connection(&[End::Release, End::Drop, End::Cancelled]);
 }
 
 #[test]
 fn loom_two_tasks_on_a_multiplexed_connection_one_cut_off() {
-    two_tasks_share_a_connection(End::Cancelled, End::Release);
+    tasks_share_a_connection(&[End::Cancelled, End::Release]);
 }
 
 #[test]
 #[should_panic(expected = "an unlock the session did not hold")]
 fn loom_control_a_cut_off_release_that_still_owes_its_unlock_sends_it_twice() {
-    two_tasks_share_a_connection(End::ReleaseCutOffUnsettled, End::Drop);
+    tasks_share_a_connection(&[End::ReleaseCutOffUnsettled, End::Drop]);
 }

@@ -40,7 +40,13 @@ fn hold(holders: &AtomicUsize, held: SqliteHeld) {
 /// something new to look at, and leave its place however the wait ends. Cancelled, it
 /// gives up after its first look: its receiver dropped, then its place left (the order in
 /// which a dropped wait's future drops them). Returns whether it got the lock.
-fn waiter(shared: &Arc<Shared>, holders: &AtomicUsize, cancelled: bool) -> bool {
+/// Counts in `handed` the locks handed over to it on its channel.
+fn waiter(
+    shared: &Arc<Shared>,
+    holders: &AtomicUsize,
+    cancelled: bool,
+    handed: &std::sync::atomic::AtomicUsize,
+) -> bool {
     loop {
         match shared.step(KEY, Mode::Exclusive).unwrap() {
             Step::Granted(held) => {
@@ -53,10 +59,11 @@ fn waiter(shared: &Arc<Shared>, holders: &AtomicUsize, cancelled: bool) -> bool 
                     shared.leave(KEY, id);
                     return false;
                 }
-                let handed = loom::future::block_on(rx);
+                let delivered = loom::future::block_on(rx);
                 shared.leave(KEY, id);
-                match handed {
+                match delivered {
                     Ok(held) => {
+                        handed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                         hold(holders, held);
                         return true;
                     }
@@ -69,17 +76,18 @@ fn waiter(shared: &Arc<Shared>, holders: &AtomicUsize, cancelled: bool) -> bool 
     }
 }
 
-/// A task of this process holds the key; two others wait for it behind the holder, one
-/// of them cancelled, while the holder lets go.
+/// A task of this process holds the key; others wait for it behind the holder, one of
+/// them cancelled and `staying` not, while the holder lets go.
 ///
-/// Invariant: never two holders of the key in the process; the waiter that stays gets
+/// Invariant: never two holders of the key in the process; each waiter that stays gets
 /// the lock (loom fails a model whose threads all wait: a hand-over lost on a cancelled
 /// waiter); once all are done the table keeps nothing of the key and the byte is free in
 /// the file (taken through a descriptor of its own).
-#[test]
-fn loom_a_waiter_cancelled_during_the_hand_over_leaves_it_to_the_next_or_free() {
+fn a_waiter_cancelled_during_the_hand_over(staying: usize) {
     let dir = tempfile::tempdir().unwrap();
     let runs = std::sync::atomic::AtomicUsize::new(0);
+    let handed = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let handed_in_model = handed.clone();
     loom::model(move || {
         let run = runs.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let (backend, lock_path) = {
@@ -94,17 +102,20 @@ fn loom_a_waiter_cancelled_during_the_hand_over_leaves_it_to_the_next_or_free() 
         let held = SqliteHeld::new(&shared, KEY, Mode::Exclusive);
         let spawn = |cancelled: bool| {
             let (shared, holders) = (shared.clone(), holders.clone());
-            thread::spawn(move || waiter(&shared, &holders, cancelled))
+            let handed = handed_in_model.clone();
+            thread::spawn(move || waiter(&shared, &holders, cancelled, &handed))
         };
         let cancelled = spawn(true);
-        let stays = spawn(false);
+        let stay: Vec<_> = (0..staying).map(|_| spawn(false)).collect();
         hold(&holders, held);
         // The cancelled one gets the lock only if its look came after the release.
         cancelled.join().unwrap();
-        assert!(
-            stays.join().unwrap(),
-            "the waiter that stayed did not get the lock"
-        );
+        for stays in stay {
+            assert!(
+                stays.join().unwrap(),
+                "a waiter that stayed did not get the lock"
+            );
+        }
 
         let table = shared.lock.shard(KEY).table.lock().unwrap();
         assert!(
@@ -127,4 +138,16 @@ fn loom_a_waiter_cancelled_during_the_hand_over_leaves_it_to_the_next_or_free() 
         drop(other);
         drop(backend);
     });
+    // Some runs went through the hand-over itself, not only through fresh looks.
+    assert!(handed.load(std::sync::atomic::Ordering::Relaxed) > 0);
+}
+
+#[test]
+fn loom_a_waiter_cancelled_during_the_hand_over_leaves_it_to_the_next_or_free() {
+    a_waiter_cancelled_during_the_hand_over(1);
+}
+
+#[test]
+fn loom_a_waiter_cancelled_between_two_hand_overs_leaves_them_to_the_others() {
+    a_waiter_cancelled_during_the_hand_over(2);
 }
