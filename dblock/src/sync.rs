@@ -8,6 +8,12 @@
 //! is kept out of it in a small type built on these (the outbox's queue, the multiplexer's
 //! claims, a guard's loss state), and tokio's own loom tests cover the rest.
 
+// A build without some backend leaves what only that backend uses unused.
+#![cfg_attr(
+    not(all(feature = "postgres", feature = "sqlite", feature = "mysql")),
+    allow(unused_imports)
+)]
+
 #[cfg(not(dblock_loom))]
 pub(crate) use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 #[cfg(not(dblock_loom))]

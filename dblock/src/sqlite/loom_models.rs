@@ -119,7 +119,7 @@ fn a_waiter_cancelled_during_the_hand_over(staying: usize) {
 
         let table = shared.lock.shard(KEY).table.lock().unwrap();
         assert!(
-            table.held.get(&KEY).is_none() && table.queued.get(&KEY).is_none(),
+            !table.held.contains_key(&KEY) && !table.queued.contains_key(&KEY),
             "the key left in the process's table"
         );
         drop(table);
