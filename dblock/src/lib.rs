@@ -108,8 +108,14 @@ mod semaphore;
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
 pub mod sqlite;
 pub mod status;
+mod sync;
 mod sys;
 mod target;
+
+/// The loom models of the hand-offs that are not a backend's (a guard's loss state);
+/// the backends' are in theirs. `RUSTFLAGS="--cfg dblock_loom"`: see docs/testing.md.
+#[cfg(all(test, dblock_loom))]
+mod loom_models;
 
 pub use error::{Capability, Error, LossReason, ServerCode, WaitingFor};
 pub use fencing::Fence;

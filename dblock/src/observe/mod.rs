@@ -17,8 +17,7 @@
 #[cfg(feature = "metrics")]
 pub(crate) mod meter;
 
-use std::sync::atomic::{AtomicU8, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use tracing::Span;
@@ -26,6 +25,8 @@ use tracing::Span;
 use crate::error::{Error, LossReason};
 use crate::key::Key;
 use crate::raw::{Mode, Req, Scope, Wait};
+// A guard's loss state is shared with its loss futures: loom's under `--cfg dblock_loom`.
+use crate::sync::{Arc, AtomicU8, Ordering};
 
 /// The target of the events and spans of lock requests and guards.
 pub(crate) const TARGET: &str = "dblock::lock";

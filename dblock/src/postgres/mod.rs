@@ -39,7 +39,10 @@
 //!   up and wait on in a new round), `plan` (what one round sends and how its answer is
 //!   read), `messages` (the text of every lock message: a round's settings and lock
 //!   calls, clean-ups, releases), and the guard's half: `held` (a connection of its own)
-//!   or `mux` (shared connections).
+//!   or `mux` (shared connections; its `Claims`, the keys claimed on them and the unlock
+//!   each owes).
+//! - `loom_models` (tests, under `--cfg dblock_loom`): the outbox's and the claims'
+//!   hand-offs under every interleaving (docs/testing.md).
 //! - `conn/`, the connection layer, which knows nothing of locks — messages, statements
 //!   sent or deferred, results, health checks: `mod` (a connection and its operations,
 //!   `Armed`), dblock's own connections (`native`, `pool`, `outbox`, `driver`), one
@@ -55,6 +58,8 @@ mod conn;
 mod doctor;
 pub mod engine;
 mod lock;
+#[cfg(all(test, dblock_loom))]
+mod loom_models;
 mod settings;
 mod sql;
 mod store;

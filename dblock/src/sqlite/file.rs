@@ -157,8 +157,9 @@ const SHARDS: usize = 64;
 #[repr(align(128))]
 #[derive(Default)]
 pub(crate) struct Shard {
-    /// Keys (file offsets) of this part that this process holds or waits for.
-    pub(crate) table: Mutex<super::Table>,
+    /// Keys (file offsets) of this part that this process holds or waits for (loom's
+    /// mutex in the models: `sqlite/loom_models.rs`).
+    pub(crate) table: crate::sync::Mutex<super::Table>,
     /// Tasks waiting for a change to a key of this part; notified only when there are
     /// some.
     pub(crate) waiters: AtomicUsize,

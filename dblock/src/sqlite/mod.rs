@@ -126,6 +126,8 @@ pub(crate) mod fence;
 mod file;
 mod floor;
 mod leader;
+#[cfg(all(test, dblock_loom))]
+mod loom_models;
 mod migrate;
 mod queue;
 mod runs;

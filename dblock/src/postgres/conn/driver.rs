@@ -3,14 +3,13 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::task::Poll;
 use std::time::Duration;
 
 use tokio_postgres::Client;
 
-use super::outbox::Outbox;
+use super::outbox::{Outbox, send_if_there};
 use super::wire::{Link, LostOnDrop, QueryError};
 use crate::error::LossReason;
 
@@ -39,17 +38,10 @@ pub(crate) async fn drive(
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let lost = std::future::poll_fn(|cx| {
-        outbox.task.register(cx.waker());
-        if outbox.closing.load(Ordering::Acquire) {
-            return Poll::Ready(LossReason::ConnectionClosed {
-                message: "closed by dblock".into(),
-            });
-        }
-        // Statements deferred since the last poll go out before anything else.
-        if !outbox.send_waiting_with(|| client.upgrade()) {
-            return Poll::Ready(LossReason::ConnectionClosed {
-                message: "the connection closed".into(),
-            });
+        if let Poll::Ready(closed) =
+            outbox.poll_task(cx, |sql| send_if_there(|| client.upgrade(), sql))
+        {
+            return Poll::Ready(closed);
         }
         if let Poll::Ready(end) = connection.as_mut().poll(cx) {
             let message = match end {

@@ -111,17 +111,8 @@ impl NativeConn {
         message: &Message,
         want: [Option<usize>; N],
     ) -> Result<[Option<String>; N], QueryError> {
-        let (stream, carried) = {
-            let mut waiting = self.outbox.waiting();
-            // Queued before the mutex is released, like the task's own send.
-            match waiting.take() {
-                None => (start(&self.client, message.alone())?, 0),
-                Some(deferred) => {
-                    let (text, carried) = deferred.carried_by(message);
-                    (start(&self.client, &text)?, carried)
-                }
-            }
-        };
+        let (stream, carried) = self.outbox.carry(message, |text| start(&self.client, text));
+        let stream = stream?;
         let mut out: [Option<String>; N] = std::array::from_fn(|_| None);
         let mut seen = [false; N];
         read(stream, |i, value| {
@@ -147,18 +138,7 @@ impl NativeConn {
         if self.client.is_closed() {
             return false;
         }
-        {
-            let mut waiting = self.outbox.waiting();
-            // One user at a time, so never two; were there, the first goes first.
-            if let Some(earlier) = waiting.take()
-                && !send(&self.client, earlier.sql())
-            {
-                return false;
-            }
-            *waiting = Some(statements);
-        }
-        self.outbox.task.wake();
-        true
+        self.outbox.defer(statements, |sql| send(&self.client, sql))
     }
 
     /// Sends `sql` now, after anything deferred, without waiting for its reply: queued

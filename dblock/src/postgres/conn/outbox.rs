@@ -3,14 +3,14 @@
 //! and [`start`] (the reply read as it streams in).
 
 use std::sync::Arc;
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::{Context, Poll};
 
 use futures_util::FutureExt;
-use futures_util::task::AtomicWaker;
 use tokio_postgres::{Client, SimpleQueryStream};
 
-use super::wire::{Deferred, QueryError};
+use super::wire::{Deferred, Message, QueryError};
+use crate::error::LossReason;
+use crate::sync::{AtomicBool, AtomicWaker, Mutex, MutexGuard, Ordering};
 
 /// Statements deferred to the connection's task ([`Deferred`]), so that they can go
 /// out in one message with the next one on the connection.
@@ -38,29 +38,86 @@ pub(crate) struct Outbox {
     pub(crate) task: AtomicWaker,
 }
 
+/// The outbox's hand-offs take the way a message is queued on the connection as `send`
+/// (`sql` → whether it was queued at once; [`send`] on a client), so that the loom models
+/// (`postgres/loom_models.rs`) run them against a connection of their own.
 impl Outbox {
-    pub(crate) fn waiting(&self) -> std::sync::MutexGuard<'_, Option<Deferred>> {
-        self.waiting.lock().unwrap_or_else(|p| p.into_inner())
+    pub(crate) fn waiting(&self) -> MutexGuard<'_, Option<Deferred>> {
+        crate::sync::lock(&self.waiting)
     }
 
     /// Queues the waiting statements on their own. Returns false if they could not be.
     pub(crate) fn send_waiting(&self, client: &Client) -> bool {
+        self.send_waiting_by(|sql| send(client, sql))
+    }
+
+    /// Queues the waiting statements on their own through `send`, before the mutex is
+    /// released (so nothing issued later overtakes them). Returns false if statements
+    /// wait and could not be queued.
+    pub(crate) fn send_waiting_by(&self, send: impl FnOnce(&str) -> bool) -> bool {
         let mut waiting = self.waiting();
         match waiting.take() {
             None => true,
-            Some(r) => send(client, r.sql()),
+            Some(r) => send(r.sql()),
         }
     }
 
-    /// [`Outbox::send_waiting`] from the connection's task, which holds the client weakly.
-    /// Returns false if statements wait and cannot be queued (the client is gone: the
-    /// session ends with the connection, which undoes everything it kept).
-    pub(crate) fn send_waiting_with(&self, client: impl FnOnce() -> Option<Arc<Client>>) -> bool {
+    /// Defers `statements` (see [`NativeConn::defer`](super::native::NativeConn::defer)):
+    /// statements still waiting, which one user at a time never leaves, go out first
+    /// through `send`; then the connection's task is woken. Returns false if those could
+    /// not be queued.
+    pub(crate) fn defer(&self, statements: Deferred, send: impl FnOnce(&str) -> bool) -> bool {
+        {
+            let mut waiting = self.waiting();
+            if let Some(earlier) = waiting.take()
+                && !send(earlier.sql())
+            {
+                return false;
+            }
+            *waiting = Some(statements);
+        }
+        self.task.wake();
+        true
+    }
+
+    /// Queues `next` through `start`, carrying the statements waiting at its head (see
+    /// [`Deferred::carried_by`]), before the mutex is released like the task's own send.
+    /// Returns what `start` returned and how many statements were carried ahead of
+    /// `next`'s own.
+    pub(crate) fn carry<T>(&self, next: &Message, start: impl FnOnce(&str) -> T) -> (T, usize) {
         let mut waiting = self.waiting();
         match waiting.take() {
-            None => true,
-            Some(r) => client().is_some_and(|c| send(&c, r.sql())),
+            None => (start(next.alone()), 0),
+            Some(deferred) => {
+                let (text, carried) = deferred.carried_by(next);
+                (start(&text), carried)
+            }
         }
+    }
+
+    /// The connection's task's turn at the outbox: registers the task to be woken, then
+    /// sends what waits through `send`. Registered first, so that statements deferred
+    /// after the look wake it again. Ready when the task must end: closed by dblock, or
+    /// statements wait that cannot be queued (the client is gone: the session ends with
+    /// the connection, which undoes everything it kept).
+    pub(crate) fn poll_task(
+        &self,
+        cx: &Context<'_>,
+        send: impl FnOnce(&str) -> bool,
+    ) -> Poll<LossReason> {
+        self.task.register(cx.waker());
+        if self.closing.load(Ordering::Acquire) {
+            return Poll::Ready(LossReason::ConnectionClosed {
+                message: "closed by dblock".into(),
+            });
+        }
+        // Statements deferred since the last poll go out before anything else.
+        if !self.send_waiting_by(send) {
+            return Poll::Ready(LossReason::ConnectionClosed {
+                message: "the connection closed".into(),
+            });
+        }
+        Poll::Pending
     }
 
     /// Has the connection's task drop the socket at once.
@@ -68,6 +125,11 @@ impl Outbox {
         self.closing.store(true, Ordering::Release);
         self.task.wake();
     }
+}
+
+/// Queues `sql` on `client` (held weakly by the connection's task) if it is still there.
+pub(crate) fn send_if_there(client: impl FnOnce() -> Option<Arc<Client>>, sql: &str) -> bool {
+    client().is_some_and(|c| send(&c, sql))
 }
 
 /// Queues `sql` on the connection without waiting for its reply, ahead of anything

@@ -25,7 +25,7 @@
 //! [`Builder::multiplex`]: crate::Builder::multiplex
 
 use std::collections::HashSet;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use crate::error::{Error, LossReason};
 use crate::key::Key;
@@ -35,6 +35,7 @@ use crate::postgres::conn::wire::{Link, QueryError};
 use crate::postgres::sql::first_value;
 use crate::postgres::store::token::next_token_sql;
 use crate::raw::{BoxFuture, Grant, RawHeld, Req, Scope};
+use crate::sync::Mutex;
 
 use super::messages::{Release, take_first, write_lock_call};
 use super::plan::{Answer, read_one};
@@ -48,7 +49,7 @@ struct MuxInner {
     /// The shared connections, opened on first use, replaced when lost.
     slots: Vec<tokio::sync::Mutex<Option<Arc<NativeConn>>>>,
     /// Keys this process holds (or is taking) on a shared connection.
-    held: Mutex<HashSet<i64>>,
+    claims: crate::sync::Arc<Claims>,
 }
 
 /// The outcome of a multiplexed attempt.
@@ -76,7 +77,7 @@ impl Mux {
                 slots: (0..n.max(1))
                     .map(|_| tokio::sync::Mutex::new(None))
                     .collect(),
-                held: Mutex::new(HashSet::new()),
+                claims: Default::default(),
             }),
         }
     }
@@ -110,13 +111,8 @@ impl Mux {
     ) -> Result<Attempt, Error> {
         let k = req.key.as_i64();
         // Claim the key first: never two requests for one key on a shared connection.
-        if !self.lock_table().insert(k) {
+        let Some(mut claim) = Claims::claim(&self.inner.claims, k) else {
             return Ok(Attempt::HeldHere);
-        }
-        let claim = Claim {
-            inner: self.inner.clone(),
-            key: k,
-            armed: true,
         };
         let conn = self.conn(k).await?;
         let mut sql = match fence_table {
@@ -133,23 +129,15 @@ impl Mux {
         let unlock = Release::of_one(Scope::Session, req.mode, req.key, false)
             .sql()
             .to_string();
-        // If this future is dropped mid-request, the unlock is queued behind it on the
-        // same connection: whatever the request did, the key ends up free.
-        let pending = Pending {
-            conn: &conn,
-            unlock: &unlock,
-            armed: true,
-        };
-        let res = conn.query(&sql).await;
-        pending.disarm();
-        let rows = match res {
-            Ok(rows) => rows,
-            Err(e) => {
-                // A fenced request may have taken the lock before its INSERT failed.
-                conn.send(&unlock);
-                return Err(e.into_error());
-            }
-        };
+        // From here on, however this ends — this future dropped mid-request, an error
+        // (a fenced request may have taken the lock before its INSERT failed), an answer
+        // that cannot be read — the unlock is queued behind the request on the same
+        // connection, once, before the claim leaves: the key ends up free.
+        claim.owe(ConnUnlock {
+            conn: conn.clone(),
+            sql: unlock,
+        });
+        let rows = conn.query(&sql).await.map_err(QueryError::into_error)?;
         // Read as a pinned connection's round is: an answer that is neither a grant nor
         // a refusal is an error, and whatever it took is unlocked.
         let first = first_value(&rows, 0);
@@ -157,105 +145,101 @@ impl Mux {
             Some(_) => read_one([None, Some(0)], None, first.as_deref()),
             None => read_one([Some(0), None], first.as_deref(), None),
         };
-        let token = match answer {
-            Ok(Answer::Granted { token, .. }) => token,
-            Ok(Answer::NotGranted | Answer::Busy(_)) => return Ok(Attempt::NotFree),
-            Err(e) => {
-                conn.send(&unlock);
-                return Err(e);
+        let token = match answer? {
+            Answer::Granted { token, .. } => token,
+            Answer::NotGranted | Answer::Busy(_) => {
+                // The server took nothing: nothing to unlock.
+                claim.settle();
+                return Ok(Attempt::NotFree);
             }
         };
-        let claim = claim.keep();
         Ok(Attempt::Granted(Grant {
-            held: Box::new(MuxHeld {
-                conn,
-                unlock,
-                key: claim,
-                released: false,
-            }),
+            held: Box::new(MuxHeld { conn, claim }),
             fence: token.zip(fence_table.cloned()),
         }))
     }
+}
 
-    fn lock_table(&self) -> std::sync::MutexGuard<'_, HashSet<i64>> {
-        self.inner.held.lock().unwrap_or_else(|p| p.into_inner())
+/// The keys this process holds (or is taking) on a shared connection, at most one claim
+/// each: PostgreSQL's locks are re-entrant per session, so a second claim on one shared
+/// session would make two holders. The concurrent core of multiplexing, which the loom
+/// models (`postgres/loom_models.rs`) run.
+#[derive(Default)]
+pub(crate) struct Claims {
+    held: Mutex<HashSet<i64>>,
+}
+
+/// Queues the unlock of a claimed key on its shared connection (without waiting).
+pub(crate) trait Unlock {
+    fn unlock(&self);
+}
+
+impl Claims {
+    /// Claims `key`; `None` if this process holds or is taking it already.
+    pub(crate) fn claim<U: Unlock>(
+        claims: &crate::sync::Arc<Claims>,
+        key: i64,
+    ) -> Option<Claim<U>> {
+        crate::sync::lock(&claims.held).insert(key).then(|| Claim {
+            claims: claims.clone(),
+            key,
+            owed: None,
+        })
     }
 }
 
-/// The claim on a key in the table, given up on drop unless kept.
-struct Claim {
-    inner: Arc<MuxInner>,
+/// A claim on a key, and the unlock owed once the key's lock call is on its way. Dropped,
+/// it queues the owed unlock, then leaves the table: a later request for the key, which
+/// must claim it first, queues behind the unlock on the same connection.
+pub(crate) struct Claim<U: Unlock> {
+    claims: crate::sync::Arc<Claims>,
     key: i64,
-    armed: bool,
+    owed: Option<U>,
 }
 
-impl Claim {
-    fn keep(mut self) -> HeldKey {
-        self.armed = false;
-        HeldKey {
-            inner: self.inner.clone(),
-            key: self.key,
-        }
+impl<U: Unlock> Claim<U> {
+    pub(crate) fn key(&self) -> i64 {
+        self.key
+    }
+
+    /// The key's lock call is about to be queued: from now on the key is unlocked through
+    /// `by` when the claim ends, unless [`Claim::settle`]d.
+    pub(crate) fn owe(&mut self, by: U) {
+        self.owed = Some(by);
+    }
+
+    /// Nothing is owed any more (the server took nothing, or the caller queues the unlock
+    /// itself, now): the owed unlock, if any.
+    pub(crate) fn settle(&mut self) -> Option<U> {
+        self.owed.take()
     }
 }
 
-impl Drop for Claim {
+impl<U: Unlock> Drop for Claim<U> {
     fn drop(&mut self) {
-        if self.armed {
-            remove(&self.inner, self.key);
+        if let Some(u) = self.owed.take() {
+            u.unlock();
         }
+        crate::sync::lock(&self.claims.held).remove(&self.key);
     }
 }
 
-fn remove(inner: &MuxInner, key: i64) {
-    inner
-        .held
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .remove(&key);
+/// The unlock of a key on its shared connection.
+pub(crate) struct ConnUnlock {
+    conn: Arc<NativeConn>,
+    sql: String,
 }
 
-/// A key held on a shared connection; removed from the table when dropped.
-struct HeldKey {
-    inner: Arc<MuxInner>,
-    key: i64,
-}
-
-impl Drop for HeldKey {
-    fn drop(&mut self) {
-        remove(&self.inner, self.key);
+impl Unlock for ConnUnlock {
+    fn unlock(&self) {
+        self.conn.send(&self.sql);
     }
 }
 
-/// Queues the unlock if the request's future is dropped before its reply.
-struct Pending<'a> {
-    conn: &'a NativeConn,
-    unlock: &'a str,
-    armed: bool,
-}
-
-impl Pending<'_> {
-    fn disarm(mut self) {
-        self.armed = false;
-    }
-}
-
-impl Drop for Pending<'_> {
-    fn drop(&mut self) {
-        if self.armed {
-            self.conn.send(self.unlock);
-        }
-    }
-}
-
-/// A lock held on a shared connection.
+/// A lock held on a shared connection: dropped, its claim queues the unlock.
 pub(crate) struct MuxHeld {
     conn: Arc<NativeConn>,
-    unlock: String,
-    /// Dropped after the unlock is sent (field order), so a later request for the key
-    /// queues behind it.
-    key: HeldKey,
-    released: bool,
+    claim: Claim<ConnUnlock>,
 }
 
 impl MuxHeld {
@@ -286,16 +270,14 @@ impl MuxHeld {
         if let Some(reason) = self.loss() {
             return Err(Error::LockLost { reason });
         }
-        // Sent here, and awaited; Drop must not send it again.
-        self.released = true;
-        // If this future is dropped before the reply, the unlock is queued anyway.
-        let pending = Pending {
-            conn: &self.conn,
-            unlock: &self.unlock,
-            armed: true,
+        // Sent here, and awaited: settled, so that the claim's end does not send it
+        // again. The query queues it in its first poll, this one, so a future dropped
+        // before the reply has sent it already (and one dropped before its first poll
+        // never settled: dropping `self` sends it).
+        let Some(unlock) = self.claim.settle() else {
+            return Ok(());
         };
-        let res = self.conn.query(&self.unlock).await;
-        pending.disarm();
+        let res = self.conn.query(&unlock.sql).await;
         match res {
             Ok(rows) if first_value(&rows, 0).as_deref() == Some("t") => Ok(()),
             Ok(_) => Err(Error::LockLost {
@@ -329,19 +311,10 @@ impl RawHeld for MuxHeld {
     }
 }
 
-impl Drop for MuxHeld {
-    fn drop(&mut self) {
-        // Sent before `key` leaves the table (fields drop after this body).
-        if !self.released {
-            self.conn.send(&self.unlock);
-        }
-    }
-}
-
 impl std::fmt::Debug for MuxHeld {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("MuxHeld")
-            .field("key", &Key::from_i64(self.key.key))
+            .field("key", &Key::from_i64(self.claim.key()))
             .finish()
     }
 }
