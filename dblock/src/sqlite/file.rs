@@ -4,8 +4,9 @@
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::AtomicUsize;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock, Weak};
+use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
 
@@ -108,12 +109,6 @@ impl Desc {
         })
     }
 
-    /// Whether this descriptor's file still has a name (deleting it, or renaming
-    /// another file over it, takes its last one). One `fstat`, no path lookup.
-    pub(crate) fn is_linked(&self) -> bool {
-        sys::link_count(&self.file).is_ok_and(|n| n > 0)
-    }
-
     /// Whether `path` still names this descriptor's file.
     pub(crate) fn is_named_by(&self, path: &Path) -> bool {
         match std::fs::metadata(path) {
@@ -134,9 +129,19 @@ pub(crate) struct LockFile {
     current: RwLock<Arc<Desc>>,
     /// Descriptors never to be closed while this file is in use (POSIX locks).
     spares: Mutex<Vec<File>>,
+    /// When the path was last seen to name `current`'s file, in nanoseconds since
+    /// `born` (see [`LockFile::still_named`]); 0 after a reopen is decided.
+    checked: AtomicU64,
+    born: Instant,
     /// What this process does with the keys of this file, in [`SHARDS`] parts by key.
     shards: Box<[Shard]>,
 }
+
+/// How long after a lock file is replaced (deleted, or renamed over) a grant may still
+/// be made in the old file: the path is looked up again at most this often on the
+/// path every lock takes, instead of once per grant (a `stat` of the path cost as much
+/// as the lock itself). `docs/how-it-works.md` documents the bound.
+pub(crate) const REPLACED_BOUND: Duration = Duration::from_millis(10);
 
 /// How many parts the table of a lock file has. Requests for different keys meet on one
 /// mutex only when their keys fall in one part, so tasks working on keys of their own
@@ -196,6 +201,8 @@ impl LockFile {
                     network_fs,
                     current: RwLock::new(Arc::new(desc)),
                     spares: Mutex::new(Vec::new()),
+                    checked: AtomicU64::new(0),
+                    born: Instant::now(),
                     shards: (0..SHARDS).map(|_| Shard::default()).collect(),
                 });
                 open.push((path, Arc::downgrade(&lf)));
@@ -218,6 +225,33 @@ impl LockFile {
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .clone()
+    }
+
+    /// Whether the path still names `desc`'s file, as far as a grant needs to know: a
+    /// descriptor no longer current is not; the current one is looked up by path if
+    /// the last look is [`REPLACED_BOUND`] old or more, and trusted otherwise.
+    pub(crate) fn still_named(&self, desc: &Arc<Desc>) -> bool {
+        // Nanoseconds since `born`, plus one so that a look at time 0 is not "never".
+        let now = self.born.elapsed().as_nanos() as u64 + 1;
+        let last = self.checked.load(Ordering::Relaxed);
+        if last != 0 && now.saturating_sub(last) < REPLACED_BOUND.as_nanos() as u64 {
+            let current = self.current.read().unwrap_or_else(|p| p.into_inner());
+            return Arc::ptr_eq(&current, desc);
+        }
+        let named = desc.is_named_by(&self.path);
+        if named {
+            let current = self.current.read().unwrap_or_else(|p| p.into_inner());
+            if Arc::ptr_eq(&current, desc) {
+                self.checked.store(now, Ordering::Relaxed);
+            }
+        }
+        named
+    }
+
+    /// Makes the next [`LockFile::still_named`] look the path up: a check of a held
+    /// lock found the file replaced.
+    pub(crate) fn recheck(&self) {
+        self.checked.store(0, Ordering::Relaxed);
     }
 
     /// The part of the table that holds `offset`. A lock byte and its gate (the other
@@ -251,6 +285,9 @@ impl LockFile {
             return Ok(());
         }
         *current = Arc::new(desc);
+        // The new descriptor was opened by the path just now.
+        let now = self.born.elapsed().as_nanos() as u64 + 1;
+        self.checked.store(now, Ordering::Relaxed);
         Ok(())
     }
 }

@@ -69,7 +69,7 @@ pub(crate) fn adopt(
 /// caller holds the table lock and has checked that the process is not in line yet.
 pub(crate) fn join(
     lf: &Arc<LockFile>,
-    queued: &mut std::collections::HashMap<u64, Queued>,
+    queued: &mut super::OffsetMap<Queued>,
     shared: &Arc<Shared>,
     offset: u64,
     mode: Mode,

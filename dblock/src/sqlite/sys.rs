@@ -184,20 +184,6 @@ fn setlk(
     }
 }
 
-/// How many names (hard links) `file` has: 0 once deleted or renamed over.
-pub(crate) fn link_count(file: &File) -> io::Result<u64> {
-    // SAFETY: stat is plain old data; zeroed is valid and the kernel overwrites it.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: valid descriptor owned by `file`, valid pointer to `st` for the call.
-    let rc = unsafe { libc::fstat(file.as_raw_fd(), &mut st) };
-    if rc != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // nlink_t's width differs between platforms.
-    #[allow(clippy::unnecessary_cast)]
-    Ok(st.st_nlink as u64)
-}
-
 /// The argument of a lock call on `len` bytes from `offset`.
 fn flock(offset: u64, len: u64, kind: libc::c_short) -> io::Result<libc::flock> {
     let out_of_range = || io::Error::new(io::ErrorKind::InvalidInput, "lock offset out of range");

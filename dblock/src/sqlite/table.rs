@@ -5,7 +5,6 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
@@ -14,10 +13,6 @@ use crate::raw::Mode;
 
 use super::sys::{self, Attempt};
 use super::{Behind, Shared, Slot, SqliteHeld, Table, queue};
-
-/// How old the last path check of a lock may be for a hand-over inside the process to
-/// go without a new one (see [`Shared::may_hand_over`]).
-const RECHECK: Duration = Duration::from_micros(100);
 
 /// What a waiting request does next.
 pub(super) enum Step {
@@ -88,7 +83,7 @@ impl Shared {
                 let _ = sys::unlock(&desc.file, lf.flavor, queue::pair(offset), 2);
                 return Err(fail(e));
             }
-            if desc.is_named_by(&lf.path) {
+            if lf.still_named(&desc) {
                 table.held.insert(offset, Slot::new(mode, desc));
                 return Ok(true);
             }
@@ -220,7 +215,7 @@ impl Shared {
     /// (see the [module docs](super#one-process-many-tasks)): only if there is one
     /// waiting for it, no other process is at the head of the line (holds the gate), and
     /// the file the byte is locked in is still the one its path names.
-    fn may_hand_over(&self, slot: &mut Slot, offset: u64) -> bool {
+    fn may_hand_over(&self, slot: &Slot, offset: u64) -> bool {
         if !slot
             .behind
             .front()
@@ -234,19 +229,8 @@ impl Shared {
             Ok(Attempt::Granted) => {}
             Ok(Attempt::Busy) | Err(_) => return false,
         }
-        // The path check of a new grant costs as much as the rest of a hand-over: a
-        // hand-over does it only if the last one for this lock is [`RECHECK`] old. The
-        // file's link count, one cheap call, still sees deletion and renaming over it at
-        // every hand-over.
-        if !slot.desc.is_linked() {
-            return false;
-        }
-        let now = Instant::now();
-        if now.saturating_duration_since(slot.checked) < RECHECK {
-            return true;
-        }
-        slot.checked = now;
-        slot.desc.is_named_by(&lf.path)
+        // The same bound in time as a new grant's (see [`super::file::REPLACED_BOUND`]).
+        lf.still_named(&slot.desc)
     }
 
     /// Whether the lock at `offset` is held through the file the lock path names now:
@@ -258,9 +242,14 @@ impl Shared {
             .table
             .lock()
             .unwrap_or_else(|p| p.into_inner());
-        match table.held.get(&offset) {
-            Some(slot) => slot.desc.is_named_by(&lf.path),
-            None => false,
+        let named = table
+            .held
+            .get(&offset)
+            .is_some_and(|slot| slot.desc.is_named_by(&lf.path));
+        if !named {
+            // New grants look at the path again rather than trust the last look.
+            lf.recheck();
         }
+        named
     }
 }
