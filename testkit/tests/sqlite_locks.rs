@@ -90,7 +90,7 @@ async fn the_kernel_lock_is_the_selected_kind() {
     // while other processes take and drop locks between two pages, a line can show up
     // twice (the flake this test had under load: "two" OFD locks on our file) or not at
     // all. So lines are compared without their ordinal, and a reading is taken again
-    // when it is not one lock; a real second lock shows in every reading.
+    // when it is not the two expected; a real extra lock shows in every reading.
     let mut ours: Vec<String> = Vec::new();
     for _ in 0..20 {
         let proc_locks = std::fs::read_to_string("/proc/locks").unwrap();
@@ -101,7 +101,7 @@ async fn the_kernel_lock_is_the_selected_kind() {
             .collect();
         ours.sort();
         ours.dedup();
-        if ours.len() == 1 {
+        if ours.len() == 2 {
             break;
         }
     }
@@ -110,6 +110,19 @@ async fn the_kernel_lock_is_the_selected_kind() {
         _ => "OFDLCK",
     };
     eprintln!("kernel locks on the lock file: {ours:?}");
+    // Beside the lock, every process using the file holds a read lock on its last byte
+    // (2^63 − 1) while it has the file open (the backend's module docs, "Waiting in
+    // line"): of the same kind.
+    let users = format!("READ {} {file} {} EOF", std::process::id(), i64::MAX);
+    let (users, ours): (Vec<String>, Vec<String>) = ours.into_iter().partition(|l| {
+        l.ends_with(&users) || l.ends_with(&format!("READ -1 {file} {} EOF", i64::MAX))
+    });
+    assert_eq!(users.len(), 1, "{users:?}");
+    assert_eq!(
+        users[0].split_whitespace().next(),
+        ours.first().and_then(|l| l.split_whitespace().next()),
+        "{users:?} {ours:?}"
+    );
     assert_eq!(ours.len(), 1, "{ours:?}");
     assert_eq!(
         ours[0].split_whitespace().next(),

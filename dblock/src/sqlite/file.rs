@@ -90,10 +90,12 @@ pub(crate) struct Desc {
     pub(crate) file: File,
     dev: u64,
     ino: u64,
+    /// The counts of processes in line, shared through the file (see [`sys::LineCounts`]).
+    line: sys::LineCounts,
 }
 
 impl Desc {
-    fn open(path: &Path) -> std::io::Result<Desc> {
+    fn open(path: &Path, flavor: Flavor) -> std::io::Result<Desc> {
         let file = OpenOptions::new()
             .read(true)
             .write(true)
@@ -102,11 +104,19 @@ impl Desc {
             .custom_flags(libc::O_CLOEXEC)
             .open(path)?;
         let md = file.metadata()?;
+        let line = sys::LineCounts::map(&file, flavor)?;
         Ok(Desc {
             file,
             dev: md.dev(),
             ino: md.ino(),
+            line,
         })
+    }
+
+    /// The count of processes in line for keys of `offset`'s group: 0 when nobody
+    /// waits for a key like it (see the [module docs](super#waiting-in-line)).
+    pub(crate) fn line(&self, offset: u64) -> &std::sync::atomic::AtomicU32 {
+        self.line.of(offset)
     }
 
     /// Whether `path` still names this descriptor's file.
@@ -190,7 +200,7 @@ impl LockFile {
         let lf = match found {
             Some(lf) => lf,
             None => {
-                let desc = Desc::open(&path).map_err(|e| {
+                let desc = Desc::open(&path, flavor).map_err(|e| {
                     Error::io(format!("cannot open lock file {}", path.display()), e)
                 })?;
                 let network_fs = sys::network_filesystem(&desc.file)
@@ -269,7 +279,7 @@ impl LockFile {
         if !Arc::ptr_eq(&current, stale) {
             return Ok(()); // another request reopened it already
         }
-        let desc = Desc::open(&self.path).map_err(|e| {
+        let desc = Desc::open(&self.path, self.flavor).map_err(|e| {
             Error::io(
                 format!("cannot reopen lock file {}", self.path.display()),
                 e,

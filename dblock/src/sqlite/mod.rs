@@ -203,6 +203,9 @@ pub(crate) struct Shared {
 pub(crate) struct Slot {
     readers: u32,
     writer: bool,
+    /// Whether the exclusive holder holds the gate too (taken with the lock byte while
+    /// nobody waited in line, and kept: see the [module docs](self#waiting-in-line)).
+    gate: bool,
     desc: Arc<Desc>,
     behind: VecDeque<Behind>,
 }
@@ -218,6 +221,7 @@ impl Slot {
         Slot {
             readers,
             writer,
+            gate: false,
             desc,
             behind: VecDeque::new(),
         }
@@ -240,6 +244,10 @@ pub(crate) struct Table {
     held: OffsetMap<Slot>,
     /// Keys this process waits for in line, in the kernel.
     queued: OffsetMap<queue::Queued>,
+    /// Keys this process gave back, gate and all, while another process waited in line
+    /// (counted), and when: its next request for one waits in line until that process
+    /// has taken the gate or the lock byte (see the [module docs](self#waiting-in-line)).
+    yielded: OffsetMap<std::time::Instant>,
 }
 
 /// A map by file offset. Offsets come from SHA-256 digests, so they need no keyed hash

@@ -65,12 +65,26 @@ impl Shared {
         if table.queued.contains_key(&offset) {
             return Ok(false);
         }
+        // Given back to a process in line a moment ago: not taken again before it has
+        // woken up and taken its turn (the line's thread waits for that).
+        if !table.yielded.is_empty()
+            && let Some(at) = table.yielded.get(&offset)
+        {
+            if at.elapsed() < queue::YIELD {
+                return Ok(false);
+            }
+            table.yielded.remove(&offset);
+        }
         let lf = &self.lock;
         let fail = |e| Error::io(format!("cannot lock {}", lf.path.display()), e);
         // A replaced file is reopened and the request retried; a path replaced again and
         // again is an error, not a loop.
         for _ in 0..8 {
             let desc = lf.current();
+            // An exclusive holder keeps the gate while no process waits in line for a key
+            // like this one: one call to take, one to give back. Otherwise the gate goes
+            // back at once, for the line's next head to take.
+            let gate = mode == Mode::Exclusive && desc.line(offset).load(Ordering::Acquire) == 0;
             // Gate and lock byte at once: free only if nobody holds the lock and nobody
             // is at the head of the line (whoever is holds the gate).
             match sys::try_lock(&desc.file, lf.flavor, queue::pair(offset), 2, mode)
@@ -79,17 +93,23 @@ impl Shared {
                 Attempt::Busy => return Ok(false),
                 Attempt::Granted => {}
             }
-            if let Err(e) = sys::unlock(&desc.file, lf.flavor, queue::gate(offset), 1) {
+            if !gate && let Err(e) = sys::unlock(&desc.file, lf.flavor, queue::gate(offset), 1) {
                 let _ = sys::unlock(&desc.file, lf.flavor, queue::pair(offset), 2);
                 return Err(fail(e));
             }
             if lf.still_named(&desc) {
-                table.held.insert(offset, Slot::new(mode, desc));
+                table.held.insert(
+                    offset,
+                    Slot {
+                        gate,
+                        ..Slot::new(mode, desc)
+                    },
+                );
                 return Ok(true);
             }
             // The byte was granted in a file the path no longer names: nobody opening
             // the path now would see it. Give it back; use the new file.
-            sys::unlock(&desc.file, lf.flavor, offset, 1).map_err(fail)?;
+            sys::unlock(&desc.file, lf.flavor, queue::pair(offset), 2).map_err(fail)?;
             lf.reopen(&desc)?;
         }
         Err(Error::io(
@@ -129,7 +149,8 @@ impl Shared {
                 None => Step::Local,
             });
         }
-        let (id, rx) = queue::join(lf, &mut table.queued, self, offset, mode)?;
+        let after = table.yielded.remove(&offset);
+        let (id, rx) = queue::join(lf, &mut table.queued, self, offset, mode, after)?;
         Ok(Step::InLine(id, rx))
     }
 
@@ -203,7 +224,15 @@ impl Shared {
             // Unlocking a byte this owner holds cannot fail short of a closed
             // descriptor, which the Arc rules out. Should it fail anyway, the lock
             // stays until the process exits: never two holders.
-            let _ = sys::unlock(&slot.desc.file, lf.flavor, offset, 1);
+            let _ = match slot.gate {
+                true => sys::unlock(&slot.desc.file, lf.flavor, queue::pair(offset), 2),
+                false => sys::unlock(&slot.desc.file, lf.flavor, offset, 1),
+            };
+            // The gate went back with the lock while a process waited for it in the
+            // kernel: this process's next request lets that one wake up first.
+            if slot.gate && slot.desc.line(offset).load(Ordering::Acquire) > 0 {
+                table.yielded.insert(offset, std::time::Instant::now());
+            }
             woken.extend(slot.behind);
         }
         drop(table);
@@ -224,6 +253,13 @@ impl Shared {
             return false;
         }
         let lf = &self.lock;
+        if slot.gate {
+            // Holding the gate, this process is at the head of the line itself; another
+            // process in line waits for the gate in the kernel, unseen by a probe, but
+            // counted: then the lock goes back (gate too) for it to take.
+            return slot.desc.line(offset).load(Ordering::Acquire) == 0
+                && lf.still_named(&slot.desc);
+        }
         let gate = queue::gate(offset);
         match sys::probe(&slot.desc.file, lf.flavor, gate, 1, Mode::Exclusive) {
             Ok(Attempt::Granted) => {}
