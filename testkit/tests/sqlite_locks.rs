@@ -186,3 +186,60 @@ async fn a_misspelt_lock_kind_is_an_error() {
         "{err}"
     );
 }
+
+/// A fencing token never goes backwards across a power loss, though grants within a
+/// boot do not wait for the disk: a power loss may roll back the last grants of a
+/// boot, and the next boot's epoch starts above them. Simulated on the file as a power
+/// loss leaves it: the last grant's commit rolled back and, after the reboot, another
+/// boot's name. The control, the same rollback without a new boot (which cannot happen:
+/// a commit rolls back only with the operating system), hands the lost token out again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fencing_token_after_a_power_loss_is_above_every_token_before_it() {
+    use sqlx::Connection;
+    let db = SqliteDb::new();
+    let mut handed_out = 0;
+    for _ in 0..3 {
+        let locks = db.locks().await;
+        let g = locks.request("f").fenced().lock().await.unwrap();
+        let t = g.fencing_token().unwrap();
+        assert!(t > handed_out, "{t} after {handed_out}");
+        handed_out = t;
+    }
+    let path = db.dir.path().join("locks.db");
+    let mut conn = sqlx::SqliteConnection::connect(&format!("sqlite:{}", path.display()))
+        .await
+        .unwrap();
+    // Control: the last grant rolled back, in the same boot: the token comes again.
+    sqlx::query("UPDATE dblock_fencing SET token = token - 1")
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    let again = db.locks().await;
+    let g = again.request("f").fenced().lock().await.unwrap();
+    assert_eq!(
+        g.fencing_token(),
+        Some(handed_out),
+        "the control repeats it"
+    );
+    drop(g);
+    // The power loss: rolled back, and the machine boots again.
+    sqlx::query("UPDATE dblock_fencing SET token = token - 1")
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    sqlx::query("UPDATE dblock_fencing_epoch SET boot = 'the boot before the power loss'")
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    let after = db.locks().await;
+    let g = after.request("f").fenced().lock().await.unwrap();
+    let t = g.fencing_token().unwrap();
+    assert!(
+        t > handed_out,
+        "{t} after {handed_out}, across the power loss"
+    );
+    // And one more per grant after it.
+    drop(g);
+    let g = after.request("f").fenced().lock().await.unwrap();
+    assert_eq!(g.fencing_token(), Some(t + 1));
+}

@@ -193,8 +193,15 @@ pub(crate) struct Shared {
     pub(crate) db_path: PathBuf,
     /// The lock file beside it, shared with every handle of this process on it.
     lock: Arc<LockFile>,
-    /// The database, opened on first use (fencing tokens, migrations).
+    /// The database, opened on first use (migrations, leaders, runs; tokens where the
+    /// boot is unknown), every commit waiting for the disk.
     db: tokio::sync::OnceCell<sqlx::SqlitePool>,
+    /// The database again, for fencing tokens within a durable epoch: commits that do
+    /// not wait for the disk (see [`fence`]).
+    tokens: tokio::sync::OnceCell<sqlx::SqlitePool>,
+    /// This boot's token epoch, made durable once (see [`fence`]); `None` where the
+    /// boot cannot be told apart from the last.
+    epoch: tokio::sync::OnceCell<Option<i64>>,
 }
 
 /// A key held by this process: by how many shared holders, or by one exclusive one, and
@@ -288,6 +295,8 @@ impl SqliteBackend {
                 db_path,
                 lock,
                 db: tokio::sync::OnceCell::new(),
+                tokens: tokio::sync::OnceCell::new(),
+                epoch: tokio::sync::OnceCell::new(),
             }),
         })
     }
@@ -439,43 +448,60 @@ impl Drop for WaiterCount<'_> {
 const DB_BUSY: Duration = Duration::from_secs(30);
 
 impl Shared {
-    /// The database, opened on first use: WAL, `synchronous = FULL` (a fencing token
-    /// must survive a crash), a busy timeout for other processes' writes.
+    /// The database, opened on first use: WAL, `synchronous = FULL` (what it records
+    /// must survive a power loss), a busy timeout for other processes' writes.
     pub(crate) async fn db(&self) -> Result<&sqlx::SqlitePool, Error> {
+        use sqlx::sqlite::SqliteSynchronous;
         self.db
-            .get_or_try_init(|| async {
-                use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteSynchronous};
-                let opts = SqliteConnectOptions::new()
-                    .filename(&self.db_path)
-                    .create_if_missing(true)
-                    .journal_mode(SqliteJournalMode::Wal)
-                    .synchronous(SqliteSynchronous::Full)
-                    .busy_timeout(DB_BUSY);
-                // Switching a fresh file to WAL while other processes open it too can answer
-                // SQLITE_BUSY at once, without the busy handler waiting: tried again, within
-                // the busy timeout, as a busy write would have been.
-                let started = Instant::now();
-                loop {
-                    let opened = sqlx::sqlite::SqlitePoolOptions::new()
-                        .max_connections(4)
-                        .connect_with(opts.clone())
-                        .await;
-                    match opened {
-                        Err(sqlx::Error::Database(e))
-                            if e.code().as_deref() == Some("5") && started.elapsed() < DB_BUSY =>
-                        {
-                            tokio::time::sleep(Duration::from_millis(10)).await;
-                        }
-                        opened => {
-                            return opened.map_err(|e| Error::Connect {
-                                target: format!("sqlite:{}", self.db_path.display()),
-                                message: e.to_string(),
-                            });
-                        }
-                    }
-                }
-            })
+            .get_or_try_init(|| self.open_db(SqliteSynchronous::Full, 4))
             .await
+    }
+
+    /// The database for fencing tokens within a durable epoch: `synchronous = NORMAL`,
+    /// whose commits survive any crash of a process but not a power loss (the next
+    /// boot's epoch is above them: see [`fence`]).
+    pub(crate) async fn tokens(&self) -> Result<&sqlx::SqlitePool, Error> {
+        use sqlx::sqlite::SqliteSynchronous;
+        self.tokens
+            .get_or_try_init(|| self.open_db(SqliteSynchronous::Normal, 2))
+            .await
+    }
+
+    async fn open_db(
+        &self,
+        synchronous: sqlx::sqlite::SqliteSynchronous,
+        connections: u32,
+    ) -> Result<sqlx::SqlitePool, Error> {
+        use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode};
+        let opts = SqliteConnectOptions::new()
+            .filename(&self.db_path)
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(synchronous)
+            .busy_timeout(DB_BUSY);
+        // Switching a fresh file to WAL while other processes open it too can answer
+        // SQLITE_BUSY at once, without the busy handler waiting: tried again, within
+        // the busy timeout, as a busy write would have been.
+        let started = Instant::now();
+        loop {
+            let opened = sqlx::sqlite::SqlitePoolOptions::new()
+                .max_connections(connections)
+                .connect_with(opts.clone())
+                .await;
+            match opened {
+                Err(sqlx::Error::Database(e))
+                    if e.code().as_deref() == Some("5") && started.elapsed() < DB_BUSY =>
+                {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                opened => {
+                    return opened.map_err(|e| Error::Connect {
+                        target: format!("sqlite:{}", self.db_path.display()),
+                        message: e.to_string(),
+                    });
+                }
+            }
+        }
     }
 }
 
