@@ -82,11 +82,15 @@ pub(crate) async fn next_token(shared: &Shared, req: &Req<'_>) -> Result<i64, Er
         code: super::bookkeeping::code_of(&e),
         message: format!("fencing token: {e}"),
     };
+    // The epoch's first read made the table; without an epoch, every grant makes sure.
     let (db, base) = match epoch(shared).await? {
         Some(epoch) => (shared.tokens().await?, epoch << EPOCH_BITS),
-        None => (shared.db().await?, 0),
+        None => {
+            let db = shared.db().await?;
+            sqlx::query(TABLE_DDL).execute(db).await.map_err(fail)?;
+            (db, 0)
+        }
     };
-    sqlx::query(TABLE_DDL).execute(db).await.map_err(fail)?;
     sqlx::query_scalar::<_, i64>(
         "INSERT INTO dblock_fencing (key, namespace, name, token, holder, granted_at) \
          VALUES (?1, ?2, ?3, max(?5, 1), ?4, strftime('%Y-%m-%dT%H:%M:%fZ', 'now')) \
@@ -136,12 +140,22 @@ async fn epoch(shared: &Shared) -> Result<Option<i64>, Error> {
             return Ok(None);
         };
         let db = shared.tokens().await?;
-        sqlx::query(EPOCH_DDL).execute(db).await.map_err(fail)?;
-        let row: Option<(i64, String)> =
-            sqlx::query_as("SELECT epoch, boot FROM dblock_fencing_epoch WHERE id = 1")
-                .fetch_optional(db)
-                .await
-                .map_err(fail)?;
+        let read = || {
+            sqlx::query_as::<_, (i64, String)>(
+                "SELECT epoch, boot FROM dblock_fencing_epoch WHERE id = 1",
+            )
+            .fetch_optional(db)
+        };
+        // A ready file needs no DDL: the tables are made only when the read finds none.
+        let row = match read().await {
+            Ok(row) => row,
+            Err(_) => {
+                for ddl in [EPOCH_DDL, TABLE_DDL] {
+                    sqlx::query(ddl).execute(db).await.map_err(fail)?;
+                }
+                read().await.map_err(fail)?
+            }
+        };
         if let Some((epoch, of)) = row
             && of == boot
         {
