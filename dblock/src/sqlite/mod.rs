@@ -459,11 +459,13 @@ impl Shared {
 
     /// The database for fencing tokens within a durable epoch: `synchronous = NORMAL`,
     /// whose commits survive any crash of a process but not a power loss (the next
-    /// boot's epoch is above them: see [`fence`]).
+    /// boot's epoch is above them: see [`fence`]). One connection: SQLite makes writers
+    /// take turns anyway, and a second would be opened (a few milliseconds of a
+    /// `dblock run`) while the pool's first, just checked, is still being put back.
     pub(crate) async fn tokens(&self) -> Result<&sqlx::SqlitePool, Error> {
         use sqlx::sqlite::SqliteSynchronous;
         self.tokens
-            .get_or_try_init(|| self.open_db(SqliteSynchronous::Normal, 2))
+            .get_or_try_init(|| self.open_db(SqliteSynchronous::Normal, 1))
             .await
     }
 
