@@ -30,8 +30,23 @@
 //! # Waiting in line
 //!
 //! Next to each lock byte lies a *gate* byte (its neighbour: `offset ^ 1`). A request
-//! first tries gate and lock byte together, in one non-blocking call, and gives the gate
-//! back at once: three system calls a cycle, uncontended. When that fails, the process
+//! first tries gate and lock byte together, in one non-blocking call. An exclusive
+//! request keeps the gate while it holds the lock if no process waits in line for a key
+//! of its group, and gives both back in one call: two system calls a cycle, uncontended,
+//! the least a byte-range lock costs. Waiting processes are counted per group of keys
+//! (1,024 groups, by offset) in the lock file's first page, which every process maps
+//! shared: reading the count is a load, not a call. With a count above zero, or in
+//! shared mode, the gate goes back at once (three calls a cycle), so that the head of
+//! the line can take it. The count is a hint, never what excludes: one left by a
+//! process killed in line costs that group the third call until every process using the
+//! file has closed it (each holds a read lock on the file's last byte, 2^63 − 1, while
+//! it has the file open; the first to open it takes that byte exclusively for a moment
+//! and clears the counts), and a count read a moment before a waiter raised it lets one
+//! request pass that waiter once. A waiter blocked on a gate that a holder keeps cannot
+//! be seen in the kernel: so a holder that gives gate and lock back while a process is
+//! counted in line lets that process go first — its next request for the name stands in
+//! line, and the line's thread waits until another process holds the gate or the lock
+//! byte (at most 20 ms) before it asks for the gate. When the try fails, the process
 //! gets in line: one thread (per process and name, named `dblock-` and the offset's low
 //! 32 bits in hex) waits in the kernel for the gate (`F_OFD_SETLKW`), where the kernel
 //! queues conflicting waiters in arrival order; at the head of the line it polls the
@@ -66,10 +81,11 @@
 //!
 //! When an exclusive holder leaves and the first task behind it wants the lock
 //! exclusively too, the lock is handed straight over: the byte stays locked, nothing
-//! else can come between, and the hand-over costs two system calls instead of an unlock
-//! and a new acquisition (four) — provided no other process is at the head of the line
-//! (`F_OFD_GETLK` on the gate finds it free) and the path still names the file the
-//! byte is locked in (the same check as for a new grant). Otherwise, and whenever the
+//! else can come between, and the hand-over costs no system call (the holder keeps the
+//! gate and no process is counted in line) or one (`F_OFD_GETLK` finds the gate free:
+//! no other process is at the head of the line) instead of an unlock and a new
+//! acquisition — provided, too, that the path still names the file the byte is locked
+//! in (the same bound in time as for a new grant). Otherwise, and whenever the
 //! last holder leaves with nobody to hand to, the byte is unlocked and every task
 //! behind looks again, so a process waiting in line gets the lock before this
 //! process's next task, as before. Tasks behind a holder leave at once when cancelled;
@@ -97,8 +113,10 @@
 //! split holders again: a process with the old file open locks bytes nobody else sees.
 //! So after the kernel grants a byte, the path is checked to still name the descriptor's
 //! file (device and inode); if it does not, the byte is given back and the request is
-//! retried on the file the path names now. That covers every grant made after the
-//! replacement. Locks granted *before* it stay on the old file, where later requests no
+//! retried on the file the path names now. The check is bound in time rather than made
+//! per grant (a `stat` of the path cost as much as the lock): the path is looked up at
+//! most every 10 ms, so every grant made more than 10 ms after the replacement is in
+//! the new file. Locks granted *before* it stay on the old file, where later requests no
 //! longer see them: [`LockGuard::check`](crate::LockGuard::check) and
 //! [`LockGuard::is_held`](crate::LockGuard::is_held) report such a lock as lost
 //! ([`LossReason::LockFileReplaced`]), and fencing
@@ -275,7 +293,7 @@ impl std::hash::Hasher for OffsetHasher {
     fn write(&mut self, bytes: &[u8]) {
         // Only u64 keys are hashed; any other input still hashes, byte by byte.
         for &b in bytes {
-            self.0 = (self.0 << 8 | self.0 >> 56) ^ u64::from(b);
+            self.0 = self.0.rotate_left(8) ^ u64::from(b);
         }
     }
 

@@ -124,12 +124,15 @@ const HEAD_POLL_MAX: Duration = Duration::from_millis(1);
 /// kernel lets that process go first (see [`let_waiter_go_first`]).
 pub(crate) const YIELD: Duration = Duration::from_millis(20);
 
-/// The lock at `offset` was given back (gate too) at `yielded` while another process
+/// If the lock at `offset` was given back (gate too) at `yielded` while another process
 /// waited for the gate in the kernel; woken, it has not necessarily run yet, and a gate
 /// taken before it does would pass it. So look (without locking) until another process
 /// holds the gate or the lock byte — it has taken its turn — or [`YIELD`] has passed,
 /// or nobody here wants the place any more.
-fn let_waiter_go_first(lf: &LockFile, offset: u64, yielded: Instant) {
+fn let_waiter_go_first(lf: &LockFile, offset: u64, yielded: Option<Instant>) {
+    let Some(yielded) = yielded else {
+        return;
+    };
     let desc = lf.current();
     let mut polls = 0u32;
     while yielded.elapsed() < YIELD && wanted(lf, offset) {
@@ -184,9 +187,7 @@ impl Drop for Counted {
 /// whoever wants it now, or give it back too.
 fn wait_in_kernel(lf: Arc<LockFile>, offset: u64, mode: Mode, after: Option<Instant>) {
     let flavor = lf.flavor;
-    if let Some(yielded) = after {
-        let_waiter_go_first(&lf, offset, yielded);
-    }
+    let_waiter_go_first(&lf, offset, after);
     let outcome: Result<Option<Arc<Desc>>, std::io::Error> = loop {
         let desc = lf.current();
         // Counted in line (in the file, for every process to see) until this round ends.

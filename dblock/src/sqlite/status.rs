@@ -152,25 +152,7 @@ impl SqliteBackend {
             lock.waiters.push(party(*pid, Mode::Exclusive, *since));
         }
         self.names_from_fencing(&mut locks).await;
-        // Of a pair held together, one byte is the lock and the other its gate: the one
-        // asked for, else the one the fencing table names, else the pair's first.
-        let paired: Vec<u64> = found
-            .iter()
-            .filter(|f| f.paired)
-            .map(|f| f.offset)
-            .collect();
-        for &o in paired.iter().filter(|o| *o % 2 == 0) {
-            let (even, odd) = (o, o + 1);
-            let chosen =
-                |x: u64| wanted.contains(&x) || locks.get(&x).is_some_and(|l| l.name.is_some());
-            let drop = match (chosen(even), chosen(odd)) {
-                (false, true) => even,
-                _ => odd,
-            };
-            if !wanted.contains(&drop) {
-                locks.remove(&drop);
-            }
-        }
+        keep_one_of_each_pair(&found, &wanted, &mut locks);
         let mut out: Vec<LockStatus> = locks.into_values().collect();
         for l in &mut out {
             l.waiters.sort_by_key(|w| w.since);
@@ -200,6 +182,24 @@ impl SqliteBackend {
                 l.namespace = Some(ns);
                 l.name = Some(name);
             }
+        }
+    }
+}
+
+/// Of a pair of bytes held together, one is the lock and the other its gate: keeps the
+/// one asked for, else the one the fencing table names, else the pair's first.
+fn keep_one_of_each_pair(found: &[Found], wanted: &[u64], locks: &mut BTreeMap<u64, LockStatus>) {
+    let paired = found.iter().filter(|f| f.paired && f.offset % 2 == 0);
+    for o in paired.map(|f| f.offset) {
+        let (even, odd) = (o, o + 1);
+        let chosen =
+            |x: u64| wanted.contains(&x) || locks.get(&x).is_some_and(|l| l.name.is_some());
+        let drop = match (chosen(even), chosen(odd)) {
+            (false, true) => even,
+            _ => odd,
+        };
+        if !wanted.contains(&drop) {
+            locks.remove(&drop);
         }
     }
 }

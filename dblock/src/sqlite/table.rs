@@ -75,6 +75,12 @@ impl Shared {
             }
             table.yielded.remove(&offset);
         }
+        self.grant_new(table, offset, mode)
+    }
+
+    /// Takes the lock at `offset`, held by no task of this process, if the file allows
+    /// it: the one place a lock byte is newly locked for a request.
+    fn grant_new(&self, table: &mut Table, offset: u64, mode: Mode) -> Result<bool, Error> {
         let lf = &self.lock;
         let fail = |e| Error::io(format!("cannot lock {}", lf.path.display()), e);
         // A replaced file is reopened and the request retried; a path replaced again and
