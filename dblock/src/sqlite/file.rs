@@ -143,6 +143,9 @@ pub(crate) struct LockFile {
     /// `born` (see [`LockFile::still_named`]); 0 after a reopen is decided.
     checked: AtomicU64,
     born: Instant,
+    /// The address of `current`'s descriptor, for telling without the lock whether a
+    /// descriptor is still current (set under `current`'s write lock).
+    current_at: AtomicUsize,
     /// What this process does with the keys of this file, in [`SHARDS`] parts by key.
     shards: Box<[Shard]>,
 }
@@ -205,11 +208,13 @@ impl LockFile {
                 })?;
                 let network_fs = sys::network_filesystem(&desc.file)
                     .map_err(|e| Error::io(format!("cannot inspect {}", path.display()), e))?;
+                let desc = Arc::new(desc);
                 let lf = Arc::new(LockFile {
                     path: path.clone(),
                     flavor,
                     network_fs,
-                    current: RwLock::new(Arc::new(desc)),
+                    current_at: AtomicUsize::new(Arc::as_ptr(&desc) as usize),
+                    current: RwLock::new(desc),
                     spares: Mutex::new(Vec::new()),
                     checked: AtomicU64::new(0),
                     born: Instant::now(),
@@ -245,8 +250,7 @@ impl LockFile {
         let now = self.born.elapsed().as_nanos() as u64 + 1;
         let last = self.checked.load(Ordering::Relaxed);
         if last != 0 && now.saturating_sub(last) < REPLACED_BOUND.as_nanos() as u64 {
-            let current = self.current.read().unwrap_or_else(|p| p.into_inner());
-            return Arc::ptr_eq(&current, desc);
+            return self.current_at.load(Ordering::Acquire) == Arc::as_ptr(desc) as usize;
         }
         let named = desc.is_named_by(&self.path);
         if named {
@@ -295,6 +299,8 @@ impl LockFile {
             return Ok(());
         }
         *current = Arc::new(desc);
+        self.current_at
+            .store(Arc::as_ptr(&current) as usize, Ordering::Release);
         // The new descriptor was opened by the path just now.
         let now = self.born.elapsed().as_nanos() as u64 + 1;
         self.checked.store(now, Ordering::Relaxed);
