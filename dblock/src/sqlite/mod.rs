@@ -321,9 +321,12 @@ impl SqliteBackend {
 
     async fn acquire(&self, req: &Req<'_>) -> Result<Option<Grant>, Error> {
         let offset = req.key.file_offset();
+        // The wait and the fencing token are boxed: their futures (the line, sqlx's
+        // statements) are large, and an uncontended, unfenced cycle would otherwise copy
+        // them whole when the request's future is boxed — a fifth of its time.
         let held = match self.shared.take_now(offset, req.mode)? {
             true => SqliteHeld::new(&self.shared, offset, req.mode),
-            false => match self.wait(offset, req.mode, req.wait).await? {
+            false => match Box::pin(self.wait(offset, req.mode, req.wait)).await? {
                 Some(h) => h,
                 None => return Ok(None),
             },
@@ -332,7 +335,7 @@ impl SqliteBackend {
         // releases.
         let fence = match req.fenced {
             true => Some((
-                fence::next_token(&self.shared, req).await?,
+                Box::pin(fence::next_token(&self.shared, req)).await?,
                 Arc::from(FENCING_TABLE),
             )),
             false => None,
