@@ -42,7 +42,11 @@ async fn run_exits_with_the_commands_status_and_sets_its_environment() {
     )
     .await;
     assert_eq!(code(&out), 7);
-    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "job:1 1");
+    // A fresh file's first token: epoch 1 of this boot (epoch x 2^40, then one more per grant).
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        format!("job:1 {}", 1i64 << 40)
+    );
     let out = run(
         db.dir.path(),
         &["run", "--db", &db.url, "job:1", "--", "true"],

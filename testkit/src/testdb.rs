@@ -125,7 +125,10 @@ impl TestDb {
                 .filter(|r| r.2)
                 .count(),
             TestDb::MySql(d) => d.holder(&d.lock_name(name)).await.map_or(0, |_| 1),
-            TestDb::Sqlite(d) => kernel_locks(d, self.key(name).file_offset()).0,
+            TestDb::Sqlite(d) => {
+                let offset = self.key(name).file_offset();
+                kernel_locks(d, |s, e| s <= offset && offset <= e).0
+            }
         }
     }
 
@@ -151,7 +154,9 @@ impl TestDb {
                 n as usize
             }
             TestDb::Sqlite(d) => {
-                let (held, blocked) = kernel_locks(d, self.key(name).file_offset() ^ 1);
+                // The gate byte alone (a holder may hold gate and lock byte together).
+                let gate = self.key(name).file_offset() ^ 1;
+                let (held, blocked) = kernel_locks(d, |s, e| s == gate && e == gate);
                 held + blocked
             }
         }
@@ -191,9 +196,9 @@ fn lock_file(d: &SqliteDb) -> std::path::PathBuf {
     d.dir.path().join("locks.db-locks")
 }
 
-/// Kernel locks on byte `offset` of the database's lock file (from /proc/locks):
-/// (held, blocked).
-fn kernel_locks(d: &SqliteDb, offset: u64) -> (usize, usize) {
+/// Kernel locks on the database's lock file (from /proc/locks) whose range `fits`
+/// (first byte, last byte): (held, blocked).
+fn kernel_locks(d: &SqliteDb, fits: impl Fn(u64, u64) -> bool) -> (usize, usize) {
     let Ok(meta) = std::fs::metadata(lock_file(d)) else {
         return (0, 0);
     };
@@ -203,8 +208,13 @@ fn kernel_locks(d: &SqliteDb, offset: u64) -> (usize, usize) {
         let t: Vec<&str> = line.split_whitespace().collect();
         let is_blocked = t.get(1) == Some(&"->");
         let t: Vec<&str> = t.into_iter().filter(|t| *t != "->").collect();
+        let start = t.get(6).and_then(|v| v.parse::<u64>().ok());
+        let end = t.get(7).and_then(|v| match *v {
+            "EOF" => Some(u64::MAX),
+            v => v.parse::<u64>().ok(),
+        });
         if t.get(5).and_then(|d| d.rsplit(':').next()) == Some(ino.as_str())
-            && t.get(6) == Some(&offset.to_string().as_str())
+            && start.zip(end).is_some_and(|(s, e)| fits(s, e))
         {
             if is_blocked {
                 blocked += 1;

@@ -184,6 +184,9 @@ async fn a_replaced_lock_file_does_not_split_later_holders() {
         let db = dblock_testkit::SqliteDb::new();
         let early = db.locks().await; // opens the lock file now
         replace(&db.dir.path().join("locks.db-locks"), how);
+        // Grants look the path up again at most every 10 ms (docs/how-it-works.md): past
+        // that bound, every grant is in the new file.
+        tokio::time::sleep(Duration::from_millis(25)).await;
         let g = early.lock("x").await.unwrap();
         // A process started after the replacement opens the new file: it must see `g`.
         let (mut waiter, mut lines) = spawn(db.dir.path(), &["wait", &db.url, "x"]);

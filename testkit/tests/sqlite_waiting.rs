@@ -34,9 +34,8 @@ async fn line(lines: &mut Lines, secs: u64) -> Option<String> {
     }
 }
 
-/// Kernel locks on byte `offset` of `db`'s lock file (from /proc/locks), held and
-/// blocked.
-fn kernel_locks_at(db: &SqliteDb, offset: u64) -> usize {
+/// Kernel locks (held and blocked) on `db`'s lock file whose range `fits` (start, end).
+fn kernel_locks(db: &SqliteDb, fits: impl Fn(u64, u64) -> bool) -> usize {
     let ino = std::fs::metadata(db.dir.path().join("locks.db-locks"))
         .unwrap()
         .ino()
@@ -50,17 +49,34 @@ fn kernel_locks_at(db: &SqliteDb, offset: u64) -> usize {
                 .collect::<Vec<_>>()
         })
         .filter(|t| {
+            let start = t.get(6).and_then(|v| v.parse().ok());
+            let end = t.get(7).and_then(|v| {
+                if *v == "EOF" {
+                    Some(u64::MAX)
+                } else {
+                    v.parse().ok()
+                }
+            });
             t.get(5).and_then(|d| d.rsplit(':').next()) == Some(ino.as_str())
-                && t.get(6) == Some(&offset.to_string().as_str())
+                && start.zip(end).is_some_and(|(s, e)| fits(s, e))
         })
         .count()
 }
 
-/// Waits (bounded) until another process is at the head of the line for `name`: it
-/// holds the name's gate byte, next to the lock byte. Returns whether that was seen.
+/// Kernel locks covering byte `offset` of `db`'s lock file, held and blocked.
+fn kernel_locks_at(db: &SqliteDb, offset: u64) -> usize {
+    kernel_locks(db, |s, e| s <= offset && offset <= e)
+}
+
+/// Waits (bounded) until another process is in line for `name`: its thread holds, or
+/// waits in the kernel for, the name's gate byte alone (a holder in this process may
+/// hold gate and lock byte together, a range of two). Returns whether that was seen.
 async fn until_in_line(db: &SqliteDb, locks: &dblock::Locks, name: &str) -> bool {
     let gate = locks.key(name).unwrap().file_offset() ^ 1;
-    dblock_testkit::eventually(5, &mut || async { kernel_locks_at(db, gate) > 0 }).await
+    dblock_testkit::eventually(5, &mut || async {
+        kernel_locks(db, |s, e| s == gate && e == gate) > 0
+    })
+    .await
 }
 
 /// The releasing process comes straight back for the lock, as a loop of critical

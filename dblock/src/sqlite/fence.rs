@@ -1,6 +1,23 @@
 //! Fencing tokens on the embedded backend: the table in the database file, the next
-//! token committed (`synchronous = FULL`) while the file lock is held, the latest grant
-//! read back, and the check a fenced write makes.
+//! token committed while the file lock is held, the latest grant read back, and the
+//! check a fenced write makes.
+//!
+//! # Tokens never go backwards, without a disk write per grant
+//!
+//! A token is `epoch × 2^40 + n`. The epoch is this boot's (Linux names each boot in
+//! `/proc/sys/kernel/random/boot_id`): the first grant of a boot raises it by one in
+//! `dblock_fencing_epoch` and commits that to the disk (`synchronous = FULL`, an
+//! `fsync`) before any token of the epoch is handed out; the boot is read once per
+//! process. Grants within the epoch commit with `synchronous = NORMAL`: their commit is
+//! in the operating system's cache, which any crash of a process (dblock's, or kill -9)
+//! keeps, but a power loss or a crash of the operating system may lose — the last
+//! grants of that boot roll back. Such a loss is always followed by a new boot, whose
+//! epoch starts above every token of the last one (`n` stays below 2^40), so a token
+//! handed out after it is above every token handed out before it, recorded or lost.
+//! A power loss cannot make a token go backwards; it can make the latest grant that
+//! `Locks::current_leader` and the fencing table show an older one (of the lost boot)
+//! until the next grant. Where the boot cannot be named (not Linux), every grant
+//! commits to the disk, as before.
 
 use super::{Shared, SqliteBackend};
 use crate::error::Error;
@@ -58,27 +75,108 @@ impl Fence {
 }
 
 /// The next token for `req`'s name in the embedded database, committed before it is
-/// returned. Called with the lock held.
+/// returned (see the module docs for what "committed" means within an epoch). Called
+/// with the lock held.
 pub(crate) async fn next_token(shared: &Shared, req: &Req<'_>) -> Result<i64, Error> {
-    let db = shared.db().await?;
     let fail = |e: sqlx::Error| Error::Database {
         code: super::bookkeeping::code_of(&e),
         message: format!("fencing token: {e}"),
     };
-    sqlx::query(TABLE_DDL).execute(db).await.map_err(fail)?;
+    // The epoch's first read made the table; without an epoch, every grant makes sure.
+    let (db, base) = match epoch(shared).await? {
+        Some(epoch) => (shared.tokens().await?, epoch << EPOCH_BITS),
+        None => {
+            let db = shared.db().await?;
+            sqlx::query(TABLE_DDL).execute(db).await.map_err(fail)?;
+            (db, 0)
+        }
+    };
     sqlx::query_scalar::<_, i64>(
         "INSERT INTO dblock_fencing (key, namespace, name, token, holder, granted_at) \
-         VALUES (?1, ?2, ?3, 1, ?4, strftime('%Y-%m-%dT%H:%M:%fZ', 'now')) \
-         ON CONFLICT (key) DO UPDATE SET token = token + 1, holder = excluded.holder, \
+         VALUES (?1, ?2, ?3, max(?5, 1), ?4, strftime('%Y-%m-%dT%H:%M:%fZ', 'now')) \
+         ON CONFLICT (key) DO UPDATE SET token = max(token + 1, ?5), holder = excluded.holder, \
          granted_at = excluded.granted_at RETURNING token",
     )
     .bind(req.fence_key().as_i64())
     .bind(req.namespace)
     .bind(req.name)
     .bind(holder_id())
+    .bind(base)
     .fetch_one(db)
     .await
     .map_err(fail)
+}
+
+/// The bits of a token below its epoch: 2^40 grants of one name per boot.
+const EPOCH_BITS: u32 = 40;
+
+/// The DDL of the table of the epoch (one row: the epoch, and the boot it is of).
+pub(crate) const EPOCH_DDL: &str = "CREATE TABLE IF NOT EXISTS dblock_fencing_epoch (\
+     id INTEGER PRIMARY KEY CHECK (id = 1), \
+     epoch INTEGER NOT NULL, \
+     boot TEXT NOT NULL)";
+
+/// This boot's name, read once per process; `None` where the system has none to read.
+fn boot_id() -> Option<&'static str> {
+    static BOOT: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    BOOT.get_or_init(|| {
+        std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+            .ok()
+            .map(|s| s.trim().to_string())
+            .filter(|s| !s.is_empty())
+    })
+    .as_deref()
+}
+
+/// This boot's epoch, once per handle: read, or — the first grant of a boot — raised
+/// and committed to the disk. `None` where the boot cannot be named.
+async fn epoch(shared: &Shared) -> Result<Option<i64>, Error> {
+    let fail = |e: sqlx::Error| Error::Database {
+        code: super::bookkeeping::code_of(&e),
+        message: format!("fencing epoch: {e}"),
+    };
+    let epoch = shared.epoch.get_or_try_init(|| async {
+        let Some(boot) = boot_id() else {
+            return Ok(None);
+        };
+        let db = shared.tokens().await?;
+        let read = || {
+            sqlx::query_as::<_, (i64, String)>(
+                "SELECT epoch, boot FROM dblock_fencing_epoch WHERE id = 1",
+            )
+            .fetch_optional(db)
+        };
+        // A ready file needs no DDL: the tables are made only when the read finds none.
+        let row = match read().await {
+            Ok(row) => row,
+            Err(_) => {
+                for ddl in [EPOCH_DDL, TABLE_DDL] {
+                    sqlx::query(ddl).execute(db).await.map_err(fail)?;
+                }
+                read().await.map_err(fail)?
+            }
+        };
+        if let Some((epoch, of)) = row
+            && of == boot
+        {
+            return Ok(Some(epoch));
+        }
+        // A new boot: the next epoch, on the disk before any token of it is handed out
+        // (another process raising it first for the same boot is kept, not raised again).
+        let durable = shared.db().await?;
+        let epoch = sqlx::query_scalar::<_, i64>(
+            "INSERT INTO dblock_fencing_epoch (id, epoch, boot) VALUES (1, 1, ?1) \
+             ON CONFLICT (id) DO UPDATE SET \
+             epoch = CASE WHEN boot = excluded.boot THEN epoch ELSE epoch + 1 END, \
+             boot = excluded.boot RETURNING epoch",
+        )
+        .bind(boot)
+        .fetch_one(durable)
+        .await
+        .map_err(fail)?;
+        Ok::<_, Error>(Some(epoch))
+    });
+    epoch.await.copied()
 }
 
 /// The DDL of the fencing table.

@@ -4,8 +4,9 @@
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::AtomicUsize;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock, Weak};
+use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
 
@@ -89,10 +90,12 @@ pub(crate) struct Desc {
     pub(crate) file: File,
     dev: u64,
     ino: u64,
+    /// The counts of processes in line, shared through the file (see [`sys::LineCounts`]).
+    line: sys::LineCounts,
 }
 
 impl Desc {
-    fn open(path: &Path) -> std::io::Result<Desc> {
+    fn open(path: &Path, flavor: Flavor) -> std::io::Result<Desc> {
         let file = OpenOptions::new()
             .read(true)
             .write(true)
@@ -101,17 +104,19 @@ impl Desc {
             .custom_flags(libc::O_CLOEXEC)
             .open(path)?;
         let md = file.metadata()?;
+        let line = sys::LineCounts::map(&file, flavor)?;
         Ok(Desc {
             file,
             dev: md.dev(),
             ino: md.ino(),
+            line,
         })
     }
 
-    /// Whether this descriptor's file still has a name (deleting it, or renaming
-    /// another file over it, takes its last one). One `fstat`, no path lookup.
-    pub(crate) fn is_linked(&self) -> bool {
-        sys::link_count(&self.file).is_ok_and(|n| n > 0)
+    /// The count of processes in line for keys of `offset`'s group: 0 when nobody
+    /// waits for a key like it (see the [module docs](super#waiting-in-line)).
+    pub(crate) fn line(&self, offset: u64) -> &std::sync::atomic::AtomicU32 {
+        self.line.of(offset)
     }
 
     /// Whether `path` still names this descriptor's file.
@@ -134,6 +139,13 @@ pub(crate) struct LockFile {
     current: RwLock<Arc<Desc>>,
     /// Descriptors never to be closed while this file is in use (POSIX locks).
     spares: Mutex<Vec<File>>,
+    /// When the path was last seen to name `current`'s file, in nanoseconds since
+    /// `born` (see [`LockFile::still_named`]); 0 after a reopen is decided.
+    checked: AtomicU64,
+    born: Instant,
+    /// The address of `current`'s descriptor, for telling without the lock whether a
+    /// descriptor is still current (set under `current`'s write lock).
+    current_at: AtomicUsize,
     /// What this process does with the keys of this file, in [`SHARDS`] parts by key.
     shards: Box<[Shard]>,
 }
@@ -145,6 +157,12 @@ impl LockFile {
         self.network_fs
     }
 }
+
+/// How long after a lock file is replaced (deleted, or renamed over) a grant may still
+/// be made in the old file: the path is looked up again at most this often on the
+/// path every lock takes, instead of once per grant (a `stat` of the path cost as much
+/// as the lock itself). `docs/how-it-works.md` documents the bound.
+pub(crate) const REPLACED_BOUND: Duration = Duration::from_millis(10);
 
 /// How many parts the table of a lock file has. Requests for different keys meet on one
 /// mutex only when their keys fall in one part, so tasks working on keys of their own
@@ -194,17 +212,21 @@ impl LockFile {
         let lf = match found {
             Some(lf) => lf,
             None => {
-                let desc = Desc::open(&path).map_err(|e| {
+                let desc = Desc::open(&path, flavor).map_err(|e| {
                     Error::io(format!("cannot open lock file {}", path.display()), e)
                 })?;
                 let network_fs = sys::network_filesystem(&desc.file)
                     .map_err(|e| Error::io(format!("cannot inspect {}", path.display()), e))?;
+                let desc = Arc::new(desc);
                 let lf = Arc::new(LockFile {
                     path: path.clone(),
                     flavor,
                     network_fs,
-                    current: RwLock::new(Arc::new(desc)),
+                    current_at: AtomicUsize::new(Arc::as_ptr(&desc) as usize),
+                    current: RwLock::new(desc),
                     spares: Mutex::new(Vec::new()),
+                    checked: AtomicU64::new(0),
+                    born: Instant::now(),
                     shards: (0..SHARDS).map(|_| Shard::default()).collect(),
                 });
                 open.push((path, Arc::downgrade(&lf)));
@@ -229,6 +251,32 @@ impl LockFile {
             .clone()
     }
 
+    /// Whether the path still names `desc`'s file, as far as a grant needs to know: a
+    /// descriptor no longer current is not; the current one is looked up by path if
+    /// the last look is [`REPLACED_BOUND`] old or more, and trusted otherwise.
+    pub(crate) fn still_named(&self, desc: &Arc<Desc>) -> bool {
+        // Nanoseconds since `born`, plus one so that a look at time 0 is not "never".
+        let now = self.born.elapsed().as_nanos() as u64 + 1;
+        let last = self.checked.load(Ordering::Relaxed);
+        if last != 0 && now.saturating_sub(last) < REPLACED_BOUND.as_nanos() as u64 {
+            return self.current_at.load(Ordering::Acquire) == Arc::as_ptr(desc) as usize;
+        }
+        let named = desc.is_named_by(&self.path);
+        if named {
+            let current = self.current.read().unwrap_or_else(|p| p.into_inner());
+            if Arc::ptr_eq(&current, desc) {
+                self.checked.store(now, Ordering::Relaxed);
+            }
+        }
+        named
+    }
+
+    /// Makes the next [`LockFile::still_named`] look the path up: a check of a held
+    /// lock found the file replaced.
+    pub(crate) fn recheck(&self) {
+        self.checked.store(0, Ordering::Relaxed);
+    }
+
     /// The part of the table that holds `offset`. A lock byte and its gate (the other
     /// byte of its pair) fall in one part, so that everything touching a pair's bytes
     /// is done under one mutex.
@@ -244,7 +292,7 @@ impl LockFile {
         if !Arc::ptr_eq(&current, stale) {
             return Ok(()); // another request reopened it already
         }
-        let desc = Desc::open(&self.path).map_err(|e| {
+        let desc = Desc::open(&self.path, self.flavor).map_err(|e| {
             Error::io(
                 format!("cannot reopen lock file {}", self.path.display()),
                 e,
@@ -260,6 +308,11 @@ impl LockFile {
             return Ok(());
         }
         *current = Arc::new(desc);
+        self.current_at
+            .store(Arc::as_ptr(&current) as usize, Ordering::Release);
+        // The new descriptor was opened by the path just now.
+        let now = self.born.elapsed().as_nanos() as u64 + 1;
+        self.checked.store(now, Ordering::Relaxed);
         Ok(())
     }
 }

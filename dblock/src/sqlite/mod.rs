@@ -30,8 +30,23 @@
 //! # Waiting in line
 //!
 //! Next to each lock byte lies a *gate* byte (its neighbour: `offset ^ 1`). A request
-//! first tries gate and lock byte together, in one non-blocking call, and gives the gate
-//! back at once: three system calls a cycle, uncontended. When that fails, the process
+//! first tries gate and lock byte together, in one non-blocking call. An exclusive
+//! request keeps the gate while it holds the lock if no process waits in line for a key
+//! of its group, and gives both back in one call: two system calls a cycle, uncontended,
+//! the least a byte-range lock costs. Waiting processes are counted per group of keys
+//! (1,024 groups, by offset) in the lock file's first page, which every process maps
+//! shared: reading the count is a load, not a call. With a count above zero, or in
+//! shared mode, the gate goes back at once (three calls a cycle), so that the head of
+//! the line can take it. The count is a hint, never what excludes: one left by a
+//! process killed in line costs that group the third call until every process using the
+//! file has closed it (each holds a read lock on the file's last byte, 2^63 − 1, while
+//! it has the file open; the first to open it takes that byte exclusively for a moment
+//! and clears the counts), and a count read a moment before a waiter raised it lets one
+//! request pass that waiter once. A waiter blocked on a gate that a holder keeps cannot
+//! be seen in the kernel: so a holder that gives gate and lock back while a process is
+//! counted in line lets that process go first — its next request for the name stands in
+//! line, and the line's thread waits until another process holds the gate or the lock
+//! byte (at most 20 ms) before it asks for the gate. When the try fails, the process
 //! gets in line: one thread (per process and name, named `dblock-` and the offset's low
 //! 32 bits in hex) waits in the kernel for the gate (`F_OFD_SETLKW`), where the kernel
 //! queues conflicting waiters in arrival order; at the head of the line it polls the
@@ -66,10 +81,11 @@
 //!
 //! When an exclusive holder leaves and the first task behind it wants the lock
 //! exclusively too, the lock is handed straight over: the byte stays locked, nothing
-//! else can come between, and the hand-over costs two system calls instead of an unlock
-//! and a new acquisition (four) — provided no other process is at the head of the line
-//! (`F_OFD_GETLK` on the gate finds it free) and the path still names the file the
-//! byte is locked in (the same check as for a new grant). Otherwise, and whenever the
+//! else can come between, and the hand-over costs no system call (the holder keeps the
+//! gate and no process is counted in line) or one (`F_OFD_GETLK` finds the gate free:
+//! no other process is at the head of the line) instead of an unlock and a new
+//! acquisition — provided, too, that the path still names the file the byte is locked
+//! in (the same bound in time as for a new grant). Otherwise, and whenever the
 //! last holder leaves with nobody to hand to, the byte is unlocked and every task
 //! behind looks again, so a process waiting in line gets the lock before this
 //! process's next task, as before. Tasks behind a holder leave at once when cancelled;
@@ -97,8 +113,10 @@
 //! split holders again: a process with the old file open locks bytes nobody else sees.
 //! So after the kernel grants a byte, the path is checked to still name the descriptor's
 //! file (device and inode); if it does not, the byte is given back and the request is
-//! retried on the file the path names now. That covers every grant made after the
-//! replacement. Locks granted *before* it stay on the old file, where later requests no
+//! retried on the file the path names now. The check is bound in time rather than made
+//! per grant (a `stat` of the path cost as much as the lock): the path is looked up at
+//! most every 10 ms, so every grant made more than 10 ms after the replacement is in
+//! the new file. Locks granted *before* it stay on the old file, where later requests no
 //! longer see them: [`LockGuard::check`](crate::LockGuard::check) and
 //! [`LockGuard::is_held`](crate::LockGuard::is_held) report such a lock as lost
 //! ([`LossReason::LockFileReplaced`]), and fencing
@@ -196,8 +214,15 @@ pub(crate) struct Shared {
     pub(crate) db_path: PathBuf,
     /// The lock file beside it, shared with every handle of this process on it.
     lock: Arc<LockFile>,
-    /// The database, opened on first use (fencing tokens, migrations).
+    /// The database, opened on first use (migrations, leaders, runs; tokens where the
+    /// boot is unknown), every commit waiting for the disk.
     db: tokio::sync::OnceCell<sqlx::SqlitePool>,
+    /// The database again, for fencing tokens within a durable epoch: commits that do
+    /// not wait for the disk (see [`fence`]).
+    tokens: tokio::sync::OnceCell<sqlx::SqlitePool>,
+    /// This boot's token epoch, made durable once (see [`fence`]); `None` where the
+    /// boot cannot be told apart from the last.
+    epoch: tokio::sync::OnceCell<Option<i64>>,
 }
 
 /// A key held by this process: by how many shared holders, or by one exclusive one, and
@@ -206,9 +231,10 @@ pub(crate) struct Shared {
 pub(crate) struct Slot {
     readers: u32,
     writer: bool,
+    /// Whether the exclusive holder holds the gate too (taken with the lock byte while
+    /// nobody waited in line, and kept: see the [module docs](self#waiting-in-line)).
+    gate: bool,
     desc: Arc<Desc>,
-    /// When the path was last seen to name `desc`'s file.
-    checked: Instant,
     behind: VecDeque<Behind>,
 }
 
@@ -223,8 +249,8 @@ impl Slot {
         Slot {
             readers,
             writer,
+            gate: false,
             desc,
-            checked: Instant::now(),
             behind: VecDeque::new(),
         }
     }
@@ -243,9 +269,40 @@ struct Behind {
 #[derive(Default)]
 pub(crate) struct Table {
     /// Keys (file offsets) held.
-    held: HashMap<u64, Slot>,
+    held: OffsetMap<Slot>,
     /// Keys this process waits for in line, in the kernel.
-    queued: HashMap<u64, queue::Queued>,
+    queued: OffsetMap<queue::Queued>,
+    /// Keys this process gave back, gate and all, while another process waited in line
+    /// (counted), and when: its next request for one waits in line until that process
+    /// has taken the gate or the lock byte (see the [module docs](self#waiting-in-line)).
+    yielded: OffsetMap<std::time::Instant>,
+}
+
+/// A map by file offset. Offsets come from SHA-256 digests, so they need no keyed hash
+/// against chosen collisions; SipHash cost as much as a third of an uncontended cycle.
+pub(crate) type OffsetMap<V> = HashMap<u64, V, std::hash::BuildHasherDefault<OffsetHasher>>;
+
+/// The hash of an offset: its bits mixed by one multiplication, the high half (which
+/// every input bit reaches) brought down to the low bits the map indexes by — the low
+/// bits of an offset itself are alike within one part of the table.
+#[derive(Default)]
+pub(crate) struct OffsetHasher(u64);
+
+impl std::hash::Hasher for OffsetHasher {
+    fn finish(&self) -> u64 {
+        self.0.wrapping_mul(0x9E37_79B9_7F4A_7C15).rotate_left(32)
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        // Only u64 keys are hashed; any other input still hashes, byte by byte.
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(b);
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 ^= n;
+    }
 }
 
 impl SqliteBackend {
@@ -259,15 +316,20 @@ impl SqliteBackend {
                 db_path,
                 lock,
                 db: tokio::sync::OnceCell::new(),
+                tokens: tokio::sync::OnceCell::new(),
+                epoch: tokio::sync::OnceCell::new(),
             }),
         })
     }
 
     async fn acquire(&self, req: &Req<'_>) -> Result<Option<Grant>, Error> {
         let offset = req.key.file_offset();
+        // The wait and the fencing token are boxed: their futures (the line, sqlx's
+        // statements) are large, and an uncontended, unfenced cycle would otherwise copy
+        // them whole when the request's future is boxed — a fifth of its time.
         let held = match self.shared.take_now(offset, req.mode)? {
             true => SqliteHeld::new(&self.shared, offset, req.mode),
-            false => match self.wait(offset, req.mode, req.wait).await? {
+            false => match Box::pin(self.wait(offset, req.mode, req.wait)).await? {
                 Some(h) => h,
                 None => return Ok(None),
             },
@@ -276,7 +338,7 @@ impl SqliteBackend {
         // releases.
         let fence = match req.fenced {
             true => Some((
-                fence::next_token(&self.shared, req).await?,
+                Box::pin(fence::next_token(&self.shared, req)).await?,
                 Arc::from(FENCING_TABLE),
             )),
             false => None,
@@ -410,43 +472,62 @@ impl Drop for WaiterCount<'_> {
 const DB_BUSY: Duration = Duration::from_secs(30);
 
 impl Shared {
-    /// The database, opened on first use: WAL, `synchronous = FULL` (a fencing token
-    /// must survive a crash), a busy timeout for other processes' writes.
+    /// The database, opened on first use: WAL, `synchronous = FULL` (what it records
+    /// must survive a power loss), a busy timeout for other processes' writes.
     pub(crate) async fn db(&self) -> Result<&sqlx::SqlitePool, Error> {
+        use sqlx::sqlite::SqliteSynchronous;
         self.db
-            .get_or_try_init(|| async {
-                use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteSynchronous};
-                let opts = SqliteConnectOptions::new()
-                    .filename(&self.db_path)
-                    .create_if_missing(true)
-                    .journal_mode(SqliteJournalMode::Wal)
-                    .synchronous(SqliteSynchronous::Full)
-                    .busy_timeout(DB_BUSY);
-                // Switching a fresh file to WAL while other processes open it too can answer
-                // SQLITE_BUSY at once, without the busy handler waiting: tried again, within
-                // the busy timeout, as a busy write would have been.
-                let started = Instant::now();
-                loop {
-                    let opened = sqlx::sqlite::SqlitePoolOptions::new()
-                        .max_connections(4)
-                        .connect_with(opts.clone())
-                        .await;
-                    match opened {
-                        Err(sqlx::Error::Database(e))
-                            if e.code().as_deref() == Some("5") && started.elapsed() < DB_BUSY =>
-                        {
-                            tokio::time::sleep(Duration::from_millis(10)).await;
-                        }
-                        opened => {
-                            return opened.map_err(|e| Error::Connect {
-                                target: format!("sqlite:{}", self.db_path.display()),
-                                message: e.to_string(),
-                            });
-                        }
-                    }
-                }
-            })
+            .get_or_try_init(|| self.open_db(SqliteSynchronous::Full, 4))
             .await
+    }
+
+    /// The database for fencing tokens within a durable epoch: `synchronous = NORMAL`,
+    /// whose commits survive any crash of a process but not a power loss (the next
+    /// boot's epoch is above them: see [`fence`]). One connection: SQLite makes writers
+    /// take turns anyway, and a second would be opened (a few milliseconds of a
+    /// `dblock run`) while the pool's first, just checked, is still being put back.
+    pub(crate) async fn tokens(&self) -> Result<&sqlx::SqlitePool, Error> {
+        use sqlx::sqlite::SqliteSynchronous;
+        self.tokens
+            .get_or_try_init(|| self.open_db(SqliteSynchronous::Normal, 1))
+            .await
+    }
+
+    async fn open_db(
+        &self,
+        synchronous: sqlx::sqlite::SqliteSynchronous,
+        connections: u32,
+    ) -> Result<sqlx::SqlitePool, Error> {
+        use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode};
+        let opts = SqliteConnectOptions::new()
+            .filename(&self.db_path)
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(synchronous)
+            .busy_timeout(DB_BUSY);
+        // Switching a fresh file to WAL while other processes open it too can answer
+        // SQLITE_BUSY at once, without the busy handler waiting: tried again, within
+        // the busy timeout, as a busy write would have been.
+        let started = Instant::now();
+        loop {
+            let opened = sqlx::sqlite::SqlitePoolOptions::new()
+                .max_connections(connections)
+                .connect_with(opts.clone())
+                .await;
+            match opened {
+                Err(sqlx::Error::Database(e))
+                    if e.code().as_deref() == Some("5") && started.elapsed() < DB_BUSY =>
+                {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                opened => {
+                    return opened.map_err(|e| Error::Connect {
+                        target: format!("sqlite:{}", self.db_path.display()),
+                        message: e.to_string(),
+                    });
+                }
+            }
+        }
     }
 }
 

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
@@ -69,10 +69,11 @@ pub(crate) fn adopt(
 /// caller holds the table lock and has checked that the process is not in line yet.
 pub(crate) fn join(
     lf: &Arc<LockFile>,
-    queued: &mut std::collections::HashMap<u64, Queued>,
+    queued: &mut super::OffsetMap<Queued>,
     shared: &Arc<Shared>,
     offset: u64,
     mode: Mode,
+    after: Option<Instant>,
 ) -> Result<(u64, Receiver), Error> {
     let (tx, rx) = oneshot::channel();
     let id = IDS.fetch_add(1, Ordering::Relaxed);
@@ -81,7 +82,7 @@ pub(crate) fn join(
         // Named for the key, as tools show it (15 bytes): `dblock-` and the low 32 bits
         // of the offset in hex.
         .name(format!("dblock-{:08x}", offset as u32))
-        .spawn(move || wait_in_kernel(thread_lf, offset, mode))
+        .spawn(move || wait_in_kernel(thread_lf, offset, mode, after))
         .map_err(|e| Error::io("cannot start a thread to wait for a lock", e))?;
     queued.insert(
         offset,
@@ -119,6 +120,31 @@ pub(crate) fn give_up(lf: &LockFile, offset: u64, id: u64) {
 const HEAD_POLL: Duration = Duration::from_micros(50);
 const HEAD_POLL_MAX: Duration = Duration::from_millis(1);
 
+/// How long a process that gave a lock back, gate and all, to a process waiting in the
+/// kernel lets that process go first (see [`let_waiter_go_first`]).
+pub(crate) const YIELD: Duration = Duration::from_millis(20);
+
+/// If the lock at `offset` was given back (gate too) at `yielded` while another process
+/// waited for the gate in the kernel; woken, it has not necessarily run yet, and a gate
+/// taken before it does would pass it. So look (without locking) until another process
+/// holds the gate or the lock byte — it has taken its turn — or [`YIELD`] has passed,
+/// or nobody here wants the place any more.
+fn let_waiter_go_first(lf: &LockFile, offset: u64, yielded: Option<Instant>) {
+    let Some(yielded) = yielded else {
+        return;
+    };
+    let desc = lf.current();
+    let mut polls = 0u32;
+    while yielded.elapsed() < YIELD && wanted(lf, offset) {
+        match sys::probe(&desc.file, lf.flavor, pair(offset), 2, Mode::Exclusive) {
+            Ok(sys::Attempt::Granted) => {}
+            Ok(sys::Attempt::Busy) | Err(_) => return,
+        }
+        polls = polls.saturating_add(1);
+        std::thread::sleep(HEAD_POLL.saturating_mul(polls).min(HEAD_POLL_MAX));
+    }
+}
+
 /// Whether any request still wants the place in line for `offset`.
 fn wanted(lf: &LockFile, offset: u64) -> bool {
     let table = lf
@@ -129,14 +155,43 @@ fn wanted(lf: &LockFile, offset: u64) -> bool {
     table.queued.get(&offset).is_some_and(|q| q.taker.is_some())
 }
 
+/// A place in line counted in the lock file's shared counts (see [`sys::LineCounts`])
+/// for as long as this value lives: while it does, exclusive requests of every process
+/// for keys of its group give the gate back after their try instead of keeping it.
+struct Counted(Arc<Desc>, u64);
+
+impl Counted {
+    fn new(desc: &Arc<Desc>, offset: u64) -> Counted {
+        desc.line(offset).fetch_add(1, Ordering::SeqCst);
+        Counted(desc.clone(), offset)
+    }
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        // Never below zero, should the counts have been cleared meanwhile (a second
+        // descriptor of the file opened by this process with POSIX locks, which own
+        // nothing apart from the process's first).
+        let _ = self
+            .0
+            .line(self.1)
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+                Some(n.saturating_sub(1))
+            });
+    }
+}
+
 /// The thread of a place in line: take the gate (the kernel queues conflicting waiters
 /// in arrival order), then, at the head of the line, the lock byte (polled, so that a
 /// place nobody wants any more is left at once); give the gate back; hand the lock to
 /// whoever wants it now, or give it back too.
-fn wait_in_kernel(lf: Arc<LockFile>, offset: u64, mode: Mode) {
+fn wait_in_kernel(lf: Arc<LockFile>, offset: u64, mode: Mode, after: Option<Instant>) {
     let flavor = lf.flavor;
+    let_waiter_go_first(&lf, offset, after);
     let outcome: Result<Option<Arc<Desc>>, std::io::Error> = loop {
         let desc = lf.current();
+        // Counted in line (in the file, for every process to see) until this round ends.
+        let _counted = Counted::new(&desc, offset);
         match sys::lock_wait(&desc.file, flavor, gate(offset), 1, Mode::Exclusive) {
             Ok(()) => {}
             // POSIX locks: the kernel's deadlock detection sees one owner per process, so

@@ -71,6 +71,9 @@ struct Found {
     pid: u32,
     offset: u64,
     mode: Mode,
+    /// Seen as one byte of a pair held together (an exclusive holder keeps the gate
+    /// with the lock byte): the lock byte is this one or its neighbour.
+    paired: bool,
 }
 
 impl SqliteBackend {
@@ -149,6 +152,7 @@ impl SqliteBackend {
             lock.waiters.push(party(*pid, Mode::Exclusive, *since));
         }
         self.names_from_fencing(&mut locks).await;
+        keep_one_of_each_pair(&found, &wanted, &mut locks);
         let mut out: Vec<LockStatus> = locks.into_values().collect();
         for l in &mut out {
             l.waiters.sort_by_key(|w| w.since);
@@ -178,6 +182,24 @@ impl SqliteBackend {
                 l.namespace = Some(ns);
                 l.name = Some(name);
             }
+        }
+    }
+}
+
+/// Of a pair of bytes held together, one is the lock and the other its gate: keeps the
+/// one asked for, else the one the fencing table names, else the pair's first.
+fn keep_one_of_each_pair(found: &[Found], wanted: &[u64], locks: &mut BTreeMap<u64, LockStatus>) {
+    let paired = found.iter().filter(|f| f.paired && f.offset % 2 == 0);
+    for o in paired.map(|f| f.offset) {
+        let (even, odd) = (o, o + 1);
+        let chosen =
+            |x: u64| wanted.contains(&x) || locks.get(&x).is_some_and(|l| l.name.is_some());
+        let drop = match (chosen(even), chosen(odd)) {
+            (false, true) => even,
+            _ => odd,
+        };
+        if !wanted.contains(&drop) {
+            locks.remove(&drop);
         }
     }
 }
@@ -253,8 +275,16 @@ fn scan(path: &Path) -> std::io::Result<(Vec<Found>, Vec<(u32, u32, Option<Syste
                     continue;
                 };
                 for line in text.lines().filter_map(|l| l.strip_prefix("lock:")) {
-                    if let Some((offset, mode)) = parse_lock_line(line, ino) {
-                        found.push(Found { pid, offset, mode });
+                    if let Some((start, len, mode)) = parse_lock_line(line, ino) {
+                        for offset in start..start + len {
+                            let paired = len == 2;
+                            found.push(Found {
+                                pid,
+                                offset,
+                                mode,
+                                paired,
+                            });
+                        }
                     }
                 }
             }
@@ -284,9 +314,9 @@ fn scan(path: &Path) -> std::io::Result<(Vec<Found>, Vec<(u32, u32, Option<Syste
     Ok((found, waiting))
 }
 
-/// A `/proc/…/fdinfo` lock line (after `lock:`) on inode `ino`, one byte long and
-/// granted: its offset and mode.
-fn parse_lock_line(line: &str, ino: u64) -> Option<(u64, Mode)> {
+/// A `/proc/…/fdinfo` lock line (after `lock:`) on inode `ino`, granted, one byte long
+/// or an aligned pair (lock byte and gate): its first byte, length and mode.
+fn parse_lock_line(line: &str, ino: u64) -> Option<(u64, u64, Mode)> {
     // `1: OFDLCK  ADVISORY  WRITE -1 00:2d:1234 100 100`; blocked requests show `->`.
     let t: Vec<&str> = line.split_whitespace().collect();
     if t.contains(&"->") || t.len() < 8 {
@@ -299,7 +329,12 @@ fn parse_lock_line(line: &str, ino: u64) -> Option<(u64, Mode)> {
     };
     let file_ino: u64 = t[5].rsplit(':').next()?.parse().ok()?;
     let (start, end): (u64, u64) = (t[6].parse().ok()?, t[7].parse().ok()?);
-    (file_ino == ino && start == end).then_some((start, mode))
+    let len = match end.checked_sub(start)? {
+        0 => 1,
+        1 if start % 2 == 0 => 2,
+        _ => return None,
+    };
+    (file_ino == ino).then_some((start, len, mode))
 }
 
 /// The system's boot time (`btime` in `/proc/stat`).
@@ -332,19 +367,28 @@ mod tests {
         let ino = 1234;
         assert_eq!(
             parse_lock_line("\t1: OFDLCK  ADVISORY  WRITE -1 00:2d:1234 100 100", ino),
-            Some((100, Mode::Exclusive))
+            Some((100, 1, Mode::Exclusive))
         );
         assert_eq!(
             parse_lock_line("1: POSIX  ADVISORY  READ 42 08:02:1234 7 7", ino),
-            Some((7, Mode::Shared))
+            Some((7, 1, Mode::Shared))
         );
-        // Another file, a longer range, a blocked request.
+        // A lock byte held with its gate.
+        assert_eq!(
+            parse_lock_line("1: OFDLCK ADVISORY WRITE -1 00:2d:1234 4 5", ino),
+            Some((4, 2, Mode::Exclusive))
+        );
+        // Another file, a longer or unaligned range, a blocked request.
         assert_eq!(
             parse_lock_line("1: OFDLCK ADVISORY WRITE -1 00:2d:99 1 1", ino),
             None
         );
         assert_eq!(
-            parse_lock_line("1: OFDLCK ADVISORY WRITE -1 00:2d:1234 4 5", ino),
+            parse_lock_line("1: OFDLCK ADVISORY WRITE -1 00:2d:1234 5 6", ino),
+            None
+        );
+        assert_eq!(
+            parse_lock_line("1: OFDLCK ADVISORY WRITE -1 00:2d:1234 4 7", ino),
             None
         );
         assert_eq!(

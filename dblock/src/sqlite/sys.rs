@@ -184,18 +184,96 @@ fn setlk(
     }
 }
 
-/// How many names (hard links) `file` has: 0 once deleted or renamed over.
-pub(crate) fn link_count(file: &File) -> io::Result<u64> {
-    // SAFETY: stat is plain old data; zeroed is valid and the kernel overwrites it.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: valid descriptor owned by `file`, valid pointer to `st` for the call.
-    let rc = unsafe { libc::fstat(file.as_raw_fd(), &mut st) };
-    if rc != 0 {
-        return Err(io::Error::last_os_error());
+/// The lock file's first page, mapped shared between every process that has the file
+/// open: one count per group of keys of the processes waiting in line for a key of the
+/// group (see the [module docs](super#waiting-in-line)). A hint, never what excludes:
+/// a count too high costs a cycle one system call, one too low lets a request pass a
+/// waiter once.
+pub(crate) struct LineCounts {
+    base: std::ptr::NonNull<std::sync::atomic::AtomicU32>,
+}
+
+// SAFETY: the mapping is only ever accessed through atomics, from any thread.
+unsafe impl Send for LineCounts {}
+// SAFETY: as above.
+unsafe impl Sync for LineCounts {}
+
+/// How many counts the page holds.
+pub(crate) const LINE_COUNTS: usize = 1024;
+const PAGE: usize = LINE_COUNTS * 4;
+
+/// The byte every process using a lock file holds a read lock on while it has the file
+/// open, and the first to open it takes exclusively for a moment to clear counts left by
+/// processes that died in line. The last byte a lock can cover; it is a key's gate only
+/// for offset 2^63 − 2, one key in 2^62.
+pub(crate) const USERS: u64 = i64::MAX as u64;
+
+impl LineCounts {
+    /// Maps the page (growing the file to it first), and joins the file's users,
+    /// clearing the counts if there were none.
+    pub(crate) fn map(file: &File, flavor: Flavor) -> io::Result<LineCounts> {
+        if file.metadata()?.len() < PAGE as u64 {
+            file.set_len(PAGE as u64)?;
+        }
+        // SAFETY: a fresh shared mapping of `PAGE` bytes of a descriptor alive for the
+        // call; the file is at least that long (a file truncated under the mapping would
+        // fault: the lock file is dblock's, never truncated by it).
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                PAGE,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                file.as_raw_fd(),
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let base = std::ptr::NonNull::new(p.cast()).ok_or_else(|| io::Error::other("mmap"))?;
+        let counts = LineCounts { base };
+        if try_lock(file, flavor, USERS, 1, Mode::Exclusive)? == Attempt::Granted {
+            // Nobody else has the file open: counts are left by the dead.
+            for i in 0..LINE_COUNTS {
+                counts
+                    .count(i)
+                    .store(0, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+        // A read lock (the exclusive one just taken turns into it), held while the
+        // descriptor is open.
+        lock_wait(file, flavor, USERS, 1, Mode::Shared)?;
+        Ok(counts)
     }
-    // nlink_t's width differs between platforms.
-    #[allow(clippy::unnecessary_cast)]
-    Ok(st.st_nlink as u64)
+
+    /// The count of the group of keys `offset` is in.
+    pub(crate) fn of(&self, offset: u64) -> &std::sync::atomic::AtomicU32 {
+        self.count((offset >> 1) as usize % LINE_COUNTS)
+    }
+
+    fn count(&self, i: usize) -> &std::sync::atomic::AtomicU32 {
+        assert!(i < LINE_COUNTS);
+        // SAFETY: `i` is within the mapped page, which lives as long as `self`, is
+        // aligned (page-aligned base) and is only accessed through atomics.
+        unsafe { &*self.base.as_ptr().add(i) }
+    }
+}
+
+impl std::fmt::Debug for LineCounts {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("LineCounts")
+    }
+}
+
+impl Drop for LineCounts {
+    fn drop(&mut self) {
+        // SAFETY: unmaps exactly the mapping `map` made; no reference to it outlives
+        // `self`.
+        unsafe {
+            libc::munmap(self.base.as_ptr().cast(), PAGE);
+        }
+    }
 }
 
 /// The argument of a lock call on `len` bytes from `offset`.

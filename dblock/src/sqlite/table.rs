@@ -5,7 +5,6 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
@@ -14,10 +13,6 @@ use crate::raw::Mode;
 
 use super::sys::{self, Attempt};
 use super::{Behind, Shared, Slot, SqliteHeld, Table, queue};
-
-/// How old the last path check of a lock may be for a hand-over inside the process to
-/// go without a new one (see [`Shared::may_hand_over`]).
-const RECHECK: Duration = Duration::from_micros(100);
 
 /// What a waiting request does next.
 pub(super) enum Step {
@@ -70,12 +65,32 @@ impl Shared {
         if table.queued.contains_key(&offset) {
             return Ok(false);
         }
+        // Given back to a process in line a moment ago: not taken again before it has
+        // woken up and taken its turn (the line's thread waits for that).
+        if !table.yielded.is_empty()
+            && let Some(at) = table.yielded.get(&offset)
+        {
+            if at.elapsed() < queue::YIELD {
+                return Ok(false);
+            }
+            table.yielded.remove(&offset);
+        }
+        self.grant_new(table, offset, mode)
+    }
+
+    /// Takes the lock at `offset`, held by no task of this process, if the file allows
+    /// it: the one place a lock byte is newly locked for a request.
+    fn grant_new(&self, table: &mut Table, offset: u64, mode: Mode) -> Result<bool, Error> {
         let lf = &self.lock;
         let fail = |e| Error::io(format!("cannot lock {}", lf.path.display()), e);
         // A replaced file is reopened and the request retried; a path replaced again and
         // again is an error, not a loop.
         for _ in 0..8 {
             let desc = lf.current();
+            // An exclusive holder keeps the gate while no process waits in line for a key
+            // like this one: one call to take, one to give back. Otherwise the gate goes
+            // back at once, for the line's next head to take.
+            let gate = mode == Mode::Exclusive && desc.line(offset).load(Ordering::Acquire) == 0;
             // Gate and lock byte at once: free only if nobody holds the lock and nobody
             // is at the head of the line (whoever is holds the gate).
             match sys::try_lock(&desc.file, lf.flavor, queue::pair(offset), 2, mode)
@@ -84,17 +99,23 @@ impl Shared {
                 Attempt::Busy => return Ok(false),
                 Attempt::Granted => {}
             }
-            if let Err(e) = sys::unlock(&desc.file, lf.flavor, queue::gate(offset), 1) {
+            if !gate && let Err(e) = sys::unlock(&desc.file, lf.flavor, queue::gate(offset), 1) {
                 let _ = sys::unlock(&desc.file, lf.flavor, queue::pair(offset), 2);
                 return Err(fail(e));
             }
-            if desc.is_named_by(&lf.path) {
-                table.held.insert(offset, Slot::new(mode, desc));
+            if lf.still_named(&desc) {
+                table.held.insert(
+                    offset,
+                    Slot {
+                        gate,
+                        ..Slot::new(mode, desc)
+                    },
+                );
                 return Ok(true);
             }
             // The byte was granted in a file the path no longer names: nobody opening
             // the path now would see it. Give it back; use the new file.
-            sys::unlock(&desc.file, lf.flavor, offset, 1).map_err(fail)?;
+            sys::unlock(&desc.file, lf.flavor, queue::pair(offset), 2).map_err(fail)?;
             lf.reopen(&desc)?;
         }
         Err(Error::io(
@@ -134,7 +155,8 @@ impl Shared {
                 None => Step::Local,
             });
         }
-        let (id, rx) = queue::join(lf, &mut table.queued, self, offset, mode)?;
+        let after = table.yielded.remove(&offset);
+        let (id, rx) = queue::join(lf, &mut table.queued, self, offset, mode, after)?;
         Ok(Step::InLine(id, rx))
     }
 
@@ -208,7 +230,15 @@ impl Shared {
             // Unlocking a byte this owner holds cannot fail short of a closed
             // descriptor, which the Arc rules out. Should it fail anyway, the lock
             // stays until the process exits: never two holders.
-            let _ = sys::unlock(&slot.desc.file, lf.flavor, offset, 1);
+            let _ = match slot.gate {
+                true => sys::unlock(&slot.desc.file, lf.flavor, queue::pair(offset), 2),
+                false => sys::unlock(&slot.desc.file, lf.flavor, offset, 1),
+            };
+            // The gate went back with the lock while a process waited for it in the
+            // kernel: this process's next request lets that one wake up first.
+            if slot.gate && slot.desc.line(offset).load(Ordering::Acquire) > 0 {
+                table.yielded.insert(offset, std::time::Instant::now());
+            }
             woken.extend(slot.behind);
         }
         drop(table);
@@ -220,7 +250,7 @@ impl Shared {
     /// (see the [module docs](super#one-process-many-tasks)): only if there is one
     /// waiting for it, no other process is at the head of the line (holds the gate), and
     /// the file the byte is locked in is still the one its path names.
-    fn may_hand_over(&self, slot: &mut Slot, offset: u64) -> bool {
+    fn may_hand_over(&self, slot: &Slot, offset: u64) -> bool {
         if !slot
             .behind
             .front()
@@ -229,24 +259,20 @@ impl Shared {
             return false;
         }
         let lf = &self.lock;
+        if slot.gate {
+            // Holding the gate, this process is at the head of the line itself; another
+            // process in line waits for the gate in the kernel, unseen by a probe, but
+            // counted: then the lock goes back (gate too) for it to take.
+            return slot.desc.line(offset).load(Ordering::Acquire) == 0
+                && lf.still_named(&slot.desc);
+        }
         let gate = queue::gate(offset);
         match sys::probe(&slot.desc.file, lf.flavor, gate, 1, Mode::Exclusive) {
             Ok(Attempt::Granted) => {}
             Ok(Attempt::Busy) | Err(_) => return false,
         }
-        // The path check of a new grant costs as much as the rest of a hand-over: a
-        // hand-over does it only if the last one for this lock is [`RECHECK`] old. The
-        // file's link count, one cheap call, still sees deletion and renaming over it at
-        // every hand-over.
-        if !slot.desc.is_linked() {
-            return false;
-        }
-        let now = Instant::now();
-        if now.saturating_duration_since(slot.checked) < RECHECK {
-            return true;
-        }
-        slot.checked = now;
-        slot.desc.is_named_by(&lf.path)
+        // The same bound in time as a new grant's (see [`super::file::REPLACED_BOUND`]).
+        lf.still_named(&slot.desc)
     }
 
     /// Whether the lock at `offset` is held through the file the lock path names now:
@@ -258,9 +284,14 @@ impl Shared {
             .table
             .lock()
             .unwrap_or_else(|p| p.into_inner());
-        match table.held.get(&offset) {
-            Some(slot) => slot.desc.is_named_by(&lf.path),
-            None => false,
+        let named = table
+            .held
+            .get(&offset)
+            .is_some_and(|slot| slot.desc.is_named_by(&lf.path));
+        if !named {
+            // New grants look at the path again rather than trust the last look.
+            lf.recheck();
         }
+        named
     }
 }
