@@ -52,6 +52,8 @@ pub(crate) struct PgBackend {
     /// Whether lock requests set `client_connection_check_interval` (sqlx connections
     /// on PostgreSQL 14+: the only way to end a cut-off wait without a cancel request).
     pub(super) check_disconnect: bool,
+    /// Which keys were found busy lately: whether a request tries first.
+    pub(super) busy: super::lock::busy::Busy,
     /// `server_version_num`.
     pub(super) version: u32,
     /// How often held connections are checked (a lease must be longer).
@@ -215,6 +217,7 @@ impl PgBackend {
                 source,
                 mux: None,
                 check_disconnect: sqlx && version >= 140_000,
+                busy: Default::default(),
                 version,
                 check_interval: opts.check_interval,
                 check_timeout: opts.check_timeout,

@@ -193,6 +193,7 @@ impl PgBackend {
             chain: self.version >= 120_000,
         };
         let mut round = Round::first(what);
+        round.try_first = Round::should_try_first(req, what, self.busy.recently(req.key));
         loop {
             if round.out_of_time(req.wait) {
                 return Ok(None);
@@ -256,7 +257,11 @@ impl PgBackend {
             Err(QueryError::Db { code, message }) => {
                 plan.clean_up(conn, true);
                 return match server_ended(req, plan.sliced, &code, message) {
-                    None => Ok(Then::Again { busy: None }),
+                    None => {
+                        // A slice of the wait ended: the key is busy.
+                        self.busy.mark(req.key);
+                        Ok(Then::Again { busy: None })
+                    }
                     Some(Ok(())) => Ok(Then::Done(None)),
                     Some(Err(e)) if req.fenced => Err(self.fencing_permission(e)),
                     Some(Err(e)) => Err(e),
@@ -283,7 +288,15 @@ impl PgBackend {
             }
             Ok(Answer::NotGranted) => {
                 plan.clean_up(conn, false);
-                Ok(Then::Done(None))
+                match plan.tried_first && wait_ahead(req.wait) {
+                    // The try found the key busy: wait for it in the next round, and let
+                    // requests for it wait at once for a while.
+                    true => {
+                        self.busy.mark(req.key);
+                        Ok(Then::Again { busy: None })
+                    }
+                    false => Ok(Then::Done(None)),
+                }
             }
             Ok(Answer::Busy(busy)) => {
                 plan.clean_up(conn, false);

@@ -76,7 +76,8 @@ pub(crate) fn open(msg: &mut Message, scope: Scope, s: &Settings) {
     match scope {
         Scope::Transaction => {
             msg.begin(s.chain);
-            if s.check_disconnect {
+            // Only a round that waits needs the server to watch for a client gone away.
+            if s.check_disconnect && !s.tries() {
                 msg.push_fmt(format_args!("SET LOCAL {CHECK} = {CHECK_MS}"));
             }
             if let Some(ms) = s.lease_ms {
@@ -94,7 +95,7 @@ pub(crate) fn open(msg: &mut Message, scope: Scope, s: &Settings) {
                     "SELECT set_config('idle_session_timeout', '{ms}', false)"
                 ));
             }
-            if s.check_disconnect {
+            if s.check_disconnect && !s.tries() {
                 msg.push_fmt(format_args!(
                     "SELECT set_config('{CHECK}', '{CHECK_MS}', true)"
                 ));
