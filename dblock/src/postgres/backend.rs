@@ -28,13 +28,24 @@ pub(super) enum Source {
 }
 
 impl Source {
-    /// A connection. Waiting for one (all in use) is bounded by the pool's acquire
-    /// timeout.
+    /// A connection for anything but a lock request, with the session's own
+    /// `lock_timeout` (a lock request may have left its wait slice there). Waiting for
+    /// one (all in use) is bounded by the pool's acquire timeout.
     pub(super) async fn get(&self) -> Result<Conn, Error> {
-        self.get_until(None).await
+        match self {
+            Source::Native(p) => {
+                let mut c = p.get_until(None).await?;
+                // If it cannot be sent, the connection is closed and its first query
+                // fails as a lost connection does.
+                c.reset_session_slice();
+                Ok(Conn::Native(c))
+            }
+            Source::Sqlx(p) => p.get().await.map(Conn::Sqlx),
+        }
     }
 
-    /// A connection for a lock request: on dblock's own pool the wait for one to come
+    /// A connection for a lock request (which may leave its wait slice as the session's
+    /// `lock_timeout`): on dblock's own pool the wait for one to come
     /// free ends at the request's deadline too (an sqlx pool keeps its own bound).
     pub(super) async fn get_until(&self, deadline: Option<Instant>) -> Result<Conn, Error> {
         match self {

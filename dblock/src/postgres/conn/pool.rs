@@ -217,6 +217,7 @@ impl Pool {
             permit: None,
             pool: Arc::downgrade(&self.shared.idle),
             tls: self.shared.tls.clone(),
+            session_slice: false,
         })
     }
 }

@@ -60,6 +60,9 @@ pub(crate) struct Settings {
     pub(crate) lease_ms: Option<u128>,
     /// The round's `lock_timeout`; `None`: the round tries without waiting.
     pub(crate) timeout_ms: Option<u128>,
+    /// Whether the session's own `lock_timeout` already is `timeout_ms` (see
+    /// `NativeConn::set_session_slice`): the round then sets none.
+    pub(crate) timeout_set: bool,
 }
 
 impl Settings {
@@ -85,7 +88,7 @@ pub(crate) fn open(msg: &mut Message, scope: Scope, s: &Settings) {
                     "SET LOCAL idle_in_transaction_session_timeout = {ms}"
                 ));
             }
-            if let Some(ms) = s.timeout_ms {
+            if let Some(ms) = s.timeout_ms.filter(|_| !s.timeout_set) {
                 msg.push_fmt(format_args!("SET LOCAL lock_timeout = {ms}"));
             }
         }
@@ -100,7 +103,7 @@ pub(crate) fn open(msg: &mut Message, scope: Scope, s: &Settings) {
                     "SELECT set_config('{CHECK}', '{CHECK_MS}', true)"
                 ));
             }
-            if let Some(ms) = s.timeout_ms {
+            if let Some(ms) = s.timeout_ms.filter(|_| !s.timeout_set) {
                 msg.push_fmt(format_args!(
                     "SELECT set_config('lock_timeout', '{ms}', true)"
                 ));
