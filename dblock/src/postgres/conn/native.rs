@@ -187,9 +187,13 @@ impl NativeConn {
     /// sent now on its own (after anything deferred, which ends any transaction open),
     /// so that no rollback undoes it. Returns whether the session has it (false: the
     /// connection could not send it and is closed).
+    ///
+    /// The `ROLLBACK` ahead of it (a warning when, as it should be, no transaction is
+    /// open) makes sure the `SET` cannot fail in an aborted transaction and leave later
+    /// waits without their slice.
     pub(crate) fn set_session_slice(&mut self, ms: u128) -> bool {
         if !self.session_slice {
-            self.session_slice = self.send(&format!("SET lock_timeout = {ms}"));
+            self.session_slice = self.send(&format!("ROLLBACK; SET lock_timeout = {ms}"));
         }
         self.session_slice
     }
