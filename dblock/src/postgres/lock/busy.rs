@@ -27,8 +27,7 @@ const SLOTS: usize = 256;
 /// once instead of trying first.
 pub(crate) const RECENT: Duration = Duration::from_secs(1);
 
-/// When keys were last found busy, per slot: milliseconds since `base`, plus one (0:
-/// never).
+/// When keys were last found busy, per slot: [`Busy::now`] then (0: never).
 pub(crate) struct Busy {
     base: Instant,
     slots: Box<[AtomicU32]>,
@@ -50,11 +49,12 @@ impl Busy {
         &self.slots[h as usize % SLOTS]
     }
 
-    /// Now, as the table counts (saturating after about 49 days, when every key then
-    /// counts as busy until the handle is rebuilt: a slower path, never a wrong one).
+    /// Now, as the table counts: milliseconds since `base`, wrapping every 49.7 days
+    /// (a mark then older than that may pass for recent for a second: one wait without
+    /// a try first, never a wrong answer), never 0.
     fn now(&self) -> u32 {
-        let ms = self.base.elapsed().as_millis();
-        u32::try_from(ms.saturating_add(1)).unwrap_or(u32::MAX)
+        // Truncation is the wrap.
+        (self.base.elapsed().as_millis() as u32).max(1)
     }
 
     /// Records that `key` was found busy now.
@@ -66,7 +66,7 @@ impl Busy {
     pub(crate) fn recently(&self, key: Key) -> bool {
         match self.slot(key).load(Ordering::Relaxed) {
             0 => false,
-            at => u128::from(self.now().saturating_sub(at)) < RECENT.as_millis(),
+            at => u128::from(self.now().wrapping_sub(at)) < RECENT.as_millis(),
         }
     }
 }
