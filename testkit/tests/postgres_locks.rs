@@ -1071,3 +1071,126 @@ async fn a_cic_migration_under_a_lock_that_others_wait_for_finishes() {
         assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "acquired");
     }
 }
+
+/// The query a session last sent, as `pg_stat_activity` shows it.
+async fn last_query(s: &PgSchema, pid: i32) -> String {
+    s.admin()
+        .query_one("SELECT query FROM pg_stat_activity WHERE pid = $1", &[&pid])
+        .await
+        .unwrap()
+        .get(0)
+}
+
+/// A free name costs one statement, a try (no `lock_timeout`, nothing else): the wait's
+/// machinery is set up only when the try finds the name busy. The control: a busy
+/// name's request does wait, in a round that sets the slice's `lock_timeout`. Both are
+/// named in `dblock status`, the holder granted by a try too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_free_name_costs_one_try_and_a_busy_one_sets_up_its_wait() {
+    let s = PgSchema::new("tryfirst").await;
+    let locks = Locks::builder()
+        .url(&s.url)
+        .max_connections(4)
+        .build()
+        .await
+        .unwrap();
+    for scope in [Scope::Transaction, Scope::Session] {
+        let g = locks.request("free").scope(scope).lock().await.unwrap();
+        let pid = s.advisory(g.key()).await[0].0;
+        let sent = last_query(&s, pid).await;
+        let statements: Vec<&str> = sent
+            .split("; ")
+            .filter(|st| !st.starts_with("BEGIN") && !st.starts_with("ROLLBACK"))
+            .collect();
+        assert_eq!(statements.len(), 1, "{scope:?}: {sent}");
+        assert!(
+            statements[0].contains("SELECT pg_try_advisory_"),
+            "{scope:?}: {sent}"
+        );
+        assert!(!sent.contains("lock_timeout"), "{scope:?}: {sent}");
+        assert!(sent.contains("name=free"), "{scope:?}: {sent}");
+        let st = locks.status(&["free"]).await.unwrap();
+        assert_eq!(st.len(), 1, "{st:?}");
+        assert_eq!(st[0].name.as_deref(), Some("free"));
+        assert_eq!(st[0].holders.len(), 1, "{st:?}");
+        g.release().await.unwrap();
+    }
+    // The control: a busy name waits, its round setting up the wait.
+    let other = s.locks().await;
+    let held = other.lock("busy").await.unwrap();
+    let key = held.key();
+    let waiter = {
+        let locks = locks.clone();
+        tokio::spawn(async move { locks.lock("busy").await.map(|g| g.key()) })
+    };
+    let waiting = s
+        .eventually(10, || async { s.advisory(key).await.iter().any(|r| !r.2) })
+        .await;
+    assert!(waiting, "the second request never waited on the server");
+    let pid = s.advisory(key).await.iter().find(|r| !r.2).unwrap().0;
+    let sent = last_query(&s, pid).await;
+    // It waits (its slice is the session's lock_timeout, set once, see the next test)
+    // and says since when: the try came first.
+    assert!(sent.contains("SELECT pg_advisory_xact_lock("), "{sent}");
+    assert!(sent.contains(" since="), "{sent}");
+    let st = locks.status(&["busy"]).await.unwrap();
+    assert_eq!(st[0].name.as_deref(), Some("busy"));
+    assert_eq!((st[0].holders.len(), st[0].waiters.len()), (1, 1), "{st:?}");
+    drop(held);
+    let got = timeout(Duration::from_secs(10), waiter).await.unwrap();
+    assert_eq!(got.unwrap().unwrap(), key);
+}
+
+/// A wait slice set once as the session's `lock_timeout` (so that a name taken in turn
+/// sends no `lock_timeout` of its own each time) stays with lock requests: the same
+/// connection used for anything else — a migration here — has the server's own
+/// `lock_timeout` back. The control: the lock request's session did have the slice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sessions_wait_slice_never_reaches_other_work_on_its_connection() {
+    let s = PgSchema::new("sessslice").await;
+    let locks = Locks::builder()
+        .url(&s.url)
+        .max_connections(1)
+        .build()
+        .await
+        .unwrap();
+    let other = s.locks().await;
+    let held = other.lock("busy").await.unwrap();
+    let key = held.key();
+    let waiter = {
+        let locks = locks.clone();
+        tokio::spawn(async move { locks.lock("busy").await.map(|g| g.key()) })
+    };
+    assert!(
+        s.eventually(10, || async { s.advisory(key).await.iter().any(|r| !r.2) })
+            .await
+    );
+    let pid = s.advisory(key).await.iter().find(|r| !r.2).unwrap().0;
+    // The waiting round's message sets no lock_timeout: the session has it.
+    let sent = last_query(&s, pid).await;
+    assert!(sent.contains("SELECT pg_advisory_xact_lock("), "{sent}");
+    assert!(!sent.contains("lock_timeout"), "{sent}");
+    drop(held);
+    let got = timeout(Duration::from_secs(10), waiter).await.unwrap();
+    assert_eq!(got.unwrap().unwrap(), key);
+    // A hot name's next request waits at once, on the session's slice.
+    let g = locks.lock("busy").await.unwrap();
+    drop(g);
+    let set = dblock::migrate::Migrations::from_sources([(
+        "1_seen.sql",
+        "CREATE TABLE seen AS SELECT current_setting('lock_timeout') AS v, pg_backend_pid() AS pid",
+    )])
+    .unwrap();
+    set.run(&locks).await.unwrap();
+    let row = s
+        .admin()
+        .query_one(&format!("SELECT v, pid FROM \"{}\".seen", s.name), &[])
+        .await
+        .unwrap();
+    assert_eq!(row.get::<_, i32>(1), pid, "the same connection");
+    assert_eq!(
+        row.get::<_, String>(0),
+        "0",
+        "the server's own lock_timeout"
+    );
+}

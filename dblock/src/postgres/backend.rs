@@ -29,13 +29,24 @@ pub(super) enum Source {
 }
 
 impl Source {
-    /// A connection. Waiting for one (all in use) is bounded by the pool's acquire
-    /// timeout.
+    /// A connection for anything but a lock request, with the session's own
+    /// `lock_timeout` (a lock request may have left its wait slice there). Waiting for
+    /// one (all in use) is bounded by the pool's acquire timeout.
     pub(super) async fn get(&self) -> Result<Conn, Error> {
-        self.get_until(None).await
+        match self {
+            Source::Native(p) => {
+                let mut c = p.get_until(None).await?;
+                // If it cannot be sent, the connection is closed and its first query
+                // fails as a lost connection does.
+                c.reset_session_slice();
+                Ok(Conn::Native(c))
+            }
+            Source::Sqlx(p) => p.get().await.map(Conn::Sqlx),
+        }
     }
 
-    /// A connection for a lock request: on dblock's own pool the wait for one to come
+    /// A connection for a lock request (which may leave its wait slice as the session's
+    /// `lock_timeout`): on dblock's own pool the wait for one to come
     /// free ends at the request's deadline too (an sqlx pool keeps its own bound).
     pub(super) async fn get_until(&self, deadline: Option<Instant>) -> Result<Conn, Error> {
         match self {
@@ -53,6 +64,8 @@ pub(crate) struct PgBackend {
     /// Whether lock requests set `client_connection_check_interval` (sqlx connections
     /// on PostgreSQL 14+: the only way to end a cut-off wait without a cancel request).
     pub(super) check_disconnect: bool,
+    /// Which keys were found busy lately: whether a request tries first.
+    pub(super) busy: super::lock::busy::Busy,
     /// `server_version_num`.
     pub(super) version: u32,
     /// How often held connections are checked (a lease must be longer).
@@ -249,6 +262,7 @@ impl PgBackend {
                 source,
                 mux: None,
                 check_disconnect: sqlx && version >= 140_000,
+                busy: Default::default(),
                 version,
                 check_interval: opts.check_interval,
                 check_timeout: opts.check_timeout,

@@ -37,7 +37,8 @@
 //! - `lock/`, the lock logic: `acquire` (one round loop for one key, any one of several
 //!   and all of a set: take a connection, send the round, read it, then grant, or clean
 //!   up and wait on in a new round), `plan` (what one round sends and how its answer is
-//!   read), `messages` (the text of every lock message: a round's settings and lock
+//!   read), `busy` (which keys were found busy lately: whether a request tries first),
+//!   `messages` (the text of every lock message: a round's settings and lock
 //!   calls, clean-ups, releases), and the guard's half: `held` (a connection of its own)
 //!   or `mux` (shared connections; its `Claims`, the keys claimed on them and the unlock
 //!   each owes).

@@ -45,6 +45,16 @@ impl Conn {
         }
     }
 
+    /// Makes `ms` the session's `lock_timeout` on dblock's own connections (see
+    /// [`NativeConn::set_session_slice`]); a borrowed connection's session is the
+    /// caller's, and is left alone. Returns whether the session has it.
+    pub(crate) fn set_session_slice(&mut self, ms: u128) -> bool {
+        match self {
+            Conn::Native(c) => c.set_session_slice(ms),
+            Conn::Sqlx(_) => false,
+        }
+    }
+
     /// Sends a simple query (one or more statements) and waits for every result.
     ///
     /// Not cancel safe by itself: callers hold the connection in an [`Armed`] while

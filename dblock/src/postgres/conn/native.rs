@@ -57,6 +57,11 @@ pub(crate) struct NativeConn {
     /// For the cancel request of [`NativeConn::abandon`], over the session's kind of
     /// connection.
     pub(crate) tls: Connector,
+    /// Whether the session's own `lock_timeout` is a lock request's wait slice (set by
+    /// [`NativeConn::set_session_slice`]): a lock request's round then need not set it
+    /// for its transaction, and anything else must have it reset first
+    /// ([`NativeConn::reset_session_slice`]).
+    pub(crate) session_slice: bool,
 }
 
 impl NativeConn {
@@ -156,6 +161,32 @@ impl NativeConn {
             self.outbox.close_now();
         }
         sent
+    }
+
+    /// Makes `ms` the session's `lock_timeout`, once per session: `SET lock_timeout`
+    /// sent now on its own (after anything deferred, which ends any transaction open),
+    /// so that no rollback undoes it. Returns whether the session has it (false: the
+    /// connection could not send it and is closed).
+    ///
+    /// The `ROLLBACK` ahead of it (a warning when, as it should be, no transaction is
+    /// open) makes sure the `SET` cannot fail in an aborted transaction and leave later
+    /// waits without their slice.
+    pub(crate) fn set_session_slice(&mut self, ms: u128) -> bool {
+        if !self.session_slice {
+            self.session_slice = self.send(&format!("ROLLBACK; SET lock_timeout = {ms}"));
+        }
+        self.session_slice
+    }
+
+    /// Gives the session back its own `lock_timeout` (the server's, role's or
+    /// database's), for a user that is not a lock request. Returns false if that could
+    /// not be sent (the connection is then closed).
+    pub(crate) fn reset_session_slice(&mut self) -> bool {
+        if !self.session_slice {
+            return true;
+        }
+        self.session_slice = false;
+        self.send("SET lock_timeout = DEFAULT")
     }
 
     /// Returns the connection to its pool (or closes it if it is broken).

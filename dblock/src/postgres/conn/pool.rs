@@ -238,6 +238,7 @@ impl Pool {
             permit: None,
             pool: Arc::downgrade(&self.shared.idle),
             tls: self.shared.tls.clone(),
+            session_slice: false,
         })
     }
 }

@@ -11,10 +11,10 @@ use tokio::time::Instant;
 
 use super::held::Pinned;
 use super::mux;
-use super::plan::{Answer, Plan, Round, Server, What};
+use super::plan::{Answer, Plan, Round, Server, Slice, WAIT_SLICE_MS, What};
 use crate::error::{Error, WaitingFor};
 use crate::key::Key;
-use crate::postgres::backend::PgBackend;
+use crate::postgres::backend::{PgBackend, Source};
 use crate::postgres::conn::pooler::Pooler;
 use crate::postgres::conn::wire::QueryError;
 use crate::postgres::conn::{Armed, Conn};
@@ -196,16 +196,24 @@ impl PgBackend {
             fence: fence.as_deref().map(|t| (t, epoch)),
             check_disconnect: self.check_disconnect,
             chain: self.version >= 120_000,
+            session_slice: matches!(self.source, Source::Native(_))
+                && self.pooler.0 == Pooler::None,
         };
         let mut round = Round::first(what);
+        round.try_first = Round::should_try_first(req, what, self.busy.recently(req.key));
         loop {
             if round.out_of_time(req.wait) {
                 return Ok(None);
             }
-            let Some(conn) = self.connection(&bounds).await? else {
+            let Some(mut conn) = self.connection(&bounds).await? else {
                 return Ok(None);
             };
-            let plan = Plan::build(req, what, &round, &on);
+            let slice = Slice::of_round(req, what, &round);
+            // A whole slice is set once as the session's own lock_timeout, so that the
+            // rounds that wait one (a name taken in turn, a long wait) send none.
+            let session_slice =
+                on.session_slice && slice.is_whole() && conn.set_session_slice(WAIT_SLICE_MS);
+            let plan = Plan::build_in(req, what, &round, &on, slice, session_slice);
             let Some((conn, reply)) = exchange(conn, &plan, &bounds).await else {
                 return bounds.unanswered();
             };
@@ -261,7 +269,11 @@ impl PgBackend {
             Err(QueryError::Db { code, message }) => {
                 plan.clean_up(conn, true);
                 return match server_ended(req, plan.sliced, &code, message) {
-                    None => Ok(Then::Again { busy: None }),
+                    None => {
+                        // A slice of the wait ended: the key is busy.
+                        self.busy.mark(req.key);
+                        Ok(Then::Again { busy: None })
+                    }
                     Some(Ok(())) => Ok(Then::Done(None)),
                     Some(Err(e)) if req.fenced => Err(self.fencing_permission(e)),
                     Some(Err(e)) => Err(e),
@@ -288,7 +300,15 @@ impl PgBackend {
             }
             Ok(Answer::NotGranted) => {
                 plan.clean_up(conn, false);
-                Ok(Then::Done(None))
+                match plan.tried_first && wait_ahead(req.wait) {
+                    // The try found the key busy: wait for it in the next round, and let
+                    // requests for it wait at once for a while.
+                    true => {
+                        self.busy.mark(req.key);
+                        Ok(Then::Again { busy: None })
+                    }
+                    false => Ok(Then::Done(None)),
+                }
             }
             Ok(Answer::Busy(busy)) => {
                 plan.clean_up(conn, false);

@@ -61,6 +61,9 @@ pub(crate) struct Settings {
     pub(crate) lease_ms: Option<u128>,
     /// The round's `lock_timeout`; `None`: the round tries without waiting.
     pub(crate) timeout_ms: Option<u128>,
+    /// Whether the session's own `lock_timeout` already is `timeout_ms` (see
+    /// `NativeConn::set_session_slice`): the round then sets none.
+    pub(crate) timeout_set: bool,
 }
 
 impl Settings {
@@ -77,7 +80,8 @@ pub(crate) fn open(msg: &mut Message, scope: Scope, s: &Settings) {
     match scope {
         Scope::Transaction => {
             msg.begin(s.chain);
-            if s.check_disconnect {
+            // Only a round that waits needs the server to watch for a client gone away.
+            if s.check_disconnect && !s.tries() {
                 msg.push_fmt(format_args!("SET LOCAL {CHECK} = {CHECK_MS}"));
             }
             if let Some(ms) = s.lease_ms {
@@ -85,7 +89,7 @@ pub(crate) fn open(msg: &mut Message, scope: Scope, s: &Settings) {
                     "SET LOCAL idle_in_transaction_session_timeout = {ms}"
                 ));
             }
-            if let Some(ms) = s.timeout_ms {
+            if let Some(ms) = s.timeout_ms.filter(|_| !s.timeout_set) {
                 msg.push_fmt(format_args!("SET LOCAL lock_timeout = {ms}"));
             }
         }
@@ -95,12 +99,12 @@ pub(crate) fn open(msg: &mut Message, scope: Scope, s: &Settings) {
                     "SELECT pg_catalog.set_config('idle_session_timeout', '{ms}', false)"
                 ));
             }
-            if s.check_disconnect {
+            if s.check_disconnect && !s.tries() {
                 msg.push_fmt(format_args!(
                     "SELECT pg_catalog.set_config('{CHECK}', '{CHECK_MS}', true)"
                 ));
             }
-            if let Some(ms) = s.timeout_ms {
+            if let Some(ms) = s.timeout_ms.filter(|_| !s.timeout_set) {
                 msg.push_fmt(format_args!(
                     "SELECT pg_catalog.set_config('lock_timeout', '{ms}', true)"
                 ));

@@ -86,6 +86,10 @@ pub(crate) struct Round {
     wait_on: Option<usize>,
     /// When the first round began.
     began: SystemTime,
+    /// Whether this round only tries, though the request may wait: a request's first
+    /// round, unless its key was found busy lately (see [`busy`](super::busy)). Its
+    /// wait, if the try finds the key busy, is set up in the next round.
+    pub(crate) try_first: bool,
 }
 
 impl Round {
@@ -98,13 +102,25 @@ impl Round {
             },
             wait_on: None,
             began: SystemTime::now(),
+            try_first: false,
         }
+    }
+
+    /// Whether `req`'s first round for `what` should only try (see [`Round::try_first`]):
+    /// it may wait, its wait is not yet set up, and `busy_lately` does not say the key
+    /// was just found busy. A fenced request, and a lock set (whose first round already
+    /// only tries), never do.
+    pub(crate) fn should_try_first(req: &Req<'_>, what: What<'_>, busy_lately: bool) -> bool {
+        let may_wait = req.wait != Wait::Try;
+        let kind = matches!(what, What::One | What::AnyOf(_));
+        may_wait && kind && !req.fenced && !busy_lately
     }
 
     /// The next round (one slice of the wait ended, or a lock set's `busy` key stopped
     /// the last one): an any-of request starts (and waits) on the next key.
     pub(crate) fn next(&mut self, what: What<'_>, busy: Option<usize>) {
         self.number += 1;
+        self.try_first = false;
         if let What::AnyOf(keys) = what {
             self.start = (self.start + 1) % keys.len().max(1);
         }
@@ -141,6 +157,10 @@ pub(crate) struct Server<'a> {
     pub(crate) check_disconnect: bool,
     /// Whether the server has `ROLLBACK AND CHAIN` (PostgreSQL 12).
     pub(crate) chain: bool,
+    /// Whether a whole wait slice may be set as a session's own `lock_timeout` (dblock's
+    /// own connections, straight to the server: a session setting must not reach a
+    /// pooler's next client, nor a caller's sqlx connection).
+    pub(crate) session_slice: bool,
 }
 
 /// How long one round may wait: `lock_timeout` in whole milliseconds, rounded up (the
@@ -148,12 +168,32 @@ pub(crate) struct Server<'a> {
 /// at most a slice; `None` to try without waiting. `sliced`: the request's wait is longer
 /// than this round's.
 #[derive(Debug, Clone, Copy, PartialEq)]
-struct Slice {
+pub(crate) struct Slice {
     timeout_ms: Option<u128>,
     sliced: bool,
 }
 
 impl Slice {
+    /// The slice of `req`'s round `round` for `what`.
+    pub(crate) fn of_round(req: &Req<'_>, what: What<'_>, round: &Round) -> Slice {
+        match what {
+            _ if round.try_first => Slice::of(Wait::Try, WAIT_SLICE_MS),
+            What::One => Slice::of(req.wait, WAIT_SLICE_MS),
+            // A wait for any of several keys waits on one of them: a shorter slice, so
+            // that the others are tried again soon (see ANY_SLICE).
+            What::AnyOf(_) => Slice::of(req.wait, ANY_SLICE.as_millis()),
+            What::AllOf(_) => Slice::of_set(req.wait, round.wait_on),
+        }
+    }
+
+    /// Whether the round waits a whole [`WAIT_SLICE_MS`]: what a session's own
+    /// `lock_timeout` may be set to once (see `NativeConn::set_session_slice`), so that
+    /// such rounds — every round of a wait without a deadline, the hot path of a name
+    /// taken in turn — send no `lock_timeout` of their own.
+    pub(crate) fn is_whole(&self) -> bool {
+        self.timeout_ms == Some(WAIT_SLICE_MS)
+    }
+
     fn of(wait: Wait, slice_ms: u128) -> Slice {
         match wait {
             Wait::Until(t) => {
@@ -219,21 +259,41 @@ pub(crate) struct Plan<'k> {
     fenced: bool,
     /// Whether the request's wait is longer than this round's.
     pub(crate) sliced: bool,
+    /// Whether the round only tried, though the request may wait (see
+    /// [`Round::try_first`]): not granted, it waits in the next round.
+    pub(crate) tried_first: bool,
 }
 
 impl<'k> Plan<'k> {
-    /// The plan of `req`'s round `round` for `what`.
+    /// The plan of `req`'s round `round` for `what`, on a session whose `lock_timeout`
+    /// is its own.
+    #[cfg(test)]
     pub(crate) fn build(req: &Req<'_>, what: What<'k>, round: &Round, on: &Server<'_>) -> Plan<'k> {
+        Plan::build_in(
+            req,
+            what,
+            round,
+            on,
+            Slice::of_round(req, what, round),
+            false,
+        )
+    }
+
+    /// [`Plan::build`] of a round whose slice is `slice` ([`Slice::of_round`]), on a
+    /// session whose own `lock_timeout` is a whole slice if `session_slice` (see
+    /// [`Slice::is_whole`]): then a round that waits a whole slice sets none.
+    pub(crate) fn build_in(
+        req: &Req<'_>,
+        what: What<'k>,
+        round: &Round,
+        on: &Server<'_>,
+        slice: Slice,
+        session_slice: bool,
+    ) -> Plan<'k> {
         debug_assert!(!req.fenced || (on.fence.is_some() && matches!(what, What::One)));
-        let slice = match what {
-            What::One => Slice::of(req.wait, WAIT_SLICE_MS),
-            // A wait for any of several keys waits on one of them: a shorter slice, so
-            // that the others are tried again soon (see ANY_SLICE).
-            What::AnyOf(_) => Slice::of(req.wait, ANY_SLICE.as_millis()),
-            What::AllOf(_) => Slice::of_set(req.wait, round.wait_on),
-        };
         let settings = Settings {
             chain: on.chain,
+            timeout_set: session_slice && slice.is_whole(),
             check_disconnect: on.check_disconnect,
             // A lease beyond the server's limit is capped: it only bounds how long the
             // lock outlives a silent holder, and a live holder's session is never idle
@@ -265,6 +325,7 @@ impl<'k> Plan<'k> {
             lease: req.lease.is_some(),
             fenced: req.fenced,
             sliced: slice.sliced,
+            tried_first: round.try_first,
         }
     }
 
@@ -451,6 +512,7 @@ mod tests {
             fence: req.fenced.then_some((TABLE, true)),
             check_disconnect: false,
             chain,
+            session_slice: false,
         };
         let mut p = Plan::build(req, what, round, &on);
         if !comment {
@@ -512,6 +574,87 @@ mod tests {
             "SELECT pg_catalog.pg_try_advisory_lock_shared(42)"
         );
         assert_eq!(p.wanted(), [Some(0), None]);
+    }
+
+    #[test]
+    fn a_first_round_only_tries_and_the_next_sets_up_the_wait() {
+        let wait = req(Scope::Transaction, Mode::Exclusive, Wait::Forever, false);
+        let mut rd = Round::first(What::One);
+        rd.try_first = Round::should_try_first(&wait, What::One, false);
+        assert!(rd.try_first);
+        let on = Server {
+            fence: None,
+            check_disconnect: true,
+            chain: true,
+            session_slice: true,
+        };
+        let mut p = Plan::build(&wait, What::One, &rd, &on);
+        p.sql.strip_annotation();
+        // What the floor sends: no lock_timeout, no connection check.
+        assert_eq!(
+            p.sql.alone(),
+            "BEGIN ISOLATION LEVEL READ COMMITTED; SELECT pg_try_advisory_xact_lock(42)"
+        );
+        assert!(p.tried_first);
+        assert_eq!(
+            p.read(&[Some("f".into()), None]).ok(),
+            Some(Answer::NotGranted)
+        );
+        rd.next(What::One, None);
+        assert!(!rd.try_first);
+        let mut p = Plan::build(&wait, What::One, &rd, &on);
+        p.sql.strip_annotation();
+        assert_eq!(
+            p.sql.alone(),
+            "BEGIN ISOLATION LEVEL READ COMMITTED; \
+             SET LOCAL client_connection_check_interval = 250; \
+             SET LOCAL lock_timeout = 2000; SELECT pg_advisory_xact_lock(42)"
+        );
+        assert!(!p.tried_first);
+        // On a session whose own lock_timeout is the slice, a whole slice sets none; a
+        // shorter wait (a deadline near) still sets its own.
+        let slice = Slice::of_round(&wait, What::One, &rd);
+        assert!(slice.is_whole());
+        let mut p = Plan::build_in(&wait, What::One, &rd, &on, slice, true);
+        p.sql.strip_annotation();
+        assert_eq!(
+            p.sql.alone(),
+            "BEGIN ISOLATION LEVEL READ COMMITTED; \
+             SET LOCAL client_connection_check_interval = 250; \
+             SELECT pg_advisory_xact_lock(42)"
+        );
+        let soon = req(
+            Scope::Transaction,
+            Mode::Exclusive,
+            Wait::Until(Instant::now() + Duration::from_millis(300)),
+            false,
+        );
+        let slice = Slice::of_round(&soon, What::One, &rd);
+        assert!(!slice.is_whole());
+        let p = Plan::build_in(&soon, What::One, &rd, &on, slice, true);
+        assert!(p.sql.alone().contains("SET LOCAL lock_timeout = "));
+        // A key found busy lately waits at once; a try, a fenced request and a lock set
+        // never try first (a set's first round already only tries).
+        assert!(!Round::should_try_first(&wait, What::One, true));
+        let keys = [Key::from_i64(1), Key::from_i64(2)];
+        assert!(Round::should_try_first(&wait, What::AnyOf(&keys), false));
+        assert!(!Round::should_try_first(&wait, What::AllOf(&keys), false));
+        let t = req(Scope::Transaction, Mode::Exclusive, Wait::Try, false);
+        assert!(!Round::should_try_first(&t, What::One, false));
+        let f = req(Scope::Transaction, Mode::Exclusive, Wait::Forever, true);
+        assert!(!Round::should_try_first(&f, What::One, false));
+        // Any of several keys: the first round tries them all, waiting on none.
+        let any = What::AnyOf(&keys);
+        let mut rd = round(any, 0, None);
+        rd.try_first = true;
+        let mut p = Plan::build(&wait, any, &rd, &on);
+        p.sql.strip_annotation();
+        assert_eq!(
+            p.sql.alone(),
+            "BEGIN ISOLATION LEVEL READ COMMITTED; SELECT CASE \
+             WHEN pg_try_advisory_xact_lock(1) THEN 0 \
+             WHEN pg_try_advisory_xact_lock(2) THEN 1 ELSE NULL END"
+        );
     }
 
     #[test]
