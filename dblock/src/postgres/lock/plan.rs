@@ -593,7 +593,7 @@ mod tests {
         // What the floor sends: no lock_timeout, no connection check.
         assert_eq!(
             p.sql.alone(),
-            "BEGIN ISOLATION LEVEL READ COMMITTED; SELECT pg_try_advisory_xact_lock(42)"
+            "BEGIN ISOLATION LEVEL READ COMMITTED; SELECT pg_catalog.pg_try_advisory_xact_lock(42)"
         );
         assert!(p.tried_first);
         assert_eq!(
@@ -608,7 +608,7 @@ mod tests {
             p.sql.alone(),
             "BEGIN ISOLATION LEVEL READ COMMITTED; \
              SET LOCAL client_connection_check_interval = 250; \
-             SET LOCAL lock_timeout = 2000; SELECT pg_advisory_xact_lock(42)"
+             SET LOCAL lock_timeout = 2000; SELECT pg_catalog.pg_advisory_xact_lock(42)"
         );
         assert!(!p.tried_first);
         // On a session whose own lock_timeout is the slice, a whole slice sets none; a
@@ -621,7 +621,7 @@ mod tests {
             p.sql.alone(),
             "BEGIN ISOLATION LEVEL READ COMMITTED; \
              SET LOCAL client_connection_check_interval = 250; \
-             SELECT pg_advisory_xact_lock(42)"
+             SELECT pg_catalog.pg_advisory_xact_lock(42)"
         );
         let soon = req(
             Scope::Transaction,
@@ -652,8 +652,8 @@ mod tests {
         assert_eq!(
             p.sql.alone(),
             "BEGIN ISOLATION LEVEL READ COMMITTED; SELECT CASE \
-             WHEN pg_try_advisory_xact_lock(1) THEN 0 \
-             WHEN pg_try_advisory_xact_lock(2) THEN 1 ELSE NULL END"
+             WHEN pg_catalog.pg_try_advisory_xact_lock(1) THEN 0 \
+             WHEN pg_catalog.pg_try_advisory_xact_lock(2) THEN 1 ELSE NULL END"
         );
     }
 
