@@ -70,8 +70,8 @@ pub async fn try_lock(
     mode: Mode,
 ) -> Result<bool, Error> {
     let sql = match mode {
-        Mode::Exclusive => "SELECT pg_try_advisory_xact_lock",
-        Mode::Shared => "SELECT pg_try_advisory_xact_lock_shared",
+        Mode::Exclusive => "SELECT pg_catalog.pg_try_advisory_xact_lock",
+        Mode::Shared => "SELECT pg_catalog.pg_try_advisory_xact_lock_shared",
     };
     let conn: &mut PgConnection = tx;
     let row = sqlx::raw_sql(simple(sql, key))
