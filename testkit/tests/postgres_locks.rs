@@ -1131,7 +1131,10 @@ async fn a_free_name_costs_one_try_and_a_busy_one_sets_up_its_wait() {
     let sent = last_query(&s, pid).await;
     // It waits (its slice is the session's lock_timeout, set once, see the next test)
     // and says since when: the try came first.
-    assert!(sent.contains("SELECT pg_catalog.pg_advisory_xact_lock("), "{sent}");
+    assert!(
+        sent.contains("SELECT pg_catalog.pg_advisory_xact_lock("),
+        "{sent}"
+    );
     assert!(sent.contains(" since="), "{sent}");
     let st = locks.status(&["busy"]).await.unwrap();
     assert_eq!(st[0].name.as_deref(), Some("busy"));
@@ -1168,7 +1171,10 @@ async fn a_sessions_wait_slice_never_reaches_other_work_on_its_connection() {
     let pid = s.advisory(key).await.iter().find(|r| !r.2).unwrap().0;
     // The waiting round's message sets no lock_timeout: the session has it.
     let sent = last_query(&s, pid).await;
-    assert!(sent.contains("SELECT pg_catalog.pg_advisory_xact_lock("), "{sent}");
+    assert!(
+        sent.contains("SELECT pg_catalog.pg_advisory_xact_lock("),
+        "{sent}"
+    );
     assert!(!sent.contains("lock_timeout"), "{sent}");
     drop(held);
     let got = timeout(Duration::from_secs(10), waiter).await.unwrap();
