@@ -10,7 +10,7 @@
 
 use std::time::Duration;
 
-use dblock_testkit::cluster::TempCluster;
+use dblock_testkit::cluster::{TempCluster, granting_stubs};
 use dblock_testkit::pgbouncer::{Options, PgBouncer, PoolMode};
 use dblock_testkit::tls::{Certs, tls_only_cluster};
 use dblock_testkit::{PgSchema, admin_connect, exit_code, pg_url, with_params};
@@ -339,24 +339,6 @@ async fn through_pgbouncer_the_pooler_is_reported_detected_or_declared() {
     );
 }
 
-/// Always-granting stubs of the advisory-lock functions in `schema`: what the check
-/// calls.
-fn stubs(schema: &str) -> String {
-    [
-        "pg_try_advisory_xact_lock",
-        "pg_try_advisory_lock",
-        "pg_advisory_unlock",
-    ]
-    .iter()
-    .map(|f| {
-        format!(
-            "CREATE OR REPLACE FUNCTION {schema}.{f}(bigint) RETURNS boolean \
-                 LANGUAGE sql AS 'SELECT true';"
-        )
-    })
-    .collect()
-}
-
 /// A role whose search_path puts a schema of stubs before pg_catalog: dblock's calls
 /// are qualified, so the check still finds locks that exclude (while an unqualified call
 /// reaches the stub: the control). Then pg_catalog's own functions replaced by the stubs:
@@ -368,7 +350,7 @@ async fn shadowed_functions_are_not_trusted_and_stubbed_ones_fail() {
     admin
         .batch_execute(&format!(
             "CREATE SCHEMA shadow; {} ALTER ROLE postgres SET search_path = shadow, pg_catalog",
-            stubs("shadow")
+            granting_stubs("shadow")
         ))
         .await
         .unwrap();
@@ -390,7 +372,10 @@ async fn shadowed_functions_are_not_trusted_and_stubbed_ones_fail() {
     assert_eq!(check(&report, "advisory-locks").0, "ok", "{report:#}");
     assert_eq!(code, 0, "{report:#}");
 
-    admin.batch_execute(&stubs("pg_catalog")).await.unwrap();
+    admin
+        .batch_execute(&granting_stubs("pg_catalog"))
+        .await
+        .unwrap();
     let (code, report) = doctor(&["--db", &cluster.url()]).await;
     let (verdict, detail, fix) = check(&report, "advisory-locks");
     assert_eq!((code, verdict.as_str()), (2, "fail"), "{report:#}");

@@ -68,18 +68,23 @@ impl Check {
         }
     }
 
+    /// A check with a verdict and its fix.
+    fn with_fix(name: &'static str, verdict: Verdict, detail: String, fix: String) -> Check {
+        Check {
+            name,
+            verdict,
+            detail,
+            fix: Some(fix),
+        }
+    }
+
     /// A check that warns, with its fix.
     pub(crate) fn warn(
         name: &'static str,
         detail: impl Into<String>,
         fix: impl Into<String>,
     ) -> Check {
-        Check {
-            name,
-            verdict: Verdict::Warn,
-            detail: detail.into(),
-            fix: Some(fix.into()),
-        }
+        Check::with_fix(name, Verdict::Warn, detail.into(), fix.into())
     }
 
     /// A check that fails, with its fix.
@@ -88,12 +93,7 @@ impl Check {
         detail: impl Into<String>,
         fix: impl Into<String>,
     ) -> Check {
-        Check {
-            name,
-            verdict: Verdict::Fail,
-            detail: detail.into(),
-            fix: Some(fix.into()),
-        }
+        Check::with_fix(name, Verdict::Fail, detail.into(), fix.into())
     }
 }
 

@@ -270,3 +270,40 @@ pub(crate) fn chown_postgres(dir: &Path) {
         .unwrap_or(false);
     assert!(ok, "cannot chown {} to postgres", dir.display());
 }
+
+/// Every bigint advisory-lock function dblock (or its exclusion check) may call, with
+/// its return type: what [`granting_stubs`] replaces.
+pub const ADVISORY_FUNCTIONS: &[(&str, &str)] = &[
+    ("pg_try_advisory_xact_lock", "boolean"),
+    ("pg_try_advisory_xact_lock_shared", "boolean"),
+    ("pg_try_advisory_lock", "boolean"),
+    ("pg_try_advisory_lock_shared", "boolean"),
+    ("pg_advisory_unlock", "boolean"),
+    ("pg_advisory_unlock_shared", "boolean"),
+    ("pg_advisory_xact_lock", "void"),
+    ("pg_advisory_xact_lock_shared", "void"),
+    ("pg_advisory_lock", "void"),
+    ("pg_advisory_lock_shared", "void"),
+];
+
+/// `CREATE OR REPLACE FUNCTION` statements putting stubs of [`ADVISORY_FUNCTIONS`] in
+/// `schema` that always grant: the tries and unlocks answer true, the waits return at
+/// once — an engine whose advisory locks exclude nothing (as CockroachDB's once did).
+/// `LANGUAGE sql`, so that even in `pg_catalog` the stub's body is what runs (a built-in
+/// C function keeps its own code whatever `pg_proc` says; an inlined SQL body does not).
+pub fn granting_stubs(schema: &str) -> String {
+    ADVISORY_FUNCTIONS
+        .iter()
+        .map(|(f, ret)| {
+            let body = if *ret == "void" {
+                "SELECT NULL::void"
+            } else {
+                "SELECT true"
+            };
+            format!(
+                "CREATE OR REPLACE FUNCTION {schema}.{f}(bigint) RETURNS {ret} \
+                 LANGUAGE sql AS '{body}';"
+            )
+        })
+        .collect()
+}

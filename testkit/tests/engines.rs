@@ -12,6 +12,7 @@ use std::time::Duration;
 use dblock::postgres::engine::{Engine, SelfTest, Verdict};
 use dblock::{Capability, Error, Locks, Scope};
 use dblock_testkit::cluster::TempCluster;
+use dblock_testkit::cluster::granting_stubs;
 use dblock_testkit::{PgSchema, admin_connect, with_params};
 
 /// Bounds every await of these tests.
@@ -69,39 +70,6 @@ async fn postgresql_is_named_and_its_locks_exclude() {
     }
 }
 
-/// Every bigint advisory-lock function dblock (or the check) may call, with the stub
-/// that replaces it: the tries and unlocks answer true, the waits return at once.
-const STUBS: &[(&str, &str)] = &[
-    ("pg_try_advisory_xact_lock", "boolean"),
-    ("pg_try_advisory_xact_lock_shared", "boolean"),
-    ("pg_try_advisory_lock", "boolean"),
-    ("pg_try_advisory_lock_shared", "boolean"),
-    ("pg_advisory_unlock", "boolean"),
-    ("pg_advisory_unlock_shared", "boolean"),
-    ("pg_advisory_xact_lock", "void"),
-    ("pg_advisory_xact_lock_shared", "void"),
-    ("pg_advisory_lock", "void"),
-    ("pg_advisory_lock_shared", "void"),
-];
-
-/// `CREATE OR REPLACE FUNCTION` statements that put always-granting stubs in `schema`.
-pub fn stub_sql(schema: &str) -> String {
-    STUBS
-        .iter()
-        .map(|(f, ret)| {
-            let body = if *ret == "void" {
-                "SELECT NULL::void"
-            } else {
-                "SELECT true"
-            };
-            format!(
-                "CREATE OR REPLACE FUNCTION {schema}.{f}(bigint) RETURNS {ret} \
-                 LANGUAGE sql AS '{body}';"
-            )
-        })
-        .collect()
-}
-
 /// A throwaway cluster whose advisory-lock functions are stubs that always grant, made
 /// the real way a server can lie: a superuser replaces `pg_catalog`'s own functions
 /// (`CREATE OR REPLACE FUNCTION pg_catalog.pg_try_advisory_xact_lock(bigint) … AS
@@ -115,7 +83,10 @@ pub fn stub_sql(schema: &str) -> String {
 async fn stubbed_cluster() -> TempCluster {
     let cluster = TempCluster::start(&[]);
     let admin = admin_connect(&cluster.url()).await;
-    admin.batch_execute(&stub_sql("pg_catalog")).await.unwrap();
+    admin
+        .batch_execute(&granting_stubs("pg_catalog"))
+        .await
+        .unwrap();
     let other = admin_connect(&cluster.url()).await;
     admin
         .batch_execute("BEGIN; SELECT pg_catalog.pg_advisory_xact_lock(7)")

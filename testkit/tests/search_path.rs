@@ -10,6 +10,7 @@
 use std::time::Duration;
 
 use dblock::{Key, Locks, Scope};
+use dblock_testkit::cluster::granting_stubs;
 use dblock_testkit::{PgSchema, admin_connect, pg_url, with_params, with_user};
 
 /// Bounds every await of these tests.
@@ -18,20 +19,6 @@ async fn within<T>(secs: u64, f: impl std::future::Future<Output = T>) -> T {
         .await
         .unwrap_or_else(|_| panic!("did not finish within {secs} s"))
 }
-
-/// Advisory-lock functions that always grant: (name, return type).
-const GRANTING: &[(&str, &str)] = &[
-    ("pg_try_advisory_xact_lock", "boolean"),
-    ("pg_try_advisory_xact_lock_shared", "boolean"),
-    ("pg_try_advisory_lock", "boolean"),
-    ("pg_try_advisory_lock_shared", "boolean"),
-    ("pg_advisory_unlock", "boolean"),
-    ("pg_advisory_unlock_shared", "boolean"),
-    ("pg_advisory_xact_lock", "void"),
-    ("pg_advisory_xact_lock_shared", "void"),
-    ("pg_advisory_lock", "void"),
-    ("pg_advisory_lock_shared", "void"),
-];
 
 /// Other functions dblock calls, with their argument and return types, shadowed by
 /// ones that raise.
@@ -58,17 +45,7 @@ const RAISING: &[(&str, &str, &str)] = &[
 
 /// The shadowing schema's functions.
 fn shadows(schema: &str) -> String {
-    let mut sql = String::new();
-    for (f, ret) in GRANTING {
-        let body = if *ret == "void" {
-            "SELECT NULL::void"
-        } else {
-            "SELECT true"
-        };
-        sql.push_str(&format!(
-            "CREATE FUNCTION \"{schema}\".{f}(bigint) RETURNS {ret} LANGUAGE sql AS '{body}';"
-        ));
-    }
+    let mut sql = granting_stubs(&format!("\"{schema}\""));
     for (f, args, ret) in RAISING {
         sql.push_str(&format!(
             "CREATE FUNCTION \"{schema}\".{f}({args}) RETURNS {ret} LANGUAGE plpgsql AS \
