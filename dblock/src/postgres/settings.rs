@@ -3,7 +3,7 @@
 //! backend without knowing what they mean.
 
 use super::conn::pooler::{Known, Pooler};
-use super::engine::SelfTest;
+use crate::engine::SelfTest;
 use crate::error::Error;
 use crate::raw::Options;
 
