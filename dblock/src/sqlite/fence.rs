@@ -142,15 +142,20 @@ async fn epoch(shared: &Shared) -> Result<Option<i64>, Error> {
         let db = shared.tokens().await?;
         let read = || {
             sqlx::query_as::<_, (i64, String)>(
-                "SELECT epoch, boot FROM dblock_fencing_epoch WHERE id = 1",
+                "SELECT epoch, boot FROM dblock_fencing_epoch WHERE id = 1 \
+                 AND NOT EXISTS (SELECT 1 FROM dblock_fencing WHERE 0)",
             )
             .fetch_optional(db)
         };
-        // A ready file needs no DDL: the tables are made only when the read finds none.
+        // A ready file needs no DDL: the tables are made only when the read finds one
+        // missing. The read names both tables, so that it fails while either is: it
+        // named only the epoch's, and a process starting beside one that had made the
+        // epoch's table but not yet the fencing table skipped the DDL and failed its
+        // grant with "no such table: dblock_fencing". (Made fencing table first, too.)
         let row = match read().await {
             Ok(row) => row,
             Err(_) => {
-                for ddl in [EPOCH_DDL, TABLE_DDL] {
+                for ddl in [TABLE_DDL, EPOCH_DDL] {
                     sqlx::query(ddl).execute(db).await.map_err(fail)?;
                 }
                 read().await.map_err(fail)?
