@@ -605,10 +605,26 @@ impl RawHeld for HeldAll {
     }
 }
 
+/// [`Party::since`] as `since_ms`: milliseconds since the Unix epoch, or `null`.
+#[cfg(feature = "serde")]
+fn serialize_unix_ms<S: serde::Serializer>(
+    since: &Option<std::time::SystemTime>,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    match since {
+        Some(t) => s.serialize_u128(
+            t.duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default()
+                .as_millis(),
+        ),
+        None => s.serialize_none(),
+    }
+}
+
 /// One lock as [`Locks::status`](crate::Locks::status) sees it: its key, its name when
 /// known, who holds it and who waits for it. Serialized (feature `serde`) as one of the
 /// `locks` of `dblock status --json` (`docs/status.md`), without the parties' `for_ms`,
-/// which only a [`Report`](crate::status::Report) knows the time for.
+/// which only a status report (`dblock::status::Report`) knows the time for.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
 #[non_exhaustive]
@@ -655,10 +671,7 @@ pub struct Party {
     /// When it was granted the lock (a holder) or began to wait (a waiter).
     #[cfg_attr(
         feature = "serde",
-        serde(
-            rename = "since_ms",
-            serialize_with = "crate::status::serialize_unix_ms"
-        )
+        serde(rename = "since_ms", serialize_with = "serialize_unix_ms")
     )]
     pub since: Option<SystemTime>,
 }

@@ -180,18 +180,6 @@ impl serde::Serialize for Report<'_> {
     }
 }
 
-/// [`Party::since`] as `since_ms`: milliseconds since the Unix epoch, or `null`.
-#[cfg(feature = "serde")]
-pub(crate) fn serialize_unix_ms<S: serde::Serializer>(
-    since: &Option<SystemTime>,
-    s: S,
-) -> Result<S::Ok, S::Error> {
-    match since {
-        Some(t) => s.serialize_u128(unix_ms(*t)),
-        None => s.serialize_none(),
-    }
-}
-
 /// How long ago `since` was, at `now` (zero for a time ahead of `now`: clocks differ).
 pub fn age(since: SystemTime, now: SystemTime) -> Duration {
     now.duration_since(since).unwrap_or_default()
