@@ -32,13 +32,42 @@ pub(crate) struct Queued {
     /// Who gets the lock when the kernel grants it; `None` once every request that
     /// wanted it gave up (the thread then leaves the line, or a new request of the same
     /// mode takes the place over).
-    taker: Option<Taker>,
+    pub(super) taker: Option<Taker>,
 }
 
-struct Taker {
+/// The request a place in line delivers to. (Its parts are visible beside this module
+/// for the loom models' controls, which deliver wrongly on purpose.)
+pub(super) struct Taker {
     id: u64,
-    shared: Arc<Shared>,
-    tx: oneshot::Sender<Result<SqliteHeld, Error>>,
+    pub(super) shared: Arc<Shared>,
+    pub(super) tx: oneshot::Sender<Result<SqliteHeld, Error>>,
+}
+
+impl Taker {
+    /// A new request's claim, and what it waits on.
+    fn new(shared: &Arc<Shared>) -> (Taker, u64, Receiver) {
+        let (tx, rx) = oneshot::channel();
+        let id = IDS.fetch_add(1, Ordering::Relaxed);
+        let taker = Taker {
+            id,
+            shared: shared.clone(),
+            tx,
+        };
+        (taker, id, rx)
+    }
+}
+
+impl Queued {
+    /// A place in line in `mode` for a new request (its id, and what it waits on): what
+    /// [`join`] puts in the table once its thread runs.
+    pub(super) fn new(shared: &Arc<Shared>, mode: Mode) -> (Queued, u64, Receiver) {
+        let (taker, id, rx) = Taker::new(shared);
+        let queued = Queued {
+            mode,
+            taker: Some(taker),
+        };
+        (queued, id, rx)
+    }
 }
 
 pub(crate) type Receiver = oneshot::Receiver<Result<SqliteHeld, Error>>;
@@ -55,13 +84,8 @@ pub(crate) fn adopt(
     if queued.mode != mode || queued.taker.is_some() {
         return None;
     }
-    let (tx, rx) = oneshot::channel();
-    let id = IDS.fetch_add(1, Ordering::Relaxed);
-    queued.taker = Some(Taker {
-        id,
-        shared: shared.clone(),
-        tx,
-    });
+    let (taker, id, rx) = Taker::new(shared);
+    queued.taker = Some(taker);
     Some((id, rx))
 }
 
@@ -75,8 +99,6 @@ pub(crate) fn join(
     mode: Mode,
     after: Option<Instant>,
 ) -> Result<(u64, Receiver), Error> {
-    let (tx, rx) = oneshot::channel();
-    let id = IDS.fetch_add(1, Ordering::Relaxed);
     let thread_lf = lf.clone();
     std::thread::Builder::new()
         // Named for the key, as tools show it (15 bytes): `dblock-` and the low 32 bits
@@ -84,17 +106,8 @@ pub(crate) fn join(
         .name(format!("dblock-{:08x}", offset as u32))
         .spawn(move || wait_in_kernel(thread_lf, offset, mode, after))
         .map_err(|e| Error::io("cannot start a thread to wait for a lock", e))?;
-    queued.insert(
-        offset,
-        Queued {
-            mode,
-            taker: Some(Taker {
-                id,
-                shared: shared.clone(),
-                tx,
-            }),
-        },
-    );
+    let (place, id, rx) = Queued::new(shared, mode);
+    queued.insert(offset, place);
     Ok((id, rx))
 }
 
@@ -146,7 +159,7 @@ fn let_waiter_go_first(lf: &LockFile, offset: u64, yielded: Option<Instant>) {
 }
 
 /// Whether any request still wants the place in line for `offset`.
-fn wanted(lf: &LockFile, offset: u64) -> bool {
+pub(super) fn wanted(lf: &LockFile, offset: u64) -> bool {
     let table = lf
         .shard(offset)
         .table
@@ -188,7 +201,7 @@ impl Drop for Counted {
 fn wait_in_kernel(lf: Arc<LockFile>, offset: u64, mode: Mode, after: Option<Instant>) {
     let flavor = lf.flavor;
     let_waiter_go_first(&lf, offset, after);
-    let outcome: Result<Option<Arc<Desc>>, std::io::Error> = loop {
+    let outcome: Outcome = loop {
         let desc = lf.current();
         // Counted in line (in the file, for every process to see) until this round ends.
         let _counted = Counted::new(&desc, offset);
@@ -240,6 +253,20 @@ fn wait_in_kernel(lf: Arc<LockFile>, offset: u64, mode: Mode, after: Option<Inst
             break Err(std::io::Error::other(e.to_string()));
         }
     };
+    deliver(&lf, offset, mode, outcome);
+}
+
+/// How a place in line's wait in the kernel ended: the lock byte granted in `desc` (the
+/// gate given back), left without the lock (nobody wanted it any more), or failed.
+pub(super) type Outcome = Result<Option<Arc<Desc>>, std::io::Error>;
+
+/// The end of a place in line: under the table's lock, the place leaves the table and
+/// a lock granted goes to the request that wants it now (one that adopted the place
+/// meanwhile included) — or, if nobody does or its receiver is gone, back to the file.
+/// Requests that give up ([`give_up`]) or adopt the place ([`adopt`]) race this; the
+/// loom models (`loom_models.rs`) run it against them.
+pub(super) fn deliver(lf: &LockFile, offset: u64, mode: Mode, outcome: Outcome) {
+    let flavor = lf.flavor;
     let shard = lf.shard(offset);
     let mut table = shard.table.lock().unwrap_or_else(|p| p.into_inner());
     let taker = table.queued.remove(&offset).and_then(|q| q.taker);
