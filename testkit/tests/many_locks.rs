@@ -225,3 +225,140 @@ async fn a_second_shared_holder_is_granted_on_a_multiplexed_handle() {
         "no exclusive one meanwhile"
     );
 }
+
+/// A shared connection sends the requests waiting for it as one statement (a batch):
+/// each request still gets its own answer — the names another session holds are refused,
+/// the free ones granted, shared and exclusive alike — and the releases, batched too,
+/// free exactly what was taken.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_answers_each_request_for_itself() {
+    let s = PgSchema::new("mux_batch").await;
+    let locks = multiplexed(&s.url, 2).await;
+    let names: Vec<String> = (0..400).map(|i| format!("batch:{i}")).collect();
+    // Another session holds every fourth name, exclusively.
+    let other = dblock_testkit::admin_connect(&s.url).await;
+    let other_pid: i32 = other
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let taken: Vec<i64> = names
+        .iter()
+        .step_by(4)
+        .map(|n| locks.key(n).unwrap().as_i64())
+        .collect();
+    other
+        .execute(
+            "SELECT pg_advisory_lock(k) FROM unnest($1::int8[]) AS k",
+            &[&taken],
+        )
+        .await
+        .unwrap();
+    let mine = || async {
+        let n: i64 = other
+            .query_one(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted \
+                 AND pid <> $1",
+                &[&other_pid],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        n as usize
+    };
+    // All at once, half of them shared: they queue behind each other on the two
+    // connections and go out in batches.
+    let got = futures_join(names.iter().enumerate().map(|(i, n)| {
+        let locks = &locks;
+        async move {
+            match i % 2 {
+                0 => locks.request(n).try_lock().await,
+                _ => locks.request(n).shared().try_lock().await,
+            }
+        }
+    }))
+    .await;
+    let mut guards = Vec::new();
+    for (i, g) in got.into_iter().enumerate() {
+        let g = g.unwrap();
+        assert_eq!(g.is_none(), i % 4 == 0, "{}: {g:?}", names[i]);
+        guards.extend(g);
+    }
+    assert_eq!(guards.len(), 300);
+    assert_eq!(mine().await, 300, "exactly the granted ones held");
+    // Half released by waiting for it, half by drop, all at once.
+    let kept = guards.split_off(150);
+    let released = futures_join(guards.into_iter().map(|g| g.release())).await;
+    assert!(released.iter().all(Result::is_ok), "{released:?}");
+    assert_eq!(mine().await, 150);
+    drop(kept);
+    assert!(
+        dblock_testkit::eventually(10, &mut || async { mine().await == 0 }).await,
+        "every lock released: {} left",
+        mine().await
+    );
+    // The other session's locks were never touched.
+    let theirs: i64 = other
+        .query_one(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted AND pid = $1",
+            &[&other_pid],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(theirs, 100);
+}
+
+/// A lock table that fills in the middle of a batch: the statement fails after taking
+/// some of its keys. Each request still gets its own answer — a guard, or
+/// `LockTableFull` — and the server holds exactly the locks the guards say.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_table_filling_mid_batch_leaves_no_lock_unaccounted() {
+    let cluster = TempCluster::start(&[("max_locks_per_transaction", "10")]);
+    let locks = multiplexed(&cluster.url(), 2).await;
+    let admin = dblock_testkit::admin_connect(&cluster.url()).await;
+    let held = || async {
+        let n: i64 = admin
+            .query_one(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        n as usize
+    };
+    let names: Vec<String> = (0..4000).map(|i| format!("full:{i}")).collect();
+    let mut guards = Vec::new();
+    let mut full = 0;
+    for chunk in names.chunks(500) {
+        let got = tokio::time::timeout(
+            Duration::from_secs(60),
+            futures_join(chunk.iter().map(|n| locks.try_lock(n))),
+        )
+        .await
+        .expect("no request hangs");
+        for g in got {
+            match g {
+                Ok(Some(g)) => guards.push(g),
+                Ok(None) => panic!("every name is free"),
+                Err(Error::LockTableFull { .. }) => full += 1,
+                Err(e) => panic!("{e:?}"),
+            }
+        }
+    }
+    eprintln!("{} granted, {full} refused for a full table", guards.len());
+    assert!(full > 0, "the table filled (else this proves nothing)");
+    assert!(guards.len() > 500, "batches were granted before it filled");
+    assert_eq!(
+        held().await,
+        guards.len(),
+        "the server holds what the guards say"
+    );
+    drop(guards);
+    assert!(
+        dblock_testkit::eventually(20, &mut || async { held().await == 0 }).await,
+        "every lock released: {} left",
+        held().await
+    );
+}

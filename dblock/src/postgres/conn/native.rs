@@ -104,6 +104,48 @@ impl NativeConn {
         Ok(out)
     }
 
+    /// Sends a simple query of several statements and reads every result it gets: the
+    /// rows of each statement that completed (the first column), and the error that
+    /// ended the message, if one did — the statements from the failed one on did not
+    /// complete (the one that failed may have done part of its work: a session lock
+    /// taken by a row before the error is still held). The multiplexer's batches
+    /// need this: one failing statement must not lose what the others did.
+    ///
+    /// Not cancel safe by itself: its one caller, a multiplexer's lane, is never
+    /// cancelled while it runs.
+    pub(crate) async fn query_partial(&self, sql: &str) -> (Results, Option<QueryError>) {
+        if !self.outbox.send_waiting(&self.client) {
+            let lost = QueryError::Lost {
+                message: "the connection closed".into(),
+            };
+            return (Vec::new(), Some(lost));
+        }
+        let stream = match start(&self.client, sql) {
+            Ok(s) => s,
+            Err(e) => return (Vec::new(), Some(e)),
+        };
+        let mut stream = std::pin::pin!(stream);
+        let mut out: Results = vec![Vec::new()];
+        while let Some(m) = stream.next().await {
+            match m {
+                Ok(SimpleQueryMessage::Row(r)) => {
+                    if let Some(rows) = out.last_mut() {
+                        rows.push(r.get(0).map(str::to_string));
+                    }
+                }
+                Ok(SimpleQueryMessage::CommandComplete(_)) => out.push(Vec::new()),
+                Ok(_) => {}
+                Err(e) => {
+                    // The failed statement's rows are not a result.
+                    out.pop();
+                    return (out, Some(QueryError::from_driver(e)));
+                }
+            }
+        }
+        out.pop();
+        (out, None)
+    }
+
     /// Sends `message` and returns, for each statement index in `want`, the first
     /// column of that statement's first row (`None` for no row, a NULL, or no index).
     ///

@@ -176,7 +176,7 @@ impl PgBackend {
         if let (What::One, Some(mux)) = (what, &self.mux)
             && mux::Mux::applies(req)
         {
-            match mux.try_acquire(req, fence.as_ref(), epoch).await? {
+            match mux.try_acquire(req).await? {
                 mux::Attempt::Granted(g) => return Ok(Some((0, g))),
                 mux::Attempt::NotFree if req.wait == Wait::Try => return Ok(None),
                 // Waiting never blocks a shared connection: wait on a connection of its own.

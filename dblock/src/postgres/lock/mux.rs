@@ -25,20 +25,20 @@
 //! [`Builder::multiplex`]: crate::Builder::multiplex
 
 use std::collections::HashSet;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
+
+use tokio::sync::{mpsc, oneshot};
 
 use crate::error::{Error, LossReason};
 use crate::key::Key;
 use crate::postgres::conn::native::NativeConn;
 use crate::postgres::conn::pool::Pool;
 use crate::postgres::conn::wire::{Link, QueryError};
-use crate::postgres::sql::first_value;
-use crate::postgres::store::token::next_token_sql;
-use crate::raw::{BoxFuture, Grant, RawHeld, Req, Scope};
+use crate::postgres::sql::{first_value, i64_text};
+use crate::raw::{BoxFuture, Grant, Mode, RawHeld, Req, Scope};
 use crate::sync::Mutex;
 
-use super::messages::{Release, take_first, write_lock_call};
-use super::plan::{Answer, read_one};
+use super::messages::{Release, lock_fn, write_lock_call};
 
 pub(crate) struct Mux {
     inner: Arc<MuxInner>,
@@ -46,8 +46,8 @@ pub(crate) struct Mux {
 
 struct MuxInner {
     pool: Pool,
-    /// The shared connections, opened on first use, replaced when lost.
-    slots: Vec<tokio::sync::Mutex<Option<Arc<NativeConn>>>>,
+    /// The shared connections' lanes, each started on first use.
+    lanes: Vec<OnceLock<mpsc::UnboundedSender<Job>>>,
     /// Keys this process holds (or is taking) on a shared connection.
     claims: crate::sync::Arc<Claims>,
 }
@@ -67,16 +67,14 @@ pub(crate) enum Attempt {
 impl Mux {
     /// How many shared connections it keeps.
     pub(crate) fn width(&self) -> usize {
-        self.inner.slots.len()
+        self.inner.lanes.len()
     }
 
     pub(crate) fn new(pool: Pool, n: usize) -> Mux {
         Mux {
             inner: Arc::new(MuxInner {
                 pool,
-                slots: (0..n.max(1))
-                    .map(|_| tokio::sync::Mutex::new(None))
-                    .collect(),
+                lanes: (0..n.max(1)).map(|_| OnceLock::new()).collect(),
                 claims: Default::default(),
             }),
         }
@@ -89,74 +87,427 @@ impl Mux {
         req.scope == Scope::Session && req.lease.is_none() && !req.fenced
     }
 
-    async fn conn(&self, key: i64) -> Result<Arc<NativeConn>, Error> {
-        let i = (key as u64 % self.inner.slots.len() as u64) as usize;
-        let mut slot = self.inner.slots[i].lock().await;
-        if let Some(c) = slot.as_ref().filter(|c| c.usable()) {
-            return Ok(c.clone());
-        }
-        let c = Arc::new(self.inner.pool.connect_unpooled().await?);
-        // Shared connections hold locks for their whole life: always checked.
-        c.link().set_watched(true);
-        *slot = Some(c.clone());
-        Ok(c)
+    /// The lane of `key`'s shared connection, its task started on first use (in the
+    /// caller's runtime, as a connection's own task is).
+    fn lane(&self, key: i64) -> &mpsc::UnboundedSender<Job> {
+        let i = (key as u64 % self.inner.lanes.len() as u64) as usize;
+        self.inner.lanes[i].get_or_init(|| {
+            let (tx, rx) = mpsc::unbounded_channel();
+            tokio::spawn(run_lane(self.inner.pool.clone(), rx, tx.downgrade()));
+            tx
+        })
     }
 
     /// Tries `req`'s key on its shared connection.
-    pub(crate) async fn try_acquire(
-        &self,
-        req: &Req<'_>,
-        fence_table: Option<&Arc<str>>,
-        epoch: bool,
-    ) -> Result<Attempt, Error> {
+    ///
+    /// Cancel safe: dropped at any point, whatever the lane took for it is unlocked
+    /// (the lane finds nobody to hand the lock to).
+    pub(crate) async fn try_acquire(&self, req: &Req<'_>) -> Result<Attempt, Error> {
         let k = req.key.as_i64();
         // Claim the key first: never two requests for one key on a shared connection.
-        let Some(mut claim) = Claims::claim(&self.inner.claims, k) else {
+        let Some(claim) = Claims::claim(&self.inner.claims, k) else {
             return Ok(Attempt::HeldHere);
-        };
-        let conn = self.conn(k).await?;
-        let mut sql = match fence_table {
-            Some(table) => next_token_sql(table, req, &take_first(req.key), epoch),
-            None => {
-                let mut sql = String::new();
-                write_lock_call(&mut sql, Scope::Session, req.mode, req.key, true);
-                sql
-            }
         };
         // Names the lock while the request runs (a shared connection's later requests
         // and checks replace it: `dblock status` names multiplexed locks only so long).
-        crate::status::write_comment(&mut sql, req.namespace, req.name, Some(req.scope), None);
-        let unlock = Release::of_one(Scope::Session, req.mode, req.key, false)
-            .sql()
-            .to_string();
-        // From here on, however this ends — this future dropped mid-request, an error
-        // (a fenced request may have taken the lock before its INSERT failed), an answer
-        // that cannot be read — the unlock is queued behind the request on the same
-        // connection, once, before the claim leaves: the key ends up free.
-        claim.owe(ConnUnlock {
-            conn: conn.clone(),
-            sql: unlock,
+        let mut comment = String::new();
+        crate::status::write_comment(&mut comment, req.namespace, req.name, Some(req.scope), None);
+        let (reply, answer) = oneshot::channel();
+        let job = Job::Lock(LockJob {
+            claim,
+            mode: req.mode,
+            comment,
+            reply,
         });
-        let rows = conn.query(&sql).await.map_err(QueryError::into_error)?;
-        // Read as a pinned connection's round is: an answer that is neither a grant nor
-        // a refusal is an error, and whatever it took is unlocked.
-        let first = first_value(&rows, 0);
-        let answer = match fence_table {
-            Some(_) => read_one([None, Some(0)], None, first.as_deref()),
-            None => read_one([Some(0), None], first.as_deref(), None),
-        };
-        let token = match answer? {
-            Answer::Granted { token, .. } => token,
-            Answer::NotGranted | Answer::Busy(_) => {
-                // The server took nothing: nothing to unlock.
-                claim.settle();
-                return Ok(Attempt::NotFree);
+        if self.lane(k).send(job).is_err() {
+            return Err(lane_gone());
+        }
+        match answer.await {
+            Ok(Ok(Some(held))) => Ok(Attempt::Granted(Grant {
+                held: Box::new(held),
+                fence: None,
+            })),
+            Ok(Ok(None)) => Ok(Attempt::NotFree),
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(lane_gone()),
+        }
+    }
+}
+
+fn lane_gone() -> Error {
+    Error::ConnectionLost {
+        message: "the shared connection's task ended (its runtime shut down)".into(),
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// A shared connection's lane: its requests batched, one message per batch.
+// ---------------------------------------------------------------------------------
+
+/// The most requests one message carries.
+const MAX_BATCH: usize = 1024;
+
+/// What a lane is asked to do.
+enum Job {
+    Lock(LockJob),
+    Unlock(UnlockJob),
+}
+
+/// A claimed key to try on the lane's connection; the lane owns the claim until it hands
+/// the lock over (or finds nobody to hand it to, and unlocks).
+struct LockJob {
+    claim: Claim<LaneUnlock>,
+    mode: Mode,
+    /// The status comment naming the lock.
+    comment: String,
+    reply: oneshot::Sender<Result<Option<MuxHeld>, Error>>,
+}
+
+/// A held key to unlock on the connection it was taken on; `reply` (a `release` that
+/// waits) learns whether the session still held it.
+struct UnlockJob {
+    conn: Arc<NativeConn>,
+    key: Key,
+    mode: Mode,
+    reply: Option<oneshot::Sender<Result<bool, QueryError>>>,
+}
+
+impl UnlockJob {
+    fn sql(&self) -> String {
+        Release::of_one(Scope::Session, self.mode, self.key, false)
+            .sql()
+            .to_string()
+    }
+}
+
+/// A lane's loop: every request waiting when it looks (up to [`MAX_BATCH`]) goes out in
+/// one message.
+///
+/// Why batches: every statement on a connection is a transaction of its own, and the end
+/// of each transaction walks every lock the session holds (PostgreSQL's
+/// `LockReleaseAll`), so with thousands of session locks on one connection a lock or
+/// unlock per statement costs in proportion to the locks already held. A batch takes or
+/// releases its keys in one statement (`… FROM unnest('{…}')`), one transaction: the
+/// walk is paid once per batch. A lane's requests queue while its message is out, so
+/// under load a batch holds what came during one round trip; alone, a request goes out
+/// at once, as one statement.
+async fn run_lane(
+    pool: Pool,
+    mut rx: mpsc::UnboundedReceiver<Job>,
+    me: mpsc::WeakUnboundedSender<Job>,
+) {
+    let mut conn: Option<Arc<NativeConn>> = None;
+    let mut jobs = Vec::with_capacity(MAX_BATCH);
+    while rx.recv_many(&mut jobs, MAX_BATCH).await > 0 {
+        let batch = std::mem::take(&mut jobs);
+        run_batch(&pool, &mut conn, &me, batch).await;
+    }
+}
+
+/// The lane's connection: the one it has if usable, else a new one.
+async fn lane_conn(
+    pool: &Pool,
+    conn: &mut Option<Arc<NativeConn>>,
+) -> Result<Arc<NativeConn>, Error> {
+    if let Some(c) = conn.as_ref().filter(|c| c.usable()) {
+        return Ok(c.clone());
+    }
+    let c = Arc::new(pool.connect_unpooled().await?);
+    // Shared connections hold locks for their whole life: always checked.
+    c.link().set_watched(true);
+    *conn = Some(c.clone());
+    Ok(c)
+}
+
+/// One statement of a batch: the jobs whose keys it takes or releases, in row order.
+struct Stmt {
+    unlock: bool,
+    mode: Mode,
+    jobs: Vec<usize>,
+}
+
+/// Appends `SELECT f(k)` for one key, or `SELECT f(k) FROM unnest('{…}') AS k` for
+/// several: one statement, whose rows come in the keys' order.
+fn push_calls(sql: &mut String, f: &str, keys: impl ExactSizeIterator<Item = Key>) {
+    let mut kbuf = [0u8; 20];
+    if keys.len() == 1 {
+        for k in keys {
+            for part in ["SELECT ", f, "(", i64_text(k.as_i64(), &mut kbuf), ")"] {
+                sql.push_str(part);
             }
+        }
+        return;
+    }
+    for part in ["SELECT ", f, "(k) FROM pg_catalog.unnest('{"] {
+        sql.push_str(part);
+    }
+    for (i, k) in keys.enumerate() {
+        if i > 0 {
+            sql.push(',');
+        }
+        sql.push_str(i64_text(k.as_i64(), &mut kbuf));
+    }
+    sql.push_str("}'::pg_catalog.int8[]) AS k");
+}
+
+async fn run_batch(
+    pool: &Pool,
+    conn: &mut Option<Arc<NativeConn>>,
+    me: &mpsc::WeakUnboundedSender<Job>,
+    batch: Vec<Job>,
+) {
+    let mut locks = Vec::new();
+    let mut unlocks = Vec::new();
+    for job in batch {
+        match job {
+            // A request given up before its turn: nothing was taken (the claim leaves).
+            Job::Lock(l) if l.reply.is_closed() => {}
+            Job::Lock(l) => locks.push(l),
+            Job::Unlock(u) => unlocks.push(u),
+        }
+    }
+    let c = if locks.is_empty() {
+        conn.as_ref().filter(|c| c.usable()).cloned()
+    } else {
+        match lane_conn(pool, conn).await {
+            Ok(c) => Some(c),
+            Err(e) => {
+                let message = e.to_string();
+                let mut first = Some(e);
+                for l in locks {
+                    let e = first.take().unwrap_or_else(|| Error::ConnectionLost {
+                        message: message.clone(),
+                    });
+                    let _ = l.reply.send(Err(e));
+                }
+                locks = Vec::new();
+                None
+            }
+        }
+    };
+    // Unlocks of keys taken on another (older) connection go there, one by one: a
+    // connection is replaced only when unusable, so they are rare.
+    let (here, elsewhere): (Vec<_>, Vec<_>) = unlocks
+        .into_iter()
+        .partition(|u| c.as_ref().is_some_and(|c| Arc::ptr_eq(c, &u.conn)));
+    for u in elsewhere {
+        unlock_alone(u).await;
+    }
+    let Some(c) = c else {
+        return;
+    };
+    // Unlocks first: a key's unlock is always queued before a later request for it
+    // (the request must claim the key, and the claim leaves only after its unlock is
+    // queued), so in one message they must run in that order.
+    let mut stmts = Vec::new();
+    for unlock in [true, false] {
+        for mode in [Mode::Exclusive, Mode::Shared] {
+            let jobs: Vec<usize> = match unlock {
+                true => (0..here.len()).filter(|&i| here[i].mode == mode).collect(),
+                false => (0..locks.len())
+                    .filter(|&i| locks[i].mode == mode)
+                    .collect(),
+            };
+            if !jobs.is_empty() {
+                stmts.push(Stmt { unlock, mode, jobs });
+            }
+        }
+    }
+    let mut sql = String::with_capacity(64 + 21 * (here.len() + locks.len()));
+    for st in &stmts {
+        if !sql.is_empty() {
+            sql.push_str("; ");
+        }
+        match st.unlock {
+            true => {
+                let f = match st.mode {
+                    Mode::Exclusive => "pg_catalog.pg_advisory_unlock",
+                    Mode::Shared => "pg_catalog.pg_advisory_unlock_shared",
+                };
+                push_calls(&mut sql, f, st.jobs.iter().map(|&i| here[i].key));
+            }
+            false => {
+                let f = lock_fn(Scope::Session, st.mode, true);
+                push_calls(
+                    &mut sql,
+                    f,
+                    st.jobs.iter().map(|&i| locks[i].claim.key_of()),
+                );
+            }
+        }
+    }
+    // The status comment of the batch's last request, as when each request replaced the
+    // one before it.
+    if let Some(last) = locks.last() {
+        sql.push_str(&last.comment);
+    }
+    let (rows, failed) = c.query_partial(&sql).await;
+    let mut here: Vec<Option<UnlockJob>> = here.into_iter().map(Some).collect();
+    let mut locks: Vec<Option<LockJob>> = locks.into_iter().map(Some).collect();
+    for (s, st) in stmts.iter().enumerate() {
+        let Some(values) = rows.get(s).filter(|v| v.len() == st.jobs.len()) else {
+            continue;
         };
-        Ok(Attempt::Granted(Grant {
-            held: Box::new(MuxHeld { conn, claim }),
-            fence: token.zip(fence_table.cloned()),
-        }))
+        for (&i, v) in st.jobs.iter().zip(values) {
+            match st.unlock {
+                true => {
+                    if let Some(u) = here[i].take() {
+                        answer_unlock(u, v.as_deref());
+                    }
+                }
+                false => {
+                    if let Some(l) = locks[i].take() {
+                        answer_lock(l, &c, me, v.as_deref());
+                    }
+                }
+            }
+        }
+    }
+    // What is left did not complete: its statement failed (or one before it did), or
+    // answered with the wrong number of rows.
+    let lost = match &failed {
+        Some(QueryError::Lost { message }) => Some(message.clone()),
+        _ => None,
+    };
+    if let Some(message) = lost {
+        for u in here.into_iter().flatten() {
+            if let Some(r) = u.reply {
+                let _ = r.send(Err(QueryError::Lost {
+                    message: message.clone(),
+                }));
+            }
+        }
+        for mut l in locks.into_iter().flatten() {
+            // The session ends with its connection; the unlock is owed all the same
+            // (sending it on a closed connection does nothing).
+            l.claim.owe(lane_unlock(&c, me, l.claim.key_of(), l.mode));
+            let _ = l.reply.send(Err(Error::ConnectionLost {
+                message: message.clone(),
+            }));
+        }
+        return;
+    }
+    // A statement failed (a full lock table, say): the locks it took before failing are
+    // held, which ones unknown — each of its keys is unlocked (a key it did not take
+    // answers false, with a warning in the server's log), then every request left is
+    // tried again alone, so that each gets its own answer.
+    let left: Vec<Key> = locks.iter().flatten().map(|l| l.claim.key_of()).collect();
+    if !left.is_empty() {
+        for mode in [Mode::Exclusive, Mode::Shared] {
+            let keys: Vec<Key> = locks
+                .iter()
+                .flatten()
+                .filter(|l| l.mode == mode)
+                .map(|l| l.claim.key_of())
+                .collect();
+            if keys.is_empty() {
+                continue;
+            }
+            let mut sql = String::new();
+            let f = match mode {
+                Mode::Exclusive => "pg_catalog.pg_advisory_unlock",
+                Mode::Shared => "pg_catalog.pg_advisory_unlock_shared",
+            };
+            push_calls(&mut sql, f, keys.into_iter());
+            let _ = c.query(&sql).await;
+        }
+    }
+    for u in here.into_iter().flatten() {
+        unlock_alone(u).await;
+    }
+    for l in locks.into_iter().flatten() {
+        lock_alone(l, &c, me).await;
+    }
+}
+
+/// The unlock a granted key owes, through this lane.
+fn lane_unlock(
+    c: &Arc<NativeConn>,
+    me: &mpsc::WeakUnboundedSender<Job>,
+    key: Key,
+    mode: Mode,
+) -> LaneUnlock {
+    LaneUnlock {
+        lane: me.upgrade(),
+        conn: c.clone(),
+        key,
+        mode,
+    }
+}
+
+/// Hands a lock request its answer, `t` or `f`; a lock nobody is left to take is
+/// unlocked (through the lane, behind this batch).
+fn answer_lock(
+    mut l: LockJob,
+    c: &Arc<NativeConn>,
+    me: &mpsc::WeakUnboundedSender<Job>,
+    v: Option<&str>,
+) {
+    let key = l.claim.key_of();
+    match v {
+        Some("f") => {
+            let _ = l.reply.send(Ok(None));
+        }
+        Some("t") => {
+            l.claim.owe(lane_unlock(c, me, key, l.mode));
+            let held = MuxHeld {
+                conn: c.clone(),
+                claim: l.claim,
+            };
+            // Refused (the request was given up): dropped here, the lock is unlocked.
+            let _ = l.reply.send(Ok(Some(held)));
+        }
+        other => {
+            // Whatever it means, the key is unlocked.
+            l.claim.owe(lane_unlock(c, me, key, l.mode));
+            let _ = l.reply.send(Err(Error::Unexpected {
+                message: format!("a lock request (t or f): the server answered {other:?}"),
+            }));
+        }
+    }
+}
+
+/// Hands an unlock its answer.
+fn answer_unlock(u: UnlockJob, v: Option<&str>) {
+    if let Some(r) = u.reply {
+        let _ = r.send(match v {
+            Some("t") => Ok(true),
+            Some("f") => Ok(false),
+            other => Err(QueryError::Db {
+                code: String::new(),
+                message: format!("an unlock (t or f): the server answered {other:?}"),
+            }),
+        });
+    }
+}
+
+/// One unlock on its own connection (not the lane's batch).
+async fn unlock_alone(u: UnlockJob) {
+    let sql = u.sql();
+    match u.reply {
+        Some(r) => {
+            let res = u.conn.query(&sql).await;
+            let _ = r.send(res.map(|rows| first_value(&rows, 0).as_deref() == Some("t")));
+        }
+        None => {
+            u.conn.send(&sql);
+        }
+    }
+}
+
+/// One lock request on its own: one statement, its own answer or error.
+async fn lock_alone(mut l: LockJob, c: &Arc<NativeConn>, me: &mpsc::WeakUnboundedSender<Job>) {
+    let key = l.claim.key_of();
+    let mut sql = String::new();
+    write_lock_call(&mut sql, Scope::Session, l.mode, key, true);
+    sql.push_str(&l.comment);
+    match c.query(&sql).await {
+        Ok(rows) => answer_lock(l, c, me, first_value(&rows, 0).as_deref()),
+        Err(e) => {
+            // Whatever it took is unlocked.
+            l.claim.owe(lane_unlock(c, me, key, l.mode));
+            let _ = l.reply.send(Err(e.into_error()));
+        }
     }
 }
 
@@ -202,6 +553,10 @@ impl<U: Unlock> Claim<U> {
         self.key
     }
 
+    fn key_of(&self) -> Key {
+        Key::from_i64(self.key)
+    }
+
     /// The key's lock call is about to be queued: from now on the key is unlocked through
     /// `by` when the claim ends, unless [`Claim::settle`]d.
     pub(crate) fn owe(&mut self, by: U) {
@@ -224,22 +579,56 @@ impl<U: Unlock> Drop for Claim<U> {
     }
 }
 
-/// The unlock of a key on its shared connection.
-pub(crate) struct ConnUnlock {
+/// The unlock of a key on its shared connection, queued on the connection's lane (which
+/// batches it with the others waiting); straight on the connection if the lane is gone.
+pub(crate) struct LaneUnlock {
+    lane: Option<mpsc::UnboundedSender<Job>>,
     conn: Arc<NativeConn>,
-    sql: String,
+    key: Key,
+    mode: Mode,
 }
 
-impl Unlock for ConnUnlock {
+impl LaneUnlock {
+    /// Queues the unlock; `reply`, if any, learns whether the session held the key.
+    /// Returns the job back if the lane is gone.
+    fn queue(
+        &self,
+        reply: Option<oneshot::Sender<Result<bool, QueryError>>>,
+    ) -> Result<(), UnlockJob> {
+        let job = UnlockJob {
+            conn: self.conn.clone(),
+            key: self.key,
+            mode: self.mode,
+            reply,
+        };
+        let Some(lane) = &self.lane else {
+            return Err(job);
+        };
+        lane.send(Job::Unlock(job)).map_err(|e| match e.0 {
+            Job::Unlock(job) => job,
+            // Only an unlock was sent.
+            Job::Lock(_) => UnlockJob {
+                conn: self.conn.clone(),
+                key: self.key,
+                mode: self.mode,
+                reply: None,
+            },
+        })
+    }
+}
+
+impl Unlock for LaneUnlock {
     fn unlock(&self) {
-        self.conn.send(&self.sql);
+        if let Err(job) = self.queue(None) {
+            job.conn.send(&job.sql());
+        }
     }
 }
 
 /// A lock held on a shared connection: dropped, its claim queues the unlock.
 pub(crate) struct MuxHeld {
     conn: Arc<NativeConn>,
-    claim: Claim<ConnUnlock>,
+    claim: Claim<LaneUnlock>,
 }
 
 impl MuxHeld {
@@ -270,17 +659,29 @@ impl MuxHeld {
         if let Some(reason) = self.loss() {
             return Err(Error::LockLost { reason });
         }
-        // Sent here, and awaited: settled, so that the claim's end does not send it
-        // again. The query queues it in its first poll, this one, so a future dropped
-        // before the reply has sent it already (and one dropped before its first poll
-        // never settled: dropping `self` sends it).
+        // Queued here, and awaited: settled, so that the claim's end does not queue it
+        // again. It is queued in this future's first poll, so a future dropped before
+        // the reply has queued it already (and one dropped before its first poll never
+        // settled: dropping `self` queues it).
         let Some(unlock) = self.claim.settle() else {
             return Ok(());
         };
-        let res = self.conn.query(&unlock.sql).await;
+        let (reply, answer) = oneshot::channel();
+        let res = match unlock.queue(Some(reply)) {
+            Ok(()) => answer.await.unwrap_or_else(|_| {
+                Err(QueryError::Lost {
+                    message: "the shared connection's task ended".into(),
+                })
+            }),
+            Err(job) => job
+                .conn
+                .query(&job.sql())
+                .await
+                .map(|rows| first_value(&rows, 0).as_deref() == Some("t")),
+        };
         match res {
-            Ok(rows) if first_value(&rows, 0).as_deref() == Some("t") => Ok(()),
-            Ok(_) => Err(Error::LockLost {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(Error::LockLost {
                 reason: LossReason::ConnectionClosed {
                     message: "the shared session no longer held the lock".into(),
                 },
