@@ -40,7 +40,8 @@
 //!   read), `busy` (which keys were found busy lately: whether a request tries first),
 //!   `messages` (the text of every lock message: a round's settings and lock
 //!   calls, clean-ups, releases), and the guard's half: `held` (a connection of its own)
-//!   or `mux` (shared connections; its `Claims`, the keys claimed on them and the unlock
+//!   or `mux` (shared connections: a lane per connection batching its requests and
+//!   releases into one message; its `Claims`, the keys claimed on them and the unlock
 //!   each owes).
 //! - `loom_models` (tests, under `--cfg dblock_loom`): the outbox's and the claims'
 //!   hand-offs under every interleaving (docs/testing.md).
