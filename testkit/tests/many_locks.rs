@@ -362,3 +362,55 @@ async fn a_lock_table_filling_mid_batch_leaves_no_lock_unaccounted() {
         held().await
     );
 }
+
+/// How many advisory locks the server shows granted, in every session.
+async fn granted(admin: &tokio_postgres::Client) -> usize {
+    let n: i64 = admin
+        .query_one(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    n as usize
+}
+/// Waits (bounded) until the server shows `n` advisory locks granted.
+async fn until_granted(admin: &tokio_postgres::Client, n: usize) {
+    for _ in 0..2000 {
+        if granted(admin).await == n {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    panic!(
+        "the server never showed {n} locks granted: {}",
+        granted(admin).await
+    );
+}
+/// Requests dropped while their batch is out: whatever the server granted them is
+/// unlocked, nothing stays claimed, and the names can be taken again at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_dropped_mid_batch_leave_nothing_held() {
+    let cluster = TempCluster::start(&[]);
+    let url = cluster.url();
+    let admin = dblock_testkit::admin_connect(&url).await;
+    let locks = multiplexed(&url, 2).await;
+    let names: Vec<String> = (0..400).map(|i| format!("tenant:{i}")).collect();
+    // Warm: the shared connections open before the requests that are dropped.
+    drop(locks.try_lock("warm:a").await.unwrap());
+    drop(locks.try_lock("warm:b").await.unwrap());
+    until_granted(&admin, 0).await;
+    let mut tasks = tokio::task::JoinSet::new();
+    for name in &names {
+        let (locks, name) = (locks.clone(), name.clone());
+        tasks.spawn(async move { locks.try_lock(&name).await });
+    }
+    tokio::task::yield_now().await;
+    tasks.abort_all();
+    while tasks.join_next().await.is_some() {}
+    until_granted(&admin, 0).await;
+    // Every name is free for this handle again (no claim left behind).
+    let got = futures_join(names.iter().map(|n| locks.try_lock(n))).await;
+    assert!(got.into_iter().all(|g| g.unwrap().is_some()));
+}
