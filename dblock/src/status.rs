@@ -347,13 +347,13 @@ pub(crate) fn write_comment(
 
 /// What a held lock's connection sends as its health check: the request's comment
 /// (`comment`, as [`write_comment`] wrote it, without `since=`) with the time of the
-/// grant added; an empty query to the server.
-pub(crate) fn label(comment: &str) -> std::sync::Arc<str> {
+/// grant, `since`, added; an empty query to the server.
+pub(crate) fn label(comment: &str, since: SystemTime) -> std::sync::Arc<str> {
     let body = comment.trim_start();
     let body = body.strip_suffix(" */").unwrap_or(body);
     let mut s = String::with_capacity(body.len() + 24);
     s.push_str(body);
-    let _ = write!(s, " since={} */", unix_ms(SystemTime::now()));
+    let _ = write!(s, " since={} */", unix_ms(since));
     std::sync::Arc::from(s)
 }
 
@@ -594,7 +594,7 @@ mod tests {
     fn a_label_is_the_comment_with_the_grant_time() {
         let mut s = String::from("SELECT 1");
         write_comment(&mut s, "public", "a b", Some(Scope::Transaction), None);
-        let l = label(&s[s.find(MARK).unwrap_or_default()..]);
+        let l = label(&s[s.find(MARK).unwrap_or_default()..], SystemTime::now());
         assert!(l.starts_with(MARK) && l.ends_with(" */"), "{l}");
         let c = parse_comments(&l);
         assert_eq!(c.len(), 1, "{l}");

@@ -108,6 +108,33 @@ pub(crate) struct Message {
     comment_at: Option<usize>,
 }
 
+/// What a held lock's health checks send, kept as the grant left it: the text of the
+/// message that granted the lock (whose comment starts at `at`) and when. The label
+/// ([`crate::status::label`]) is written only when a check first sends it — most locks
+/// are released long before their first check, and pay for none.
+pub(crate) struct CheckSql {
+    text: String,
+    at: usize,
+    since: std::time::SystemTime,
+}
+
+impl CheckSql {
+    /// The label a check sends: the comment, with the time of the grant.
+    pub(crate) fn label(&self) -> Arc<str> {
+        crate::status::label(self.text.get(self.at..).unwrap_or_default(), self.since)
+    }
+}
+
+/// What a connection's checks send (see [`Link::check_sql`]).
+enum Check {
+    /// The empty query.
+    Empty,
+    /// A lock's comment, its label not yet written.
+    Granted(CheckSql),
+    /// The label, once written.
+    Label(Arc<str>),
+}
+
 impl Message {
     const CARRIED: &'static str = "ROLLBACK; ";
     const BEGIN: &'static str = "BEGIN ISOLATION LEVEL READ COMMITTED";
@@ -184,9 +211,16 @@ impl Message {
         f(&mut self.text);
     }
 
-    /// The comment [`Message::annotate`] appended, if any.
-    pub(crate) fn comment(&self) -> Option<&str> {
-        self.text.get(self.comment_at?..)
+    /// Hands the message's text over to a held lock's health checks, if it carries a
+    /// comment (granted at `since`): no copy, once the message was sent. The message is
+    /// left empty.
+    pub(crate) fn take_check(&mut self, since: std::time::SystemTime) -> Option<CheckSql> {
+        let at = self.comment_at.take()?;
+        Some(CheckSql {
+            text: std::mem::take(&mut self.text),
+            at,
+            since,
+        })
     }
 
     /// Removes what [`Message::annotate`] appended (tests compare bare statements).
@@ -284,7 +318,7 @@ pub(crate) struct Link {
     lost: watch::Sender<Option<LossReason>>,
     /// What a check sends: the empty query, or a comment the connection's user chose
     /// (so that `pg_stat_activity.query` keeps showing it).
-    check_sql: std::sync::Mutex<Option<Arc<str>>>,
+    check_sql: std::sync::Mutex<Check>,
     /// This process's duplicate of the socket, once the connection is shared with a
     /// child process: shut down when the connection is lost or given up, since closing
     /// this process's descriptors no longer ends it while the child holds one.
@@ -296,7 +330,7 @@ impl Link {
         Arc::new(Link {
             watched: AtomicBool::new(false),
             lost: watch::Sender::new(None),
-            check_sql: std::sync::Mutex::new(None),
+            check_sql: std::sync::Mutex::new(Check::Empty),
             exported: std::sync::Mutex::new(None),
         })
     }
@@ -331,16 +365,21 @@ impl Link {
     }
 
     /// Sets what checks send from now on (a comment: still an empty query to the server).
-    pub(crate) fn set_check_sql(&self, sql: Arc<str>) {
-        *self.check_sql.lock().unwrap_or_else(|p| p.into_inner()) = Some(sql);
+    pub(crate) fn set_check_sql(&self, sql: CheckSql) {
+        *self.check_sql.lock().unwrap_or_else(|p| p.into_inner()) = Check::Granted(sql);
     }
 
-    /// What a check sends: the comment set, or the empty query.
+    /// What a check sends: the comment set, its label written on the first check, or
+    /// the empty query.
     pub(crate) fn check_sql(&self) -> Arc<str> {
-        match &*self.check_sql.lock().unwrap_or_else(|p| p.into_inner()) {
-            Some(l) => l.clone(),
-            None => Arc::from(""),
-        }
+        let mut check = self.check_sql.lock().unwrap_or_else(|p| p.into_inner());
+        let label = match &*check {
+            Check::Empty => return Arc::from(""),
+            Check::Label(l) => return l.clone(),
+            Check::Granted(g) => g.label(),
+        };
+        *check = Check::Label(label.clone());
+        label
     }
 
     /// Whether the watchdog checks the connection.

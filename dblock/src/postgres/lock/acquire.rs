@@ -213,11 +213,11 @@ impl PgBackend {
             // rounds that wait one (a name taken in turn, a long wait) send none.
             let session_slice =
                 on.session_slice && slice.is_whole() && conn.set_session_slice(WAIT_SLICE_MS);
-            let plan = Plan::build_in(req, what, &round, &on, slice, session_slice);
+            let mut plan = Plan::build_in(req, what, &round, &on, slice, session_slice);
             let Some((conn, reply)) = exchange(conn, &plan, &bounds).await else {
                 return bounds.unanswered();
             };
-            match self.after(conn, req, &plan, reply, fence.as_ref())? {
+            match self.after(conn, req, &mut plan, reply, fence.as_ref())? {
                 Then::Done(granted) => return Ok(granted),
                 Then::Again { busy } => round.next(what, busy),
             }
@@ -260,7 +260,7 @@ impl PgBackend {
         &self,
         conn: Conn,
         req: &Req<'_>,
-        plan: &Plan<'_>,
+        plan: &mut Plan<'_>,
         reply: Reply,
         fence: Option<&Arc<str>>,
     ) -> Result<Then, Error> {

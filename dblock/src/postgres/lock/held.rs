@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use super::messages::Release;
 use crate::error::{Error, LossReason};
-use crate::postgres::conn::wire::{Link, QueryError};
+use crate::postgres::conn::wire::{CheckSql, Link, QueryError};
 use crate::postgres::conn::{Armed, Conn};
 use crate::postgres::sql::first_value;
 use crate::raw::{BoxFuture, RawHeld, Scope};
@@ -32,7 +32,7 @@ impl Pinned {
     pub(crate) fn new(
         conn: Conn,
         release: Release,
-        check_sql: Option<Arc<str>>,
+        check_sql: Option<CheckSql>,
         release_timeout: Duration,
     ) -> Pinned {
         let link = conn.link().clone();

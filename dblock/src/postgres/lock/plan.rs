@@ -25,7 +25,6 @@
 //! is an [`Error::Unexpected`], never "not obtained": the round is cleaned up like
 //! a failed one, so nothing stays held.
 
-use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use tokio::time::Instant;
@@ -34,7 +33,7 @@ use super::messages::{self, Release, Settings};
 use crate::error::Error;
 use crate::key::Key;
 use crate::postgres::conn::Conn;
-use crate::postgres::conn::wire::{Deferred, Message};
+use crate::postgres::conn::wire::{CheckSql, Deferred, Message};
 use crate::raw::{ANY_SLICE, Mode, Req, Scope, Wait, any_start};
 use crate::status::write_comment;
 
@@ -356,9 +355,11 @@ impl<'k> Plan<'k> {
     }
 
     /// What health checks of the held lock's connection send: the round's comment,
-    /// with when the lock was granted, so that `pg_stat_activity.query` keeps naming it.
-    pub(crate) fn check_sql(&self) -> Option<Arc<str>> {
-        self.sql.comment().map(crate::status::label)
+    /// with when the lock was granted (now), so that `pg_stat_activity.query` keeps
+    /// naming it. Takes the message's text, sent already: the label is written only if
+    /// a check is ever sent.
+    pub(crate) fn check_sql(&mut self) -> Option<CheckSql> {
+        self.sql.take_check(SystemTime::now())
     }
 
     /// After a round that did not end held: leaves the connection clean and returns it
@@ -785,7 +786,7 @@ mod tests {
             if later {
                 rd.next(What::One, None);
             }
-            let p = plan_of(&r, What::One, &rd, true, true);
+            let mut p = plan_of(&r, What::One, &rd, true, true);
             let key = Key::derive("public", "it's");
             for text in [
                 p.sql.alone().to_string(),
@@ -803,7 +804,7 @@ mod tests {
                 // The statements are unchanged: the comment ends the last one.
                 assert!(text.ends_with(" */"), "{text}");
             }
-            assert!(p.check_sql().is_some_and(|c| c.contains(" since=")));
+            assert!(p.check_sql().is_some_and(|c| c.label().contains(" since=")));
         }
     }
 
@@ -986,7 +987,7 @@ mod tests {
         let keys = [Key::from_i64(-5), Key::from_i64(3), Key::from_i64(9)];
         let all = What::AllOf(&keys);
         let r = req(Scope::Transaction, Mode::Exclusive, Wait::Forever, false);
-        let p = plan_of(&r, all, &Round::first(all), true, true);
+        let mut p = plan_of(&r, all, &Round::first(all), true, true);
         assert_eq!(
             p.sql.alone(),
             "BEGIN ISOLATION LEVEL READ COMMITTED; SELECT coalesce((SELECT i - 1 FROM \
