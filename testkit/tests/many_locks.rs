@@ -317,17 +317,7 @@ async fn a_lock_table_filling_mid_batch_leaves_no_lock_unaccounted() {
     let cluster = TempCluster::start(&[("max_locks_per_transaction", "10")]);
     let locks = multiplexed(&cluster.url(), 2).await;
     let admin = dblock_testkit::admin_connect(&cluster.url()).await;
-    let held = || async {
-        let n: i64 = admin
-            .query_one(
-                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted",
-                &[],
-            )
-            .await
-            .unwrap()
-            .get(0);
-        n as usize
-    };
+    let held = || granted(&admin);
     let names: Vec<String> = (0..4000).map(|i| format!("full:{i}")).collect();
     let mut guards = Vec::new();
     let mut full = 0;
