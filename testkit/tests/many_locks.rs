@@ -186,15 +186,7 @@ async fn a_full_lock_table_fails_the_request_and_keeps_every_held_lock() {
         "{err}"
     );
     // Every lock already held is still held, as the server sees it.
-    let count: i64 = admin
-        .query_one(
-            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0);
-    assert_eq!(count as usize, held);
+    assert_eq!(granted(&admin).await, held);
     assert!(guards.iter().all(|g| g.is_held()));
     // Asking again fails again, promptly; freeing one makes room for one.
     assert!(matches!(

@@ -35,6 +35,14 @@ pub(crate) fn lock_fn(scope: Scope, mode: Mode, try_: bool) -> &'static str {
     }
 }
 
+/// The function that unlocks a session lock of `mode`, named once.
+pub(crate) fn unlock_fn(mode: Mode) -> &'static str {
+    match mode {
+        Mode::Exclusive => "pg_catalog.pg_advisory_unlock",
+        Mode::Shared => "pg_catalog.pg_advisory_unlock_shared",
+    }
+}
+
 /// `SELECT f(key)` at the end of `out`, `f` as [`lock_fn`] names it.
 pub(crate) fn write_lock_call(out: &mut String, scope: Scope, mode: Mode, key: Key, try_: bool) {
     let mut kbuf = [0u8; 20];
@@ -284,12 +292,9 @@ impl Release {
             (Scope::Session, mode) => {
                 let mut kbuf = [0u8; 20];
                 let k = i64_text(key.as_i64(), &mut kbuf);
-                let f = match mode {
-                    Mode::Exclusive => "SELECT pg_catalog.pg_advisory_unlock(",
-                    Mode::Shared => "SELECT pg_catalog.pg_advisory_unlock_shared(",
-                };
+                let f = unlock_fn(mode);
                 let mut sql = String::with_capacity(f.len() + k.len() + 40);
-                for part in [f, k, ")"] {
+                for part in ["SELECT ", f, "(", k, ")"] {
                     sql.push_str(part);
                 }
                 Cow::Owned(sql)

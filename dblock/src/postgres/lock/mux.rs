@@ -38,7 +38,7 @@ use crate::postgres::sql::{first_value, i64_text};
 use crate::raw::{BoxFuture, Grant, Mode, RawHeld, Req, Scope};
 use crate::sync::Mutex;
 
-use super::messages::{Release, lock_fn, write_lock_call};
+use super::messages::{Release, lock_fn, unlock_fn, write_lock_call};
 
 pub(crate) struct Mux {
     inner: Arc<MuxInner>,
@@ -319,13 +319,11 @@ async fn run_batch(
             sql.push_str("; ");
         }
         match st.unlock {
-            true => {
-                let f = match st.mode {
-                    Mode::Exclusive => "pg_catalog.pg_advisory_unlock",
-                    Mode::Shared => "pg_catalog.pg_advisory_unlock_shared",
-                };
-                push_calls(&mut sql, f, st.jobs.iter().map(|&i| here[i].key));
-            }
+            true => push_calls(
+                &mut sql,
+                unlock_fn(st.mode),
+                st.jobs.iter().map(|&i| here[i].key),
+            ),
             false => {
                 let f = lock_fn(Scope::Session, st.mode, true);
                 push_calls(
@@ -404,11 +402,7 @@ async fn run_batch(
                 continue;
             }
             let mut sql = String::new();
-            let f = match mode {
-                Mode::Exclusive => "pg_catalog.pg_advisory_unlock",
-                Mode::Shared => "pg_catalog.pg_advisory_unlock_shared",
-            };
-            push_calls(&mut sql, f, keys.into_iter());
+            push_calls(&mut sql, unlock_fn(mode), keys.into_iter());
             let _ = c.query(&sql).await;
         }
     }
