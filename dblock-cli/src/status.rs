@@ -38,7 +38,8 @@ pub struct StatusArgs {
     #[arg(long)]
     watch: bool,
 
-    /// Only these locks (by name); without NAMEs, every lock the database shows.
+    /// Only these locks (by name); without NAMEs, every lock the database shows. Names
+    /// that begin with `-` go after `--` (`dblock status -- -a b`).
     #[arg(value_name = "NAME")]
     names: Vec<String>,
 }
@@ -57,7 +58,7 @@ pub struct ReleaseArgs {
     #[arg(long)]
     force: bool,
 
-    /// The lock name.
+    /// The lock name (one that begins with `-` goes after `--`).
     #[arg(value_name = "NAME")]
     name: String,
 }
@@ -204,7 +205,12 @@ pub async fn release(args: ReleaseArgs) -> u8 {
         errln!(
             "dblock: release {name} would end the database session of whoever holds it, \
              which loses the lock mid-work; pass --force if that is what you mean \
-             (`dblock status {}` shows the holder)",
+             (`dblock status {}{}` shows the holder)",
+            if args.name.starts_with('-') {
+                "-- "
+            } else {
+                ""
+            },
             shell_word(&args.name)
         );
         return EXIT_USAGE;

@@ -218,6 +218,8 @@ async fn names_from_any_client_print_as_one_safe_line() {
         }
         let mut args = vec!["status", "--db", url.as_str()];
         if *url == my.url {
+            // After `--`, as a user gives names: any of them may begin with '-'.
+            args.push("--");
             args.extend(names.iter().map(String::as_str));
         }
         let out = dblock(state.path(), &[], &args).await;
@@ -244,14 +246,28 @@ async fn names_from_any_client_print_as_one_safe_line() {
         let out = dblock(
             state.path(),
             &[],
-            &["run", "--db", &sqlite.url, "--no-wait", n, "--", "true"],
+            &[
+                "run",
+                "--db",
+                &sqlite.url,
+                "--no-wait",
+                "--",
+                n,
+                "--",
+                "true",
+            ],
         )
         .await;
         assert_eq!(code(&out), 75, "{out:?}");
         let err = text(&out.stderr);
         assert_safe(&format!("seed {seed}: refused run"), &err);
         assert_eq!(err.lines().count(), 1, "seed {seed}: {err:?}");
-        let out = dblock(state.path(), &[], &["release", "--db", &sqlite.url, n]).await;
+        let out = dblock(
+            state.path(),
+            &[],
+            &["release", "--db", &sqlite.url, "--", n],
+        )
+        .await;
         assert_eq!(code(&out), 64, "{out:?}");
         let err = text(&out.stderr);
         assert_safe(&format!("seed {seed}: release hint"), &err);
@@ -268,6 +284,7 @@ async fn names_from_any_client_print_as_one_safe_line() {
                 &sqlite.url,
                 "--wait",
                 "1300ms",
+                "--",
                 n,
                 "--",
                 "true",
@@ -284,4 +301,70 @@ async fn names_from_any_client_print_as_one_safe_line() {
         );
     }
     drop(held);
+}
+
+/// A name that begins with '-' is given after a first `--`, as options end in every
+/// POSIX tool: `run -- -NAME -- COMMAND`, `status -- -NAME`, `release -- -NAME`; the hint
+/// `release` prints is a command that parses. Before, `status` and `release` took such
+/// a name for an option (CI saw it from a fuzzed name) and `run` could not be given one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_name_that_begins_with_a_dash_goes_after_a_double_dash() {
+    let state = tempfile::tempdir().unwrap();
+    let sqlite = SqliteDb::new();
+    let db = sqlite.url.as_str();
+    let out = dblock(
+        state.path(),
+        &[],
+        &[
+            "run",
+            "--db",
+            db,
+            "--",
+            "-job",
+            "--",
+            "sh",
+            "-c",
+            "printf %s \"$DBLOCK_NAME\"",
+        ],
+    )
+    .await;
+    assert_eq!(code(&out), 0, "{out:?}");
+    assert_eq!(text(&out.stdout), "-job", "COMMAND ran under the name");
+
+    let locks = sqlite.locks().await;
+    let held = locks.lock("-job").await.unwrap();
+    let out = dblock(
+        state.path(),
+        &[],
+        &["run", "--db", db, "--no-wait", "--", "-job", "--", "true"],
+    )
+    .await;
+    assert_eq!(code(&out), 75, "the same lock, held: {out:?}");
+    let out = dblock(state.path(), &[], &["status", "--db", db, "--", "-job"]).await;
+    assert_eq!(code(&out), 0, "{out:?}");
+    assert!(text(&out.stdout).starts_with("-job  (namespace"), "{out:?}");
+    let out = dblock(state.path(), &[], &["release", "--db", db, "--", "-job"]).await;
+    assert_eq!(code(&out), 64, "{out:?}");
+    assert!(
+        text(&out.stderr).contains("`dblock status -- -job` shows the holder"),
+        "{out:?}"
+    );
+    drop(held);
+
+    // Without the first `--`, a leading '-' is an option: refused with usage (64), and a
+    // missing NAME says how to give one.
+    for args in [
+        &["run", "--db", db, "-job", "--", "true"][..],
+        &["run", "--db", db, "--", "true"][..],
+        &["run", "--db", db, "--", "--", "true"][..],
+    ] {
+        let out = dblock(state.path(), &[], args).await;
+        assert_eq!(code(&out), 64, "{args:?}: {out:?}");
+        assert_eq!(text(&out.stderr).lines().count(), 1, "{out:?}");
+    }
+    let out = dblock(state.path(), &[], &["run", "--db", db, "--", "true"]).await;
+    assert!(
+        text(&out.stderr).contains("dblock run [OPTIONS] -- NAME -- COMMAND"),
+        "{out:?}"
+    );
 }

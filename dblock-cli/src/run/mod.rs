@@ -23,7 +23,11 @@ use crate::{EXIT_LOST, EXIT_UNAVAILABLE, EXIT_USAGE, duration, one_line};
 pub const EXIT_MAX_RUNTIME: u8 = 124;
 
 #[derive(Args, Debug)]
-#[command(group(ArgGroup::new("claim").args(["once_per", "slot"])))]
+#[command(
+    group(ArgGroup::new("claim").args(["once_per", "slot"])),
+    override_usage = "dblock run [OPTIONS] NAME -- COMMAND...\n       \
+                      dblock run [OPTIONS] -- NAME -- COMMAND...   (a NAME that begins with '-')"
+)]
 pub struct RunArgs {
     /// Database URL: postgres://…, postgresql://…, a libpq key=value string, mysql://…,
     /// mariadb://…, sqlite:PATH (its directory must exist).
@@ -96,13 +100,46 @@ pub struct RunArgs {
     #[arg(long)]
     pub(crate) no_fencing: bool,
 
-    /// The lock name.
-    #[arg(value_name = "NAME")]
+    /// The lock name. A name that begins with `-` goes after a first `--`:
+    /// `dblock run [OPTIONS] -- NAME -- COMMAND`.
+    #[arg(id = "name", value_name = "NAME")]
+    pub(crate) name_arg: Option<String>,
+
+    /// The lock name, once [`RunArgs::resolve_name`] has found it.
+    #[arg(skip)]
     pub(crate) name: String,
 
     /// The command to run, after `--`.
     #[arg(last = true, required = true, value_name = "COMMAND")]
     pub(crate) command: Vec<OsString>,
+}
+
+impl RunArgs {
+    /// Finds NAME: the positional one (`run NAME -- COMMAND`), or, when options were
+    /// ended by a first `--` (clap then hands everything after it to COMMAND), the word
+    /// before a second `--` (`run -- -NAME -- COMMAND`: how a name that begins with `-`
+    /// is given).
+    pub(crate) fn resolve_name(&mut self) -> Result<(), String> {
+        if let Some(name) = self.name_arg.take() {
+            self.name = name;
+            return Ok(());
+        }
+        match self.command.iter().position(|w| w == "--") {
+            Some(1) if self.command.len() > 2 => {
+                let name = self.command.remove(0);
+                self.command.remove(0);
+                self.name = name
+                    .into_string()
+                    .map_err(|n| format!("the lock name {n:?} is not valid UTF-8"))?;
+                Ok(())
+            }
+            _ => Err(
+                "the lock NAME is missing: dblock run [OPTIONS] NAME -- COMMAND \
+                      (a name that begins with '-': dblock run [OPTIONS] -- NAME -- COMMAND)"
+                    .to_string(),
+            ),
+        }
+    }
 }
 
 /// What `run` holds while COMMAND runs: the lock, or a won slot (the lock and the
@@ -121,7 +158,11 @@ impl Held {
     }
 }
 
-pub async fn run(args: RunArgs) -> u8 {
+pub async fn run(mut args: RunArgs) -> u8 {
+    if let Err(e) = args.resolve_name() {
+        errln!("dblock: {e}");
+        return EXIT_USAGE;
+    }
     // The name as printed: escaped, since any client of the database may have chosen it.
     let shown = crate::status::quoted(&args.name);
     if let Err(e) = check(&args) {
