@@ -342,6 +342,16 @@ pub(crate) trait RawLocks:
     /// future leaves no lock held.
     fn acquire<'a>(&'a self, req: &'a Req<'a>) -> BoxFuture<'a, Result<Option<Grant>, Error>>;
 
+    /// [`RawLocks::acquire`] decided at once, without a future, where the backend can:
+    /// `Some` with what `acquire` would have answered, or `None` to go through `acquire`
+    /// (which then starts over; so `None` must leave nothing held). The embedded file
+    /// answers here when the lock is free (no wait, no round trip), so an uncontended
+    /// cycle allocates no future. By default `None`.
+    fn acquire_now(&self, req: &Req<'_>) -> Option<Result<Option<Grant>, Error>> {
+        let _ = req;
+        None
+    }
+
     /// Takes any one of `keys` (a semaphore's slots) as `req` says — `req.key` is the
     /// name's own key, which a fenced grant's token is kept under — and says which;
     /// `Ok(None)` if the wait ended without one. Dropping the future leaves nothing held.

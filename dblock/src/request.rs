@@ -180,6 +180,7 @@ pub(crate) mod sealed {
     /// A backend call as a kind of request makes it: the backend and the request it is
     /// given (opaque outside the crate, so that the sealed trait names no crate-private
     /// type).
+    #[derive(Clone, Copy)]
     pub struct Call<'r> {
         pub(crate) backend: &'r dyn RawLocks,
         pub(crate) req: &'r Req<'r>,
@@ -214,6 +215,18 @@ pub(crate) mod sealed {
             p: &'r Self::Prepared,
             call: Call<'r>,
         ) -> crate::raw::BoxFuture<'r, Result<Option<Self::Granted>, Error>>;
+
+        /// The backend's acquisition decided at once, where it can be
+        /// ([`RawLocks::acquire_now`](crate::raw::RawLocks::acquire_now)); `None` to
+        /// go through [`Sealed::acquire`]. By default `None`.
+        #[inline]
+        fn acquire_now(
+            p: &Self::Prepared,
+            call: Call<'_>,
+        ) -> Option<Result<Option<Self::Granted>, Error>> {
+            let _ = (p, call);
+            None
+        }
 
         /// What was granted of the request for `name` (keyed `key`): the grant, the key
         /// its guard reports (a semaphore's slot's, else `key`), and which of the
@@ -267,6 +280,11 @@ impl<'a> sealed::Sealed for One<'a> {
         call: Call<'r>,
     ) -> crate::raw::BoxFuture<'r, Result<Option<Grant>, Error>> {
         call.backend.acquire(call.req)
+    }
+
+    #[inline]
+    fn acquire_now(_: &(&'a str, Key), call: Call<'_>) -> Option<Result<Option<Grant>, Error>> {
+        call.backend.acquire_now(call.req)
     }
 
     #[inline]
@@ -458,7 +476,14 @@ impl<T: Take> Request<'_, T> {
             backend: &*inner.backend,
             req: &req,
         };
-        let acquire = T::acquire(&prepared, call);
+        // Decided at once where the backend can (no future boxed), else its future; on
+        // the first poll either way, so an attempt observed is timed from before it.
+        let acquire = async {
+            match T::acquire_now(&prepared, call) {
+                Some(now) => now,
+                None => T::acquire(&prepared, call).await,
+            }
+        };
         let (granted, attempt) = if Attempt::wanted() {
             let attempt = Attempt::start(&req, backend, inner.metrics);
             match Attempt::run(Some(attempt), wait, acquire).await? {

@@ -544,6 +544,25 @@ impl RawLocks for SqliteBackend {
         Box::pin(SqliteBackend::acquire(self, req))
     }
 
+    /// An unfenced request whose lock this process's table and the file give at once;
+    /// a try that finds it taken. Anything else (a wait, a fencing token's statements)
+    /// goes through `acquire`, which tries again: one call more before a wait.
+    fn acquire_now(&self, req: &Req<'_>) -> Option<Result<Option<Grant>, Error>> {
+        if req.fenced {
+            return None;
+        }
+        let offset = req.key.file_offset();
+        match self.shared.take_now(offset, req.mode) {
+            Err(e) => Some(Err(e)),
+            Ok(true) => Some(Ok(Some(Grant {
+                held: Box::new(SqliteHeld::new(&self.shared, offset, req.mode)),
+                fence: None,
+            }))),
+            Ok(false) if matches!(req.wait, Wait::Try) => Some(Ok(None)),
+            Ok(false) => None,
+        }
+    }
+
     fn bench_floor(&self) -> Result<Arc<dyn BenchFloor>, Error> {
         Ok(Arc::new(floor::Floor::new(self.shared.lock.path.clone())))
     }
