@@ -251,6 +251,14 @@ impl LockFile {
             .clone()
     }
 
+    /// Whether `desc` is the current descriptor (a load, no lock): set under the
+    /// write lock of `current` with the descriptor it names, so a descriptor read as
+    /// current was current when this was called (a kept `Arc` is never freed, so its
+    /// address is never another's).
+    pub(crate) fn is_current(&self, desc: &Arc<Desc>) -> bool {
+        self.current_at.load(Ordering::Acquire) == Arc::as_ptr(desc) as usize
+    }
+
     /// Whether the path still names `desc`'s file, as far as a grant needs to know: a
     /// descriptor no longer current is not; the current one is looked up by path if
     /// the last look is [`REPLACED_BOUND`] old or more, and trusted otherwise.

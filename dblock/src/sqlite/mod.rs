@@ -276,6 +276,12 @@ pub(crate) struct Table {
     /// (counted), and when: its next request for one waits in line until that process
     /// has taken the gate or the lock byte (see the [module docs](self#waiting-in-line)).
     yielded: OffsetMap<std::time::Instant>,
+    /// The lock file's current descriptor as this part last saw it: a grant clones it
+    /// under the part's mutex, instead of reading the file's shared `RwLock` (two atomic
+    /// writes to one cache line that every thread of the process shares). Replaced at
+    /// the part's next grant after a reopen; until then it keeps the replaced file's
+    /// descriptor open (one per part at most), never a lock.
+    desc: Option<Arc<file::Desc>>,
 }
 
 /// A map by file offset. Offsets come from SHA-256 digests, so they need no keyed hash

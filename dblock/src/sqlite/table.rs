@@ -86,7 +86,14 @@ impl Shared {
         // A replaced file is reopened and the request retried; a path replaced again and
         // again is an error, not a loop.
         for _ in 0..8 {
-            let desc = lf.current();
+            let desc = match &table.desc {
+                Some(d) if lf.is_current(d) => d.clone(),
+                _ => {
+                    let d = lf.current();
+                    table.desc = Some(d.clone());
+                    d
+                }
+            };
             // An exclusive holder keeps the gate while no process waits in line for a key
             // like this one: one call to take, one to give back. Otherwise the gate goes
             // back at once, for the line's next head to take.
