@@ -8,7 +8,10 @@ use proc_macro::{Delimiter, Literal, TokenStream, TokenTree};
 /// Embeds a directory of migrations in the binary at compile time, as a
 /// [`dblock::migrate::Migrations`](https://docs.rs/dblock/latest/dblock/migrate/struct.Migrations.html).
 ///
-/// ```ignore
+/// (A proc-macro crate cannot run its own examples: this one is compiled and run as
+/// dblock's `examples/migrate.rs` and its migration tests.)
+///
+/// ```text
 /// // `migrations/` beside the crate's Cargo.toml; `migrations!()` means the same.
 /// let set: dblock::migrate::Migrations = dblock::migrations!("migrations");
 /// set.run(&locks).await?;
@@ -25,7 +28,7 @@ use proc_macro::{Delimiter, Literal, TokenStream, TokenTree};
 /// **adding** a file does not: cargo cannot know of a file nothing includes yet. Add a
 /// build script to the crate that names the directory:
 ///
-/// ```ignore
+/// ```text
 /// // build.rs
 /// fn main() {
 ///     println!("cargo:rerun-if-changed=migrations");
