@@ -25,7 +25,9 @@ use crate::raw::{Grant, Mode, RawHeld};
 #[must_use = "if unused the lock is released immediately"]
 #[clippy::has_significant_drop]
 pub struct LockGuard {
-    fence: Option<Fence>,
+    /// Boxed: most guards have none, and a guard is what a process holding 50,000
+    /// locks keeps 50,000 of (40 bytes less each).
+    fence: Option<Box<Fence>>,
     /// The backend's half: releases on drop.
     held: Box<dyn RawHeld>,
     /// The name, key and mode, and what tracing and metrics are told of the lock's end:
@@ -58,7 +60,7 @@ impl LockGuard {
         LockGuard {
             fence: grant
                 .fence
-                .map(|(token, table)| Fence::new(tally.name(), fence_key, token, table)),
+                .map(|(token, table)| Box::new(Fence::new(tally.name(), fence_key, token, table))),
             held: grant.held,
             tally,
         }
@@ -83,14 +85,14 @@ impl LockGuard {
     /// ([`Request::fenced`](crate::Request::fenced)): greater than every earlier grant's
     /// token for this name.
     pub fn fencing_token(&self) -> Option<i64> {
-        self.fence.as_ref().map(Fence::token)
+        self.fence.as_deref().map(Fence::token)
     }
 
     /// The fence of this grant, to check in the transaction that makes the writes the
     /// lock protects (see [`fencing`](crate::fencing)); `None` unless a token was asked
     /// for.
     pub fn fence(&self) -> Option<&Fence> {
-        self.fence.as_ref()
+        self.fence.as_deref()
     }
 
     /// Whether the lock is still held as far as this process knows: `false` once its
