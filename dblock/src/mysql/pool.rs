@@ -89,7 +89,9 @@ impl OwnPool {
         };
         let (conn, id, release) = match reused {
             Some(c) => (c.conn, c.id, c.release),
-            None => tokio::time::timeout_at(deadline, self.connect())
+            // Boxed: connecting is a future of some 17 KB, which inline would make
+            // every lock request's future that large, though it connects seldom.
+            None => tokio::time::timeout_at(deadline, Box::pin(self.connect()))
                 .await
                 .map_err(|_| Error::Timeout {
                     waiting_for: WaitingFor::ServerReply,
@@ -188,7 +190,8 @@ pub(crate) enum LockConn {
 impl LockConn {
     /// Borrows a connection of the caller's pool.
     pub(crate) async fn borrow(pool: &MySqlPool) -> Result<LockConn, Error> {
-        pool.acquire()
+        // Boxed, as sqlx's acquisition (which may connect) is a large future.
+        Box::pin(pool.acquire())
             .await
             .map(LockConn::Borrowed)
             .map_err(map_sqlx)

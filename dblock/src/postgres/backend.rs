@@ -41,7 +41,7 @@ impl Source {
                 c.reset_session_slice();
                 Ok(Conn::Native(c))
             }
-            Source::Sqlx(p) => p.get().await.map(Conn::Sqlx),
+            Source::Sqlx(p) => Box::pin(p.get()).await.map(Conn::Sqlx),
         }
     }
 
@@ -51,7 +51,10 @@ impl Source {
     pub(super) async fn get_until(&self, deadline: Option<Instant>) -> Result<Conn, Error> {
         match self {
             Source::Native(p) => p.get_until(deadline).await.map(Conn::Native),
-            Source::Sqlx(p) => p.get().await.map(Conn::Sqlx),
+            // Boxed: sqlx's pool acquisition is a future of some 14 KB, which inline
+            // would make every lock request's future that large (allocated and written
+            // per request), whichever pool the handle has.
+            Source::Sqlx(p) => Box::pin(p.get()).await.map(Conn::Sqlx),
         }
     }
 }
@@ -355,5 +358,36 @@ impl RawLocks for PgBackend {
 
     fn setup<'a>(&'a self, grant_to: &'a [&'a str]) -> BoxFuture<'a, Result<String, Error>> {
         Box::pin(self.setup_tables(grant_to))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::PgBackend;
+    use crate::key::Key;
+    use crate::raw::Req;
+
+    /// The size of the future `f` returns, from its type alone (`f` is never called).
+    fn future_size<'a, F, Fut, A>(_: F) -> usize
+    where
+        F: Fn(&'a PgBackend, &'a Req<'a>, A) -> Fut,
+        Fut: std::future::Future,
+    {
+        std::mem::size_of::<Fut>()
+    }
+
+    /// A lock request's future is allocated (boxed) for every request and lives while
+    /// the request is in flight: connecting, sqlx's pool acquisition and the once-per-
+    /// handle checks are boxed where they happen, so that they do not make every
+    /// request's future their size. Before, it was 15,376 bytes: 15 MB for 1,000
+    /// requests in flight, and a 15 KB allocation per lock cycle.
+    #[test]
+    fn a_lock_requests_future_stays_small() {
+        let one = future_size(|b: &PgBackend, r: &Req<'_>, ()| b.acquire(r));
+        let any = future_size(|b: &PgBackend, r: &Req<'_>, k: &'static [Key]| b.acquire_any(r, k));
+        let all = future_size(|b: &PgBackend, r: &Req<'_>, k: &'static [Key]| b.acquire_all(r, k));
+        for (what, size) in [("acquire", one), ("acquire_any", any), ("acquire_all", all)] {
+            assert!(size <= 4096, "{what}'s future is {size} bytes");
+        }
     }
 }

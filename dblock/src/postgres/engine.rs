@@ -187,7 +187,9 @@ impl PgBackend {
         }
         let found = self
             .exclusion
-            .get_or_try_init(|| self.check_exclusion())
+            // Boxed, and only when it runs: the check is a large future that would
+            // otherwise be part of every lock request's.
+            .get_or_try_init(|| Box::pin(self.check_exclusion()))
             .await?;
         let verdict = match scope {
             Scope::Transaction => &found.transaction,

@@ -149,7 +149,9 @@ impl Pool {
                     // A connection used more recently goes out as it is (no round trip
                     // on the hot path).
                     if c.idle_since.elapsed() >= self.shared.check_interval
-                        && !c.alive(self.shared.check_timeout).await
+                        // (Boxed, as it seldom runs: inline it would add to every
+                        // lock request's future.)
+                        && !Box::pin(c.alive(self.shared.check_timeout)).await
                     {
                         c.abandon();
                         continue;
@@ -161,7 +163,10 @@ impl Pool {
                 None => break,
             }
         }
-        let mut conn = self.connect().await?;
+        // Boxed: connecting (TLS, start-up, detection) is a future of some 3 KB, which
+        // inline would be part of every lock request's, though a connection is opened
+        // once.
+        let mut conn = Box::pin(self.connect()).await?;
         conn.permit = Some(permit);
         Ok(conn)
     }

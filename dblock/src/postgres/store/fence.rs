@@ -93,34 +93,40 @@ impl PgBackend {
         }
         let table = self
             .fence_ready
-            .get_or_try_init(|| async {
-                // One table per database, like the keys (not the handle's schema).
-                let table = format!("{}.{}", quote_ident(PG_SCHEMA), FENCING_TABLE);
-                let armed = Armed::new(self.source.get().await?);
-                let rows = armed
-                    .conn()
-                    .query(&format!(
-                        "SELECT pg_catalog.to_regclass({}) IS NOT NULL",
-                        quote_literal(&table)
-                    ))
-                    .await
-                    .map_err(QueryError::into_error)?;
-                if first_value(&rows, 0).as_deref() != Some("t") {
-                    setup_ddl(&armed, &table_ddl(&table)).await?;
-                }
-                // Whether the server has the live timeline (see EPOCH_SQL): once, here,
-                // so that a platform without it keeps plain counters instead of failing
-                // every fenced grant.
-                match armed.conn().query(&format!("SELECT {EPOCH_SQL}")).await {
-                    Err(QueryError::Db { code, .. }) if NO_EPOCH_CODES.contains(&code.as_str()) => {
-                        self.fence_epoch
-                            .store(false, std::sync::atomic::Ordering::Relaxed);
+            // Boxed, and only when it runs (once per handle): inline, this future would
+            // be part of every lock request's.
+            .get_or_try_init(|| {
+                Box::pin(async {
+                    // One table per database, like the keys (not the handle's schema).
+                    let table = format!("{}.{}", quote_ident(PG_SCHEMA), FENCING_TABLE);
+                    let armed = Armed::new(self.source.get().await?);
+                    let rows = armed
+                        .conn()
+                        .query(&format!(
+                            "SELECT pg_catalog.to_regclass({}) IS NOT NULL",
+                            quote_literal(&table)
+                        ))
+                        .await
+                        .map_err(QueryError::into_error)?;
+                    if first_value(&rows, 0).as_deref() != Some("t") {
+                        setup_ddl(&armed, &table_ddl(&table)).await?;
                     }
-                    Ok(_) | Err(QueryError::Db { .. }) => {}
-                    Err(e) => return Err(e.into_error()),
-                }
-                armed.disarm().recycle();
-                Ok(Arc::<str>::from(table))
+                    // Whether the server has the live timeline (see EPOCH_SQL): once, here,
+                    // so that a platform without it keeps plain counters instead of failing
+                    // every fenced grant.
+                    match armed.conn().query(&format!("SELECT {EPOCH_SQL}")).await {
+                        Err(QueryError::Db { code, .. })
+                            if NO_EPOCH_CODES.contains(&code.as_str()) =>
+                        {
+                            self.fence_epoch
+                                .store(false, std::sync::atomic::Ordering::Relaxed);
+                        }
+                        Ok(_) | Err(QueryError::Db { .. }) => {}
+                        Err(e) => return Err(e.into_error()),
+                    }
+                    armed.disarm().recycle();
+                    Ok(Arc::<str>::from(table))
+                })
             })
             .await?;
         Ok(table)
