@@ -10,7 +10,8 @@
 //! on tracing's `log` feature, with which even a disabled span does work on every enter,
 //! exit and drop. The backend's future is instrumented only when the span is live; the
 //! clock is read only when someone listens or the `metrics` feature is on; nothing is
-//! allocated beyond what a guard always was (its name), and the loss state shared with
+//! allocated for a name of up to [`Name::INLINE`] bytes (it is kept inline; a longer one
+//! is boxed), and the loss state shared with
 //! [`LockGuard::lost`](crate::LockGuard::lost)'s future is allocated only once a loss is
 //! seen or that future is asked for.
 
@@ -213,7 +214,7 @@ impl Attempt {
         meter::granted(&self.labels, waited.as_secs_f64());
         Tally {
             info: Info {
-                name: req.name.into(),
+                name: Name::new(req.name),
                 key,
                 mode: req.mode,
                 backend,
@@ -291,7 +292,7 @@ struct Shared {
 /// The lock, as its events and metrics describe it.
 #[derive(Clone)]
 struct Info {
-    name: Box<str>,
+    name: Name,
     key: Key,
     mode: Mode,
     backend: &'static str,
@@ -315,7 +316,7 @@ impl Info {
         }
         tracing::warn!(
             target: TARGET,
-            name = &*self.name,
+            name = self.name.as_str(),
             key = self.key.as_i64(),
             mode = mode_str(self.mode),
             backend = self.backend,
@@ -325,6 +326,43 @@ impl Info {
         );
         #[cfg(feature = "metrics")]
         meter::lost(&self.labels);
+    }
+}
+
+/// A guard's copy of its lock's name: inline when it is short, as most names are, so
+/// that a grant allocates nothing for it (one allocation and free less per lock cycle,
+/// and 24 bytes less per held lock); boxed when it is longer.
+#[derive(Clone)]
+enum Name {
+    Inline { len: u8, bytes: [u8; Name::INLINE] },
+    Boxed(Box<str>),
+}
+
+impl Name {
+    /// The longest name kept inline, in bytes: `Name` is then as large as a
+    /// `(Box<str>, u64)`.
+    const INLINE: usize = 22;
+
+    fn new(name: &str) -> Name {
+        let mut bytes = [0; Name::INLINE];
+        match (bytes.get_mut(..name.len()), u8::try_from(name.len())) {
+            (Some(head), Ok(len)) => {
+                head.copy_from_slice(name.as_bytes());
+                Name::Inline { len, bytes }
+            }
+            _ => Name::Boxed(name.into()),
+        }
+    }
+
+    fn as_str(&self) -> &str {
+        match self {
+            // Copied from a `&str` whole, so always valid UTF-8: the fallback is never taken.
+            Name::Inline { len, bytes } => bytes
+                .get(..usize::from(*len))
+                .and_then(|b| std::str::from_utf8(b).ok())
+                .unwrap_or_default(),
+            Name::Boxed(name) => name,
+        }
     }
 }
 
@@ -341,7 +379,7 @@ impl Tally {
     pub(crate) fn unobserved(req: &Req<'_>, key: Key, backend: &'static str) -> Tally {
         Tally {
             info: Info {
-                name: req.name.into(),
+                name: Name::new(req.name),
                 key,
                 mode: req.mode,
                 backend,
@@ -354,7 +392,7 @@ impl Tally {
     }
 
     pub(crate) fn name(&self) -> &str {
-        &self.info.name
+        self.info.name.as_str()
     }
 
     pub(crate) fn key(&self) -> Key {
@@ -411,7 +449,7 @@ impl Drop for Tally {
         if !was_lost && on() {
             tracing::debug!(
                 target: TARGET,
-                name = &*info.name,
+                name = info.name.as_str(),
                 key = info.key.as_i64(),
                 mode = mode_str(info.mode),
                 backend = info.backend,
@@ -483,5 +521,30 @@ mod tests {
         assert!(!guard.is_held());
         assert!(guard.release().await.is_err());
         assert_eq!(warnings.0.load(Ordering::SeqCst), 1);
+    }
+}
+
+#[cfg(test)]
+mod name_tests {
+    use super::Name;
+
+    /// Every name comes back as given, on either side of the inline limit, with a
+    /// character of several bytes across it too.
+    #[test]
+    fn a_name_comes_back_as_given_inline_or_boxed() {
+        let at_limit = "n".repeat(Name::INLINE);
+        let over = "n".repeat(Name::INLINE + 1);
+        let straddling = format!("{}é", "n".repeat(Name::INLINE - 1));
+        for name in ["", "job", "ü€😀", &at_limit, &over, &straddling] {
+            let kept = Name::new(name);
+            assert_eq!(kept.as_str(), name);
+            assert_eq!(kept.clone().as_str(), name);
+            let inline = matches!(kept, Name::Inline { .. });
+            assert_eq!(inline, name.len() <= Name::INLINE, "{name:?}");
+        }
+        assert_eq!(
+            std::mem::size_of::<Name>(),
+            std::mem::size_of::<(Box<str>, u64)>()
+        );
     }
 }
