@@ -139,10 +139,10 @@ pub(crate) struct LockFile {
     current: RwLock<Arc<Desc>>,
     /// Descriptors never to be closed while this file is in use (POSIX locks).
     spares: Mutex<Vec<File>>,
-    /// When the path was last seen to name `current`'s file, in nanoseconds since
-    /// `born` (see [`LockFile::still_named`]); 0 after a reopen is decided.
+    /// When the path was last seen to name `current`'s file, in nanoseconds of `clock`
+    /// (see [`LockFile::still_named`]); 0 after a reopen is decided.
     checked: AtomicU64,
-    born: Instant,
+    clock: Clock,
     /// The address of `current`'s descriptor, for telling without the lock whether a
     /// descriptor is still current (set under `current`'s write lock).
     current_at: AtomicUsize,
@@ -163,6 +163,45 @@ impl LockFile {
 /// path every lock takes, instead of once per grant (a `stat` of the path cost as much
 /// as the lock itself). `docs/how-it-works.md` documents the bound.
 pub(crate) const REPLACED_BOUND: Duration = Duration::from_millis(10);
+
+/// The clock [`LockFile::still_named`] keeps [`REPLACED_BOUND`] by, read on every grant:
+/// the kernel's coarse clock where there is one with a tick of at most half the bound (a
+/// sixth of the precise clock's cost), trusting a look for the bound less one tick of
+/// that clock — a coarse reading lags the time by up to a tick, so the bound still holds
+/// as documented — else [`Instant`].
+struct Clock {
+    /// A look this many nanoseconds old (by this clock) or more is looked again.
+    trust: u64,
+    /// `None`: the coarse clock.
+    born: Option<Instant>,
+}
+
+impl Clock {
+    fn new() -> Clock {
+        let bound = REPLACED_BOUND.as_nanos() as u64;
+        match (sys::coarse_clock(false), sys::coarse_clock(true)) {
+            // A tick of up to half the bound (a kernel of 200 Hz or more).
+            (Some(_), Some(tick)) if tick <= bound / 2 => Clock {
+                trust: bound.saturating_sub(tick),
+                born: None,
+            },
+            _ => Clock {
+                trust: bound,
+                born: Some(Instant::now()),
+            },
+        }
+    }
+
+    /// Nanoseconds now, never 0 (which `checked` keeps for "look again"), but when the
+    /// clock cannot be read: 0, so that the path is looked up.
+    fn now(&self) -> u64 {
+        match self.born {
+            // Plus one, so that a reading at time 0 is not "never".
+            Some(born) => born.elapsed().as_nanos() as u64 + 1,
+            None => sys::coarse_clock(false).unwrap_or(0),
+        }
+    }
+}
 
 /// How many parts the table of a lock file has. Requests for different keys meet on one
 /// mutex only when their keys fall in one part, so tasks working on keys of their own
@@ -226,7 +265,7 @@ impl LockFile {
                     current: RwLock::new(desc),
                     spares: Mutex::new(Vec::new()),
                     checked: AtomicU64::new(0),
-                    born: Instant::now(),
+                    clock: Clock::new(),
                     shards: (0..SHARDS).map(|_| Shard::default()).collect(),
                 });
                 open.push((path, Arc::downgrade(&lf)));
@@ -263,10 +302,9 @@ impl LockFile {
     /// descriptor no longer current is not; the current one is looked up by path if
     /// the last look is [`REPLACED_BOUND`] old or more, and trusted otherwise.
     pub(crate) fn still_named(&self, desc: &Arc<Desc>) -> bool {
-        // Nanoseconds since `born`, plus one so that a look at time 0 is not "never".
-        let now = self.born.elapsed().as_nanos() as u64 + 1;
+        let now = self.clock.now();
         let last = self.checked.load(Ordering::Relaxed);
-        if last != 0 && now.saturating_sub(last) < REPLACED_BOUND.as_nanos() as u64 {
+        if last != 0 && now != 0 && now.saturating_sub(last) < self.clock.trust {
             return self.current_at.load(Ordering::Acquire) == Arc::as_ptr(desc) as usize;
         }
         let named = desc.is_named_by(&self.path);
@@ -319,8 +357,46 @@ impl LockFile {
         self.current_at
             .store(Arc::as_ptr(&current) as usize, Ordering::Release);
         // The new descriptor was opened by the path just now.
-        let now = self.born.elapsed().as_nanos() as u64 + 1;
-        self.checked.store(now, Ordering::Relaxed);
+        self.checked.store(self.clock.now(), Ordering::Relaxed);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Clock, REPLACED_BOUND, sys};
+
+    /// The clock of the replaced-file bound: never 0, never backwards, and a look it
+    /// trusts is never older than the bound in real time, whichever clock it is.
+    #[test]
+    fn the_replaced_file_clock_keeps_the_bound() {
+        let clock = Clock::new();
+        let bound = REPLACED_BOUND.as_nanos() as u64;
+        match clock.born {
+            None => {
+                let tick = sys::coarse_clock(true).unwrap_or(u64::MAX);
+                assert!(clock.trust.saturating_add(tick) <= bound);
+                assert!(
+                    clock.trust >= bound / 2,
+                    "a lookup at least every half bound"
+                );
+            }
+            Some(_) => assert_eq!(clock.trust, bound),
+        }
+        let first = clock.now();
+        let mut last = first;
+        let start = std::time::Instant::now();
+        while start.elapsed() < 3 * REPLACED_BOUND {
+            let now = clock.now();
+            assert!(now != 0 && now >= last);
+            last = now;
+        }
+        // Three bounds of real time moved the clock past what it trusts.
+        assert!(
+            last - first >= clock.trust,
+            "{} < {}",
+            last - first,
+            clock.trust
+        );
     }
 }

@@ -184,6 +184,34 @@ fn setlk(
     }
 }
 
+/// The kernel's coarse monotonic clock (`CLOCK_MONOTONIC_COARSE`) now, in nanoseconds
+/// (`resolution`: its resolution instead, one tick). Advanced once a tick and read from
+/// the vDSO in about 3 ns against about 20 ns for the precise clock, which matters on the
+/// path every lock takes. `None` where there is no such clock.
+#[cfg(any(target_os = "linux", target_os = "android"))]
+pub(crate) fn coarse_clock(resolution: bool) -> Option<u64> {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid timespec, written by the call only.
+    let rc = unsafe {
+        match resolution {
+            true => libc::clock_getres(libc::CLOCK_MONOTONIC_COARSE, &mut ts),
+            false => libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts),
+        }
+    };
+    let secs = u64::try_from(ts.tv_sec).ok()?;
+    let nanos = u64::try_from(ts.tv_nsec).ok()?;
+    (rc == 0).then(|| secs.saturating_mul(1_000_000_000).saturating_add(nanos))
+}
+
+/// See the Linux version: elsewhere there is none.
+#[cfg(not(any(target_os = "linux", target_os = "android")))]
+pub(crate) fn coarse_clock(_resolution: bool) -> Option<u64> {
+    None
+}
+
 /// The lock file's first page, mapped shared between every process that has the file
 /// open: one count per group of keys of the processes waiting in line for a key of the
 /// group (see the [module docs](super#waiting-in-line)). A hint, never what excludes:
