@@ -3,6 +3,7 @@
 # slows both alike. Prints the rates and dblock's ratio to pgbench for:
 #   hot:         8 clients, BEGIN; SELECT pg_advisory_xact_lock(42); COMMIT  vs  dblock `hot` x8
 #   uncontended: 1 client,  SELECT pg_advisory_xact_lock(random k) (autocommit)  vs  dblock `uncontended` x1
+#   uncontended8: 8 clients, the same script                                     vs  dblock `uncontended` x8
 #
 # Usage: scripts/compare-pgbench.sh [postgres://URL] [rounds]
 set -euo pipefail
@@ -18,6 +19,7 @@ pgb() { pgbench -n -T 3 "$@" "$url" 2>/dev/null | sed -n 's/^tps = \([0-9.]*\).*
 for r in $(seq "$rounds"); do
   printf '%s %s\n' hot "$(pgb -c 8 -j 2 -f "$tmp/hot.sql")" >> "$tmp/pgbench"
   printf '%s %s\n' uncontended "$(pgb -c 1 -j 1 -f "$tmp/one.sql")" >> "$tmp/pgbench"
+  printf '%s %s\n' uncontended8 "$(pgb -c 8 -j 2 -f "$tmp/one.sql")" >> "$tmp/pgbench"
   "$dblock" bench --db "$url" --seconds 3 --json 2>/dev/null >> "$tmp/dblock"
   echo >> "$tmp/dblock"
 done
@@ -28,14 +30,17 @@ pg = {}
 for line in open(f"{tmp}/pgbench"):
     w, tps = line.split()
     pg.setdefault(w, []).append(float(tps))
-db = {"hot": [], "uncontended": []}
+db = {"hot": [], "uncontended": [], "uncontended8": []}
+which = {("hot", 8): "hot", ("uncontended", 1): "uncontended", ("uncontended", 8): "uncontended8"}
 for line in open(f"{tmp}/dblock"):
     if line.strip():
         for r in json.loads(line):
-            if (r["workload"], r["workers"]) in (("hot", 8), ("uncontended", 1)):
-                db[r["workload"]].append(r["ops_per_sec"])
+            w = which.get((r["workload"], r["workers"]))
+            if w:
+                db[w].append(r["ops_per_sec"])
 print(f"{'workload':<24}{'pgbench tps':>14}{'dblock ops/s':>14}{'dblock/pgbench':>16}")
-for w, label in (("hot", "hot, 8 clients"), ("uncontended", "uncontended, 1 client")):
+for w, label in (("hot", "hot, 8 clients"), ("uncontended", "uncontended, 1 client"),
+                 ("uncontended8", "uncontended, 8 clients")):
     p, d = st.mean(pg[w]), st.mean(db[w])
     print(f"{label:<24}{p:>14.0f}{d:>14.0f}{d / p:>16.2f}")
 PY
