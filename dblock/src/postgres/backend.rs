@@ -41,7 +41,7 @@ impl Source {
                 c.reset_session_slice();
                 Ok(Conn::Native(c))
             }
-            Source::Sqlx(p) => Box::pin(p.get()).await.map(Conn::Sqlx),
+            Source::Sqlx(p) => p.get().await.map(Conn::Sqlx),
         }
     }
 
@@ -51,10 +51,7 @@ impl Source {
     pub(super) async fn get_until(&self, deadline: Option<Instant>) -> Result<Conn, Error> {
         match self {
             Source::Native(p) => p.get_until(deadline).await.map(Conn::Native),
-            // Boxed: sqlx's pool acquisition is a future of some 14 KB, which inline
-            // would make every lock request's future that large (allocated and written
-            // per request), whichever pool the handle has.
-            Source::Sqlx(p) => Box::pin(p.get()).await.map(Conn::Sqlx),
+            Source::Sqlx(p) => p.get().await.map(Conn::Sqlx),
         }
     }
 }

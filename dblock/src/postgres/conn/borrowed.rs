@@ -37,8 +37,10 @@ impl SqlxSource {
     /// A connection from the pool, with its task started.
     pub(crate) async fn get(&self) -> Result<SqlxConn, Error> {
         // The lock's deadline bounds the wait for the lock; the wait for a connection is
-        // bounded by the pool's own acquire_timeout.
-        let acquired = self.pool.acquire().await;
+        // bounded by the pool's own acquire_timeout. Boxed: sqlx's acquisition is a
+        // future of some 14 KB, which inline would make every lock request's future that
+        // large (allocated per request), whichever pool the handle has.
+        let acquired = Box::pin(self.pool.acquire()).await;
         let conn = acquired.map_err(map_sqlx)?;
         let (tx, rx) = mpsc::unbounded_channel();
         let link = Link::new();
