@@ -276,3 +276,57 @@ async fn a_fencing_token_after_a_power_loss_is_above_every_token_before_it() {
     let g = after.request("f").fenced().lock().await.unwrap();
     assert_eq!(g.fencing_token(), Some(t + 1));
 }
+
+/// Another process writing to the database (here a connection holding SQLite's write
+/// lock in an open transaction) holds up a fenced grant's token until it commits, and
+/// the grant then succeeds: the token's statement waits as a task (SQLite's busy
+/// timeout is zero on the token connection; a busy write sleeps and tries again), on
+/// both kinds of runtime. The control: while the writer holds the lock, the grant has
+/// not finished.
+async fn a_fenced_grant_waits_out_another_write() {
+    use sqlx::Connection;
+    let db = SqliteDb::new();
+    let locks = db.locks().await;
+    let first = locks.request("busy").fenced().lock().await.unwrap();
+    let before = first.fencing_token().unwrap();
+    drop(first);
+    let path = db.dir.path().join("locks.db");
+    let mut writer = sqlx::SqliteConnection::connect(&format!("sqlite:{}", path.display()))
+        .await
+        .unwrap();
+    sqlx::query("BEGIN IMMEDIATE")
+        .execute(&mut writer)
+        .await
+        .unwrap();
+    sqlx::query("UPDATE dblock_fencing_epoch SET epoch = epoch")
+        .execute(&mut writer)
+        .await
+        .unwrap();
+    let mut grant = tokio::spawn(async move {
+        let g = locks.request("busy").fenced().lock().await;
+        g.map(|g| g.fencing_token())
+    });
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), &mut grant)
+            .await
+            .is_err(),
+        "the grant's token waits while another connection writes"
+    );
+    sqlx::query("COMMIT").execute(&mut writer).await.unwrap();
+    let token = tokio::time::timeout(Duration::from_secs(10), grant)
+        .await
+        .expect("granted once the writer commits")
+        .unwrap()
+        .unwrap();
+    assert_eq!(token, Some(before + 1));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fenced_grant_waits_out_another_write_on_a_multi_threaded_runtime() {
+    a_fenced_grant_waits_out_another_write().await;
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_fenced_grant_waits_out_another_write_on_a_current_thread_runtime() {
+    a_fenced_grant_waits_out_another_write().await;
+}

@@ -24,6 +24,7 @@ use crate::error::Error;
 use crate::key::Key;
 use crate::raw::Fence;
 use crate::raw::{BoxFuture, FencingStore, LatestGrant, Req, holder_id};
+use rusqlite::OptionalExtension;
 
 impl FencingStore for SqliteBackend {
     fn latest_grant(&self, key: Key) -> BoxFuture<'_, Result<Option<LatestGrant>, Error>> {
@@ -78,34 +79,44 @@ impl Fence {
 /// returned (see the module docs for what "committed" means within an epoch). Called
 /// with the lock held.
 pub(crate) async fn next_token(shared: &Shared, req: &Req<'_>) -> Result<i64, Error> {
-    let fail = |e: sqlx::Error| Error::Database {
-        code: super::bookkeeping::code_of(&e),
-        message: format!("fencing token: {e}"),
-    };
+    let holder = holder_id();
     // The epoch's first read made the table; without an epoch, every grant makes sure.
-    let (db, base) = match epoch(shared).await? {
-        Some(epoch) => (shared.tokens().await?, epoch << EPOCH_BITS),
-        None => {
-            let db = shared.db().await?;
-            sqlx::query(TABLE_DDL).execute(db).await.map_err(fail)?;
-            (db, 0)
-        }
+    let Some(epoch) = epoch(shared).await? else {
+        let fail = |e: sqlx::Error| Error::Database {
+            code: super::bookkeeping::code_of(&e),
+            message: format!("fencing token: {e}"),
+        };
+        let db = shared.db().await?;
+        sqlx::query(TABLE_DDL).execute(db).await.map_err(fail)?;
+        return sqlx::query_scalar::<_, i64>(NEXT_TOKEN)
+            .bind(req.fence_key().as_i64())
+            .bind(req.namespace)
+            .bind(req.name)
+            .bind(holder)
+            .bind(0_i64)
+            .fetch_one(db)
+            .await
+            .map_err(fail);
     };
-    sqlx::query_scalar::<_, i64>(
-        "INSERT INTO dblock_fencing (key, namespace, name, token, holder, granted_at) \
-         VALUES (?1, ?2, ?3, max(?5, 1), ?4, strftime('%Y-%m-%dT%H:%M:%fZ', 'now')) \
-         ON CONFLICT (key) DO UPDATE SET token = max(token + 1, ?5), holder = excluded.holder, \
-         granted_at = excluded.granted_at RETURNING token",
-    )
-    .bind(req.fence_key().as_i64())
-    .bind(req.namespace)
-    .bind(req.name)
-    .bind(holder_id())
-    .bind(base)
-    .fetch_one(db)
-    .await
-    .map_err(fail)
+    let base = epoch << EPOCH_BITS;
+    let key = req.fence_key().as_i64();
+    let token = shared
+        .tokens
+        .with("fencing token", |db| {
+            let mut next = db.prepare_cached(NEXT_TOKEN)?;
+            next.query_row((key, req.namespace, req.name, holder, base), |r| r.get(0))
+        })
+        .await?;
+    shared.tokens.wrote().await;
+    Ok(token)
 }
+
+/// The grant's row written, its token (at least `?5`, the epoch's first, and above the
+/// name's last) read back.
+const NEXT_TOKEN: &str = "INSERT INTO dblock_fencing (key, namespace, name, token, holder, granted_at) \
+     VALUES (?1, ?2, ?3, max(?5, 1), ?4, strftime('%Y-%m-%dT%H:%M:%fZ', 'now')) \
+     ON CONFLICT (key) DO UPDATE SET token = max(token + 1, ?5), holder = excluded.holder, \
+     granted_at = excluded.granted_at RETURNING token";
 
 /// The bits of a token below its epoch: 2^40 grants of one name per boot.
 const EPOCH_BITS: u32 = 40;
@@ -139,28 +150,32 @@ async fn epoch(shared: &Shared) -> Result<Option<i64>, Error> {
         let Some(boot) = boot_id() else {
             return Ok(None);
         };
-        let db = shared.tokens().await?;
-        let read = || {
-            sqlx::query_as::<_, (i64, String)>(
-                "SELECT epoch, boot FROM dblock_fencing_epoch WHERE id = 1 \
-                 AND NOT EXISTS (SELECT 1 FROM dblock_fencing WHERE 0)",
-            )
-            .fetch_optional(db)
-        };
         // A ready file needs no DDL: the tables are made only when the read finds one
         // missing. The read names both tables, so that it fails while either is: it
         // named only the epoch's, and a process starting beside one that had made the
         // epoch's table but not yet the fencing table skipped the DDL and failed its
         // grant with "no such table: dblock_fencing". (Made fencing table first, too.)
-        let row = match read().await {
-            Ok(row) => row,
-            Err(_) => {
-                for ddl in [TABLE_DDL, EPOCH_DDL] {
-                    sqlx::query(ddl).execute(db).await.map_err(fail)?;
+        let row = shared
+            .tokens
+            .with("fencing epoch", |db| {
+                let read = || {
+                    db.query_row(
+                        "SELECT epoch, boot FROM dblock_fencing_epoch WHERE id = 1 \
+                         AND NOT EXISTS (SELECT 1 FROM dblock_fencing WHERE 0)",
+                        [],
+                        |r| Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?)),
+                    )
+                    .optional()
+                };
+                match read() {
+                    Err(e) if e.sqlite_error_code() != Some(rusqlite::ErrorCode::DatabaseBusy) => {
+                        db.execute_batch(&format!("{TABLE_DDL}; {EPOCH_DDL}"))?;
+                        read()
+                    }
+                    r => r,
                 }
-                read().await.map_err(fail)?
-            }
-        };
+            })
+            .await?;
         if let Some((epoch, of)) = row
             && of == boot
         {

@@ -152,6 +152,7 @@ mod runs;
 mod status;
 mod sys;
 mod table;
+mod tokens;
 
 use std::collections::{HashMap, VecDeque};
 use std::path::PathBuf;
@@ -218,8 +219,9 @@ pub(crate) struct Shared {
     /// boot is unknown), every commit waiting for the disk.
     db: tokio::sync::OnceCell<sqlx::SqlitePool>,
     /// The database again, for fencing tokens within a durable epoch: commits that do
-    /// not wait for the disk (see [`fence`]).
-    tokens: tokio::sync::OnceCell<sqlx::SqlitePool>,
+    /// not wait for the disk (see [`fence`]), through SQLite's library on the caller's
+    /// thread (see [`tokens`]).
+    pub(crate) tokens: tokens::Tokens,
     /// This boot's token epoch, made durable once (see [`fence`]); `None` where the
     /// boot cannot be told apart from the last.
     epoch: tokio::sync::OnceCell<Option<i64>>,
@@ -319,10 +321,10 @@ impl SqliteBackend {
         let lock = LockFile::open(lock_file_path(&db_path), opts.allow_network_filesystem)?;
         Ok(SqliteBackend {
             shared: Arc::new(Shared {
+                tokens: tokens::Tokens::new(db_path.clone()),
                 db_path,
                 lock,
                 db: tokio::sync::OnceCell::new(),
-                tokens: tokio::sync::OnceCell::new(),
                 epoch: tokio::sync::OnceCell::new(),
             }),
         })
@@ -475,7 +477,7 @@ impl Drop for WaiterCount<'_> {
 }
 
 /// How long the database's writers wait for each other (SQLite's busy timeout).
-const DB_BUSY: Duration = Duration::from_secs(30);
+pub(crate) const DB_BUSY: Duration = Duration::from_secs(30);
 
 impl Shared {
     /// The database, opened on first use: WAL, `synchronous = FULL` (what it records
@@ -484,18 +486,6 @@ impl Shared {
         use sqlx::sqlite::SqliteSynchronous;
         self.db
             .get_or_try_init(|| self.open_db(SqliteSynchronous::Full, 4))
-            .await
-    }
-
-    /// The database for fencing tokens within a durable epoch: `synchronous = NORMAL`,
-    /// whose commits survive any crash of a process but not a power loss (the next
-    /// boot's epoch is above them: see [`fence`]). One connection: SQLite makes writers
-    /// take turns anyway, and a second would be opened (a few milliseconds of a
-    /// `dblock run`) while the pool's first, just checked, is still being put back.
-    pub(crate) async fn tokens(&self) -> Result<&sqlx::SqlitePool, Error> {
-        use sqlx::sqlite::SqliteSynchronous;
-        self.tokens
-            .get_or_try_init(|| self.open_db(SqliteSynchronous::Normal, 1))
             .await
     }
 
