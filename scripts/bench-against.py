@@ -35,11 +35,17 @@ def sh(cmd, **kw):
     return subprocess.run(cmd, check=True, **kw)
 
 
+# Both builds with the same code generation, whatever an earlier commit's Cargo.toml says
+# (link-time optimisation came in with issue 21's third round): the comparison is of the code.
+SAME_SETTINGS = ["--config", 'profile.release.lto="fat"',
+                 "--config", "profile.release.codegen-units=1"]
+
+
 def build_rev(rev):
-    """The release `dblock` of `rev`, built once into target/bench-against/<sha>/."""
+    """The release `dblock` of `rev`, built once into target/bench-against/<sha>-lto/."""
     sha = subprocess.run(["git", "-C", ROOT, "rev-parse", "--verify", rev + "^{commit}"],
                          check=True, capture_output=True, text=True).stdout.strip()
-    out = os.path.join(ROOT, "target", "bench-against", sha[:12])
+    out = os.path.join(ROOT, "target", "bench-against", sha[:12] + "-lto")
     binary = os.path.join(out, "target", "release", "dblock")
     if os.path.exists(binary):
         return binary, sha
@@ -51,14 +57,16 @@ def build_rev(rev):
     sh(["git", "-C", ROOT, "worktree", "add", "--detach", src, sha], stdout=subprocess.DEVNULL)
     try:
         env = dict(os.environ, CARGO_TARGET_DIR=os.path.join(out, "target"))
-        sh(["cargo", "build", "--release", "--locked", "-q", "-p", "dblock-cli"], cwd=src, env=env)
+        sh(["cargo", "build", "--release", "--locked", "-q", "-p", "dblock-cli"] + SAME_SETTINGS,
+           cwd=src, env=env)
     finally:
         subprocess.run(["git", "-C", ROOT, "worktree", "remove", "--force", src])
     return binary, sha
 
 
 def build_head():
-    sh(["cargo", "build", "--release", "--locked", "-q", "-p", "dblock-cli"], cwd=ROOT)
+    sh(["cargo", "build", "--release", "--locked", "-q", "-p", "dblock-cli"] + SAME_SETTINGS,
+       cwd=ROOT)
     return os.path.join(ROOT, "target", "release", "dblock")
 
 
