@@ -332,7 +332,7 @@ impl SqliteBackend {
 
     async fn acquire(&self, req: &Req<'_>) -> Result<Option<Grant>, Error> {
         let offset = req.key.file_offset();
-        // The wait and the fencing token are boxed: their futures (the line, sqlx's
+        // The wait and the fencing token are boxed: their futures (the line, the token's
         // statements) are large, and an uncontended, unfenced cycle would otherwise copy
         // them whole when the request's future is boxed — a fifth of its time.
         let held = match self.shared.take_now(offset, req.mode)? {
