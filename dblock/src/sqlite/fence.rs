@@ -100,15 +100,13 @@ pub(crate) async fn next_token(shared: &Shared, req: &Req<'_>) -> Result<i64, Er
     };
     let base = epoch << EPOCH_BITS;
     let key = req.fence_key().as_i64();
-    let token = shared
+    shared
         .tokens
-        .with("fencing token", |db| {
+        .write("fencing token", |db| {
             let mut next = db.prepare_cached(NEXT_TOKEN)?;
             next.query_row((key, req.namespace, req.name, holder, base), |r| r.get(0))
         })
-        .await?;
-    shared.tokens.wrote().await;
-    Ok(token)
+        .await
 }
 
 /// The grant's row written, its token (at least `?5`, the epoch's first, and above the
@@ -157,7 +155,7 @@ async fn epoch(shared: &Shared) -> Result<Option<i64>, Error> {
         // grant with "no such table: dblock_fencing". (Made fencing table first, too.)
         let row = shared
             .tokens
-            .with("fencing epoch", |db| {
+            .read("fencing epoch", |db| {
                 let read = || {
                     db.query_row(
                         "SELECT epoch, boot FROM dblock_fencing_epoch WHERE id = 1 \

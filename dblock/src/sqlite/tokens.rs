@@ -58,9 +58,29 @@ impl Tokens {
     /// Runs `f` on the open connection (opening it first if needed), again while it
     /// finds the database busy with another process's write, until [`DB_BUSY`] has
     /// passed. `what` names the work in an error.
-    pub(crate) async fn with<T>(
+    pub(crate) async fn read<T>(
         &self,
         what: &str,
+        f: impl Fn(&Connection) -> rusqlite::Result<T>,
+    ) -> Result<T, Error> {
+        self.run(what, false, f).await
+    }
+
+    /// As [`Tokens::read`], for a grant's write: counted, and every [`CHECKPOINT_EVERY`]
+    /// writes the log is checkpointed. The write stands if the checkpoint fails: the
+    /// connection is closed, and the next opening checkpoints.
+    pub(crate) async fn write<T>(
+        &self,
+        what: &str,
+        f: impl Fn(&Connection) -> rusqlite::Result<T>,
+    ) -> Result<T, Error> {
+        self.run(what, true, f).await
+    }
+
+    async fn run<T>(
+        &self,
+        what: &str,
+        counted: bool,
         f: impl Fn(&Connection) -> rusqlite::Result<T>,
     ) -> Result<T, Error> {
         let mut slot = self.conn.lock().await;
@@ -85,26 +105,19 @@ impl Tokens {
                     }
                     return Err(failed(what, &e));
                 }
-                Ok(v) => return Ok(v),
+                Ok(v) => {
+                    if counted {
+                        conn.writes += 1;
+                        if conn.writes >= CHECKPOINT_EVERY {
+                            conn.writes = 0;
+                            if blocking(|| checkpoint(&conn.db)).is_err() {
+                                *slot = None;
+                            }
+                        }
+                    }
+                    return Ok(v);
+                }
             }
-        }
-    }
-
-    /// Counts a grant written; every [`CHECKPOINT_EVERY`] grants, checkpoints the log.
-    /// The grant stands if the checkpoint fails: the connection is closed, and the next
-    /// opening checkpoints.
-    pub(crate) async fn wrote(&self) {
-        let mut slot = self.conn.lock().await;
-        let Some(conn) = slot.as_mut() else {
-            return;
-        };
-        conn.writes += 1;
-        if conn.writes < CHECKPOINT_EVERY {
-            return;
-        }
-        conn.writes = 0;
-        if blocking(|| checkpoint(&conn.db)).is_err() {
-            *slot = None;
         }
     }
 }
