@@ -176,6 +176,121 @@ impl fmt::Display for Key {
     }
 }
 
+/// The key of `name` in `namespace` (a namespace already checked), after checking the
+/// name: [`Key::new`] for the paths every request takes. A name keyed on this thread a
+/// moment ago is not hashed again (see [`recent`]).
+pub(crate) fn key_of(namespace: &str, name: &str) -> Result<Key, Error> {
+    recent::key(namespace, name)
+}
+
+/// The keys of names recently keyed on this thread. A service locks the same names again
+/// and again ("autoland:7", a job's name); SHA-256 of one was a tenth of an embedded lock
+/// cycle (and a seventh of PostgreSQL's client work per lock). A table per thread of
+/// [`recent::SETS`] sets of [`recent::WAYS`] entries (12 KiB), no lock, no allocation:
+/// an entry holds the namespace and name byte for byte (only pairs of up to
+/// [`recent::BYTES`] bytes together are kept), so a hit is exactly the pair asked for;
+/// a set's oldest entry makes room for a new one. A pair kept was checked when it was
+/// first keyed, so a hit skips the name's check too.
+pub(crate) mod recent {
+    use std::cell::RefCell;
+
+    use super::{Key, check_name};
+    use crate::Error;
+
+    /// Sets per thread (a power of two).
+    pub(crate) const SETS: usize = 64;
+    /// Entries per set.
+    pub(crate) const WAYS: usize = 4;
+    /// The longest namespace and name, together, an entry keeps.
+    pub(crate) const BYTES: usize = 37;
+
+    #[derive(Clone, Copy)]
+    struct Entry {
+        key: i64,
+        /// Bits of the pair's hash, told apart before the bytes are compared.
+        tag: u8,
+        /// Bytes of the namespace; 0: the entry is empty (a namespace is never empty).
+        ns: u8,
+        /// Bytes of the name.
+        name: u8,
+        bytes: [u8; BYTES],
+    }
+
+    const EMPTY: Entry = Entry {
+        key: 0,
+        tag: 0,
+        ns: 0,
+        name: 0,
+        bytes: [0; BYTES],
+    };
+
+    thread_local! {
+        static TABLE: RefCell<[[Entry; WAYS]; SETS]> =
+            const { RefCell::new([[EMPTY; WAYS]; SETS]) };
+    }
+
+    /// A multiplicative hash of the pair's bytes, eight at a time. Not keyed: chosen
+    /// names can only evict each other, never be taken for one another.
+    fn hash(namespace: &[u8], name: &[u8]) -> u64 {
+        const K: u64 = 0x517c_c1b7_2722_0a95;
+        let mut h = ((namespace.len() as u64) << 8 | name.len() as u64).wrapping_mul(K);
+        for part in [namespace, name] {
+            let mut chunks = part.chunks_exact(8);
+            for c in &mut chunks {
+                let mut w = [0u8; 8];
+                w.copy_from_slice(c);
+                h = (h.rotate_left(5) ^ u64::from_le_bytes(w)).wrapping_mul(K);
+            }
+            let mut w = [0u8; 8];
+            w[..chunks.remainder().len()].copy_from_slice(chunks.remainder());
+            h = (h.rotate_left(5) ^ u64::from_le_bytes(w)).wrapping_mul(K);
+        }
+        h
+    }
+
+    /// The key of `name` in `namespace`, from the table or hashed (and kept).
+    pub(crate) fn key(namespace: &str, name: &str) -> Result<Key, Error> {
+        let (ns, nm) = (namespace.as_bytes(), name.as_bytes());
+        let total = ns.len() + nm.len();
+        if total > BYTES || ns.is_empty() {
+            check_name(name)?;
+            return Ok(Key::derive(namespace, name));
+        }
+        let h = hash(ns, nm);
+        let (set, tag) = ((h >> 58) as usize % SETS, (h >> 50) as u8);
+        let hit = TABLE.with(|t| {
+            let t = t.borrow();
+            t[set]
+                .iter()
+                .find(|e| {
+                    e.tag == tag
+                        && usize::from(e.ns) == ns.len()
+                        && usize::from(e.name) == nm.len()
+                        && e.bytes[..ns.len()] == *ns
+                        && e.bytes[ns.len()..total] == *nm
+                })
+                .map(|e| e.key)
+        });
+        if let Some(k) = hit {
+            return Ok(Key(k));
+        }
+        check_name(name)?;
+        let key = Key::derive(namespace, name);
+        TABLE.with(|t| {
+            let ways = &mut t.borrow_mut()[set];
+            ways.rotate_right(1);
+            let e = &mut ways[0];
+            e.key = key.0;
+            e.tag = tag;
+            e.ns = ns.len() as u8;
+            e.name = nm.len() as u8;
+            e.bytes[..ns.len()].copy_from_slice(ns);
+            e.bytes[ns.len()..total].copy_from_slice(nm);
+        });
+        Ok(key)
+    }
+}
+
 /// Checks a lock name: non-empty UTF-8 without NUL, at most [`MAX_NAME_LEN`] bytes.
 pub(crate) fn check_name(name: &str) -> Result<(), Error> {
     let reason = if name.is_empty() {
@@ -230,6 +345,54 @@ impl serde::Serialize for Key {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The thread's table of recent keys gives exactly what hashing gives, for every pair
+    /// (evicted, split differently, too long to keep), and never lets a bad name by.
+    #[test]
+    fn recent_keys_are_the_hashed_keys() {
+        let mut pairs: Vec<(String, String)> = Vec::new();
+        for ns in ["public", "tenant_a", "p"] {
+            for i in 0..300 {
+                pairs.push((ns.to_string(), format!("job:{i}")));
+            }
+        }
+        // Namespace and name split differently over the same bytes.
+        pairs.push(("ab".into(), "c".into()));
+        pairs.push(("a".into(), "bc".into()));
+        // Around the longest pair kept.
+        for len in recent::BYTES - 8..recent::BYTES + 3 {
+            pairs.push(("public".into(), "n".repeat(len - 6)));
+        }
+        for round in 0..3 {
+            for (ns, name) in &pairs {
+                let want = Key::derive(ns, name);
+                assert_eq!(
+                    key_of(ns, name).unwrap(),
+                    want,
+                    "{ns}/{name}, round {round}"
+                );
+                // Again at once: the kept entry.
+                assert_eq!(key_of(ns, name).unwrap(), want, "{ns}/{name} again");
+            }
+        }
+        assert_ne!(key_of("ab", "c").unwrap(), key_of("a", "bc").unwrap());
+        for bad in ["", "a\0b"] {
+            key_of("public", "a").unwrap();
+            assert!(matches!(
+                key_of("public", bad),
+                Err(Error::InvalidName { .. })
+            ));
+            assert!(matches!(
+                key_of("public", bad),
+                Err(Error::InvalidName { .. })
+            ));
+        }
+        let long = "x".repeat(MAX_NAME_LEN + 1);
+        assert!(matches!(
+            key_of("public", &long),
+            Err(Error::InvalidName { .. })
+        ));
+    }
 
     /// The pinned vectors, computed independently (Python's `hashlib.sha256`). If one of these changes, every deployment mixing versions
     /// would grant one lock twice: never change them.

@@ -24,7 +24,7 @@ use std::time::Duration;
 
 use crate::error::{Error, WaitingFor};
 use crate::guard::LockGuard;
-use crate::key::{Key, check_name};
+use crate::key::{Key, key_of};
 use crate::locks::Locks;
 use crate::observe::{Attempt, Tally};
 use crate::raw::{Grant, Mode, RawLocks, Req, Scope, Wait};
@@ -265,8 +265,7 @@ impl<'a> sealed::Sealed for One<'a> {
 
     #[inline]
     fn prepare(self, namespace: &str) -> Result<(&'a str, Key), Error> {
-        check_name(self.name)?;
-        Ok((self.name, Key::derive(namespace, self.name)))
+        Ok((self.name, key_of(namespace, self.name)?))
     }
 
     #[inline]

@@ -9,7 +9,7 @@ use std::ops::{Deref, DerefMut};
 
 use crate::error::Error;
 use crate::guard::LockGuard;
-use crate::key::{Key, check_name};
+use crate::key::{Key, check_name, key_of};
 use crate::locks::Locks;
 use crate::raw::{BoxFuture, Grant, Mode};
 use crate::request::sealed::{Call, Observed, Sealed};
@@ -102,11 +102,11 @@ impl<'a> Sealed for AnyOf<'a> {
     }
 
     fn prepare(self, namespace: &str) -> Result<Slots<'a>, Error> {
-        check_name(self.name)?;
+        let key = key_of(namespace, self.name)?;
         check_limit(self.limit)?;
         Ok(Slots {
             name: self.name,
-            key: Key::derive(namespace, self.name),
+            key,
             keys: slot_keys(namespace, self.name, self.limit),
             limit: self.limit,
         })
