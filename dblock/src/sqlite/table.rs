@@ -246,7 +246,10 @@ impl Shared {
             if slot.gate && slot.desc.line(offset).load(Ordering::Acquire) > 0 {
                 table.yielded.insert(offset, std::time::Instant::now());
             }
-            woken.extend(slot.behind);
+            // (Mostly nobody: then nothing to move.)
+            if !slot.behind.is_empty() {
+                woken.extend(slot.behind);
+            }
         }
         drop(table);
         drop(undelivered);
