@@ -93,7 +93,9 @@ impl Conn {
         match self {
             Conn::Native(c) => c.first_values(message, want).await,
             Conn::Sqlx(c) => {
-                let rows = c.query(message.alone()).await?;
+                // Boxed: inline, a borrowed connection's query made every request's future
+                // larger, on dblock's own connections too.
+                let rows = Box::pin(c.query(message.alone())).await?;
                 Ok(want.map(|i| i.and_then(|i| first_value(&rows, i))))
             }
         }

@@ -28,11 +28,14 @@ pub(crate) type Idle = Mutex<Vec<NativeConn>>;
 /// Reads a simple query's reply as it streams in: `row(i, value)` for each row of
 /// statement `i` (its first column), without collecting the messages. Returns the
 /// number of statements.
+///
+/// The stream is pinned by the caller: a stream passed by value and pinned here is kept
+/// twice in the future's state (the argument's slot and the pinned one), in every lock
+/// request's future.
 async fn read(
-    stream: SimpleQueryStream,
+    mut stream: std::pin::Pin<&mut SimpleQueryStream>,
     mut row: impl FnMut(usize, Option<&str>),
 ) -> Result<usize, QueryError> {
-    let mut stream = std::pin::pin!(stream);
     let mut i = 0;
     while let Some(m) = stream.next().await {
         match m.map_err(QueryError::from_driver)? {
@@ -93,7 +96,8 @@ impl NativeConn {
             });
         }
         let mut out: Results = Vec::new();
-        let statements = read(start(&self.client, sql)?, |i, value| {
+        let stream = std::pin::pin!(start(&self.client, sql)?);
+        let statements = read(stream, |i, value| {
             if out.len() <= i {
                 out.resize_with(i + 1, Vec::new);
             }
@@ -159,7 +163,7 @@ impl NativeConn {
         want: [Option<usize>; N],
     ) -> Result<[Option<String>; N], QueryError> {
         let (stream, carried) = self.outbox.carry(message, |text| start(&self.client, text));
-        let stream = stream?;
+        let stream = std::pin::pin!(stream?);
         let mut out: [Option<String>; N] = std::array::from_fn(|_| None);
         let mut seen = [false; N];
         read(stream, |i, value| {

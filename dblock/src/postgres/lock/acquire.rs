@@ -160,12 +160,14 @@ impl PgBackend {
     /// (0 unless `what` is any of several keys).
     async fn take(&self, req: &Req<'_>, what: What<'_>) -> Result<Option<(usize, Grant)>, Error> {
         self.refuse_unsupported(req)?;
+        // The rare steps' futures are boxed where they are taken, so that every request's
+        // future (boxed once, at the backend's seam) does not carry their room.
         if self.must_check() {
-            self.trust(req.scope).await?;
+            Box::pin(self.trust(req.scope)).await?;
         }
         let fence = match req.fenced {
             true => Some(
-                self.fence_table()
+                Box::pin(self.fence_table())
                     .await
                     .map_err(|e| self.fencing_permission(e))?
                     .clone(),
@@ -176,7 +178,7 @@ impl PgBackend {
         if let (What::One, Some(mux)) = (what, &self.mux)
             && mux::Mux::applies(req)
         {
-            match mux.try_acquire(req).await? {
+            match Box::pin(mux.try_acquire(req)).await? {
                 mux::Attempt::Granted(g) => return Ok(Some((0, g))),
                 mux::Attempt::NotFree if req.wait == Wait::Try => return Ok(None),
                 // Waiting never blocks a shared connection: wait on a connection of its own.
@@ -214,7 +216,7 @@ impl PgBackend {
             let session_slice =
                 on.session_slice && slice.is_whole() && conn.set_session_slice(WAIT_SLICE_MS);
             let mut plan = Plan::build_in(req, what, &round, &on, slice, session_slice);
-            let Some((conn, reply)) = exchange(conn, &plan, &bounds).await else {
+            let Some((conn, reply)) = exchange(Armed::new(conn), &plan, &bounds).await else {
                 return bounds.unanswered();
             };
             match self.after(conn, req, &mut plan, reply, fence.as_ref())? {
@@ -242,13 +244,19 @@ impl PgBackend {
     /// A connection for the next round; `None` if the deadline passed while it sat in a
     /// pooler's queue.
     async fn connection(&self, bounds: &Bounds) -> Result<Option<Conn>, Error> {
-        let get = self.source.get_until(bounds.deadline);
+        // The timed wait (behind a pooler, with a deadline) boxed: inline, its timer and
+        // the connection's future would make every request's future larger.
         match bounds.queued {
-            Some(q) => match tokio::time::timeout_at(q, get).await {
+            Some(q) => match Box::pin(tokio::time::timeout_at(
+                q,
+                self.source.get_until(bounds.deadline),
+            ))
+            .await
+            {
                 Ok(c) => c.map(Some),
                 Err(_) => Ok(None),
             },
-            None => get.await.map(Some),
+            None => self.source.get_until(bounds.deadline).await.map(Some),
         }
     }
 
@@ -329,12 +337,15 @@ impl PgBackend {
 /// Sends `plan`'s message on `conn` and reads its reply, within `bounds`; `None` if the
 /// server did not answer in time (the connection is then abandoned: cancelled on the
 /// server, closed). Cancelled, the connection is abandoned too.
-async fn exchange(conn: Conn, plan: &Plan<'_>, bounds: &Bounds) -> Option<(Conn, Reply)> {
-    let armed = Armed::new(conn);
-    let reply = armed.conn().first_values(&plan.sql, plan.wanted());
+async fn exchange(armed: Armed, plan: &Plan<'_>, bounds: &Bounds) -> Option<(Conn, Reply)> {
+    // A reply awaited with a deadline is boxed: inline, its timer made every request's
+    // future larger (a lock without a deadline, or a try, has none).
     let reply = match bounds.answer_by() {
-        Some(by) => tokio::time::timeout_at(by, reply).await.ok()?,
-        None => reply.await,
+        Some(by) => {
+            let reply = armed.conn().first_values(&plan.sql, plan.wanted());
+            Box::pin(tokio::time::timeout_at(by, reply)).await.ok()?
+        }
+        None => armed.conn().first_values(&plan.sql, plan.wanted()).await,
     };
     Some((armed.disarm(), reply))
 }
