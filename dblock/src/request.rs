@@ -475,24 +475,30 @@ impl<T: Take> Request<'_, T> {
             backend: &*inner.backend,
             req: &req,
         };
-        // Decided at once where the backend can (no future boxed), else its future; on
-        // the first poll either way, so an attempt observed is timed from before it.
-        let acquire = async {
-            match T::acquire_now(&prepared, call) {
-                Some(now) => now,
-                None => T::acquire(&prepared, call).await,
-            }
-        };
         let (granted, attempt) = if Attempt::wanted() {
+            // Decided at once where the backend can (no future boxed), else its future; on
+            // the first poll either way, so an attempt observed is timed from before it.
+            let acquire = async {
+                match T::acquire_now(&prepared, call) {
+                    Some(now) => now,
+                    None => T::acquire(&prepared, call).await,
+                }
+            };
             let attempt = Attempt::start(&req, backend, inner.metrics);
-            match Attempt::run(Some(attempt), wait, acquire).await? {
+            // Boxed: the observation's room (its span, its timing) is carried only by
+            // requests somebody observes, not copied with every request's future.
+            match Box::pin(Attempt::run(Some(attempt), wait, acquire)).await? {
                 Some(got) => got,
                 None => return Ok(None),
             }
         } else {
             // Nobody listens (no subscriber, no logger, no metrics feature): nothing to
             // time or report but a loss, and nothing spent on it.
-            match acquire.await? {
+            let granted = match T::acquire_now(&prepared, call) {
+                Some(now) => now,
+                None => T::acquire(&prepared, call).await,
+            };
+            match granted? {
                 Some(g) => (g, None),
                 None => return Ok(None),
             }
