@@ -88,7 +88,7 @@ impl Conn {
     pub(crate) async fn first_values<const N: usize>(
         &self,
         message: &Message,
-        want: [Option<usize>; N],
+        want: &[Option<u32>; N],
     ) -> Result<[Option<String>; N], QueryError> {
         match self {
             Conn::Native(c) => c.first_values(message, want).await,
@@ -96,7 +96,7 @@ impl Conn {
                 // Boxed: inline, a borrowed connection's query made every request's future
                 // larger, on dblock's own connections too.
                 let rows = Box::pin(c.query(message.alone())).await?;
-                Ok(want.map(|i| i.and_then(|i| first_value(&rows, i))))
+                Ok(want.map(|i| i.and_then(|i| first_value(&rows, i as usize))))
             }
         }
     }

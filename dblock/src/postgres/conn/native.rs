@@ -160,7 +160,7 @@ impl NativeConn {
     pub(crate) async fn first_values<const N: usize>(
         &self,
         message: &Message,
-        want: [Option<usize>; N],
+        want: &[Option<u32>; N],
     ) -> Result<[Option<String>; N], QueryError> {
         let (stream, carried) = self.outbox.carry(message, |text| start(&self.client, text));
         let stream = std::pin::pin!(stream?);
@@ -171,7 +171,7 @@ impl NativeConn {
                 return;
             };
             for ((w, seen), out) in want.iter().zip(&mut seen).zip(&mut out) {
-                if *w == Some(i) && !*seen {
+                if w.map(|w| w as usize) == Some(i) && !*seen {
                     *seen = true;
                     *out = value.map(str::to_string);
                 }

@@ -98,14 +98,15 @@ pub(crate) struct Message {
     /// `ROLLBACK; ` then the statements, separated by `; `.
     text: String,
     /// Statements so far.
-    statements: usize,
+    statements: u32,
     /// Where the statements after a leading [`Message::begin`] start in `text`, if the
     /// message opened with one that may be chained.
-    after_begin: Option<usize>,
+    /// (`u32`s: a message is never 4 GiB, and every lock request's future holds one.)
+    after_begin: Option<u32>,
     /// Whether the message opens with [`Message::begin`].
     begins: bool,
     /// Where [`Message::annotate`]'s comment starts in `text`, if there is one.
-    comment_at: Option<usize>,
+    comment_at: Option<u32>,
 }
 
 /// What a held lock's health checks send, kept as the grant left it: the text of the
@@ -159,8 +160,8 @@ impl Message {
         if self.statements > 0 {
             self.text.push_str("; ");
         }
-        self.statements += 1;
-        self.statements - 1
+        self.statements = self.statements.saturating_add(1);
+        self.statements as usize - 1
     }
 
     /// Appends a statement made of `parts`; returns its index.
@@ -199,7 +200,7 @@ impl Message {
         if first {
             self.begins = true;
             if chain {
-                self.after_begin = Some(self.text.len());
+                self.after_begin = u32::try_from(self.text.len()).ok();
             }
         }
         i
@@ -207,7 +208,7 @@ impl Message {
 
     /// Lets `f` append to the message's last statement (a comment).
     pub(crate) fn annotate(&mut self, f: impl FnOnce(&mut String)) {
-        self.comment_at = Some(self.text.len());
+        self.comment_at = u32::try_from(self.text.len()).ok();
         f(&mut self.text);
     }
 
@@ -215,7 +216,7 @@ impl Message {
     /// comment (granted at `since`): no copy, once the message was sent. The message is
     /// left empty.
     pub(crate) fn take_check(&mut self, since: std::time::SystemTime) -> Option<CheckSql> {
-        let at = self.comment_at.take()?;
+        let at = self.comment_at.take()? as usize;
         Some(CheckSql {
             text: std::mem::take(&mut self.text),
             at,
@@ -227,7 +228,7 @@ impl Message {
     #[cfg(test)]
     pub(crate) fn strip_annotation(&mut self) {
         if let Some(at) = self.comment_at.take() {
-            self.text.truncate(at);
+            self.text.truncate(at as usize);
         }
     }
 
@@ -249,7 +250,7 @@ impl Message {
     /// The message with `ROLLBACK AND CHAIN` for its leading BEGIN, as many statements
     /// as [`Message::alone`]; `None` if it has no such BEGIN.
     pub(crate) fn chained(&self) -> Option<String> {
-        let rest = self.text.get(self.after_begin?..)?;
+        let rest = self.text.get(self.after_begin? as usize..)?;
         let mut text = String::with_capacity(Message::CHAIN.len() + rest.len());
         text.push_str(Message::CHAIN);
         text.push_str(rest);

@@ -159,6 +159,20 @@ impl PgBackend {
     /// Takes `what` as `req` says, in rounds (see the module docs); the slot granted
     /// (0 unless `what` is any of several keys).
     async fn take(&self, req: &Req<'_>, what: What<'_>) -> Result<Option<(usize, Grant)>, Error> {
+        match self.server_bound(req) {
+            None => self.take_within(req, what).await,
+            // Rare (an administrator's lock_timeout): boxed, so that every request's
+            // future does not carry room for a second request.
+            Some(bounded) => Box::pin(self.take_within(&bounded, what)).await,
+        }
+    }
+
+    /// [`PgBackend::take`], with the request's wait as the server bounds it.
+    async fn take_within(
+        &self,
+        req: &Req<'_>,
+        what: What<'_>,
+    ) -> Result<Option<(usize, Grant)>, Error> {
         self.refuse_unsupported(req)?;
         // The rare steps' futures are boxed where they are taken, so that every request's
         // future (boxed once, at the backend's seam) does not carry their room.
@@ -185,14 +199,6 @@ impl PgBackend {
                 mux::Attempt::NotFree | mux::Attempt::HeldHere => {}
             }
         }
-        let bounded;
-        let req = match self.server_bound(req) {
-            Some(r) => {
-                bounded = r;
-                &bounded
-            }
-            None => req,
-        };
         let bounds = Bounds::of(req.wait, self.pooler.0);
         let on = Server {
             fence: fence.as_deref().map(|t| (t, epoch)),

@@ -250,7 +250,7 @@ pub(crate) struct Plan<'k> {
     what: What<'k>,
     /// The statements whose first values [`Plan::read`] reads (see [`Plan::wanted`]): a
     /// single key's `must_be_true` and `token_at`, or the any-of or all-of statement.
-    at: [Option<usize>; 2],
+    at: [Option<u32>; 2],
     scope: Scope,
     mode: Mode,
     key: Key,
@@ -317,7 +317,9 @@ impl<'k> Plan<'k> {
         Plan {
             sql,
             what,
-            at,
+            // (`u32`s: a statement's index in a message; every lock request's future
+            // holds the plan.)
+            at: at.map(|a| a.and_then(|a| u32::try_from(a).ok())),
             scope: req.scope,
             mode: req.mode,
             key: req.key,
@@ -329,8 +331,8 @@ impl<'k> Plan<'k> {
     }
 
     /// The statements whose first values [`Plan::read`] reads.
-    pub(crate) fn wanted(&self) -> [Option<usize>; 2] {
-        self.at
+    pub(crate) fn wanted(&self) -> &[Option<u32>; 2] {
+        &self.at
     }
 
     /// The round's answer, from the first values of [`Plan::wanted`]; an error for an
@@ -338,7 +340,7 @@ impl<'k> Plan<'k> {
     pub(crate) fn read(&self, firsts: &[Option<String>; 2]) -> Result<Answer, Error> {
         let [first, second] = [firsts[0].as_deref(), firsts[1].as_deref()];
         match self.what {
-            What::One => read_one(self.at, first, second),
+            What::One => read_one(self.at.map(|a| a.map(|a| a as usize)), first, second),
             What::AnyOf(keys) => read_slot(first, keys.len()),
             What::AllOf(keys) => read_busy(first, keys.len()),
         }
@@ -574,7 +576,7 @@ mod tests {
             p.sql.alone(),
             "SELECT pg_catalog.pg_try_advisory_lock_shared(42)"
         );
-        assert_eq!(p.wanted(), [Some(0), None]);
+        assert_eq!(*p.wanted(), [Some(0), None]);
     }
 
     #[test]
@@ -672,7 +674,7 @@ mod tests {
              ELSE (SELECT 1 FROM pg_catalog.pg_advisory_xact_lock(11) AS w) END"
         );
         assert!(p.sliced);
-        assert_eq!(p.wanted(), [Some(2), None]);
+        assert_eq!(*p.wanted(), [Some(2), None]);
         assert_eq!(
             p.read(&[Some("2".into()), None]).ok(),
             Some(Answer::Granted {
@@ -867,7 +869,7 @@ mod tests {
         assert_eq!(stmts[5], "COMMIT");
         assert_eq!(stmts[7], "SELECT pg_catalog.pg_try_advisory_xact_lock(42)");
         assert_eq!(stmts[8], "SELECT pg_catalog.pg_advisory_unlock(42)");
-        assert_eq!(p.wanted(), [Some(7), Some(4)]);
+        assert_eq!(*p.wanted(), [Some(7), Some(4)]);
         // A fenced try bounds its wait on the fencing row.
         let p = plan(&req(Scope::Transaction, Mode::Exclusive, Wait::Try, true));
         assert!(
@@ -891,7 +893,7 @@ mod tests {
             p.sql.carrying_rollback(),
             "ROLLBACK; BEGIN ISOLATION LEVEL READ COMMITTED; SELECT pg_catalog.pg_try_advisory_xact_lock(42)"
         );
-        assert_eq!(p.wanted(), [Some(1), None]);
+        assert_eq!(*p.wanted(), [Some(1), None]);
         assert_eq!(
             p.read(&[Some("t".into()), None]).ok(),
             Some(Answer::Granted {
@@ -995,7 +997,7 @@ mod tests {
              WHERE NOT pg_catalog.pg_try_advisory_xact_lock(k) LIMIT 1), -1)"
         );
         assert!(!p.sliced);
-        assert_eq!(p.wanted(), [Some(1), None]);
+        assert_eq!(*p.wanted(), [Some(1), None]);
         assert_eq!(
             p.read(&[Some("1".into()), None]).ok(),
             Some(Answer::Busy(1))
