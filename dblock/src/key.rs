@@ -184,8 +184,8 @@ pub(crate) fn key_of(namespace: &str, name: &str) -> Result<Key, Error> {
 }
 
 /// The keys of names recently keyed on this thread. A service locks the same names again
-/// and again ("autoland:7", a job's name); SHA-256 of one was a tenth of an embedded lock
-/// cycle (and a seventh of PostgreSQL's client work per lock). A table per thread of
+/// and again ("autoland:7", a job's name); SHA-256 of one, with the CPU's SHA extensions,
+/// was 8 % of an embedded lock cycle (docs/performance.md, 2026-12-05). A table per thread of
 /// [`recent::SETS`] sets of [`recent::WAYS`] entries (12 KiB), no lock, no allocation:
 /// an entry holds the namespace and name byte for byte (only pairs of up to
 /// [`recent::BYTES`] bytes together are kept), so a hit is exactly the pair asked for;
