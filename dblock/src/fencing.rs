@@ -65,7 +65,13 @@
 //! ```
 //!
 //! Check just before committing: the check holds the row until commit, delaying the next
-//! grant of the name that long.
+//! grant of the name that long. On PostgreSQL a grant with a
+//! [lease](crate::Request::lease) bounds that delay: the checked transaction may sit idle
+//! at most the lease, after which the server ends its session (its writes are never
+//! committed), so a writer paused between check and commit cannot keep the next holder
+//! waiting past the lease. MySQL/MariaDB have no idle timeout of one transaction: there a
+//! paused writer holds the row until it wakes or its session ends, and the next fenced
+//! grant waits up to `innodb_lock_wait_timeout` for it (then fails); SQLite has no leases.
 //!
 //! Writes to other systems need those systems to check the token (keep the highest
 //! token seen per name and refuse lower ones); `dblock run` gives it to its command as

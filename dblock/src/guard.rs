@@ -60,7 +60,7 @@ impl LockGuard {
         LockGuard {
             fence: grant
                 .fence
-                .map(|(token, table)| Box::new(Fence::new(tally.name(), fence_key, token, table))),
+                .map(|granted| Box::new(Fence::new(tally.name(), fence_key, granted))),
             held: grant.held,
             tally,
         }

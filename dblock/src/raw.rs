@@ -136,15 +136,19 @@ pub struct Fence {
     token: i64,
     /// The fencing table as SQL may name it (schema-qualified on PostgreSQL).
     table: Arc<str>,
+    /// The grant's lease, if it had one: on PostgreSQL it also bounds how long a checked
+    /// transaction may sit idle holding the name's row (see `check_postgres`).
+    lease: Option<Duration>,
 }
 
 impl Fence {
-    pub(crate) fn new(name: &str, key: Key, token: i64, table: Arc<str>) -> Fence {
+    pub(crate) fn new(name: &str, key: Key, granted: Token) -> Fence {
         Fence {
             name: name.into(),
             key,
-            token,
-            table,
+            token: granted.0,
+            table: granted.1,
+            lease: granted.2,
         }
     }
 
@@ -169,6 +173,11 @@ impl Fence {
         &self.table
     }
 
+    /// The grant's lease, if it had one.
+    pub(crate) fn lease(&self) -> Option<Duration> {
+        self.lease
+    }
+
     /// The check's verdict, given the name's latest token as the fencing table has it
     /// (`None`: no row).
     pub(crate) fn stale(&self, latest: Option<i64>) -> Result<(), Error> {
@@ -186,9 +195,12 @@ impl Fence {
 /// A grant as a backend returns it.
 pub struct Grant {
     pub(crate) held: Box<dyn RawHeld>,
-    /// The fencing token, and the fencing table as SQL names it.
-    pub(crate) fence: Option<(i64, Arc<str>)>,
+    /// The fencing token, the fencing table as SQL names it, and the request's lease.
+    pub(crate) fence: Option<Token>,
 }
+
+/// A fenced grant's token, the fencing table as SQL names it, and the request's lease.
+pub(crate) type Token = (i64, Arc<str>, Option<Duration>);
 
 /// What lies between dblock and the PostgreSQL server (see the
 /// [`pooler`](crate::postgres::pooler) module).

@@ -172,3 +172,81 @@ async fn a_fenced_try_lock_is_granted_behind_a_running_migration() {
         .unwrap();
     assert_eq!(held.len(), 1, "the migration kept its lock throughout");
 }
+
+/// A writer paused between its fenced check and its commit holds the name's fencing row
+/// (`FOR SHARE`), which the next fenced grant must wait for. With a lease the check
+/// bounds the transaction's idle time by it, so the server ends the paused writer's
+/// session: the next holder is granted within the lease (plus slack) and the paused
+/// write never lands. The control, the same check without the bound, keeps the next
+/// holder waiting past the lease (the race the CI run of stop 33 hit: a paused leader
+/// never replaced).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_writer_paused_after_its_check_delays_the_next_grant_no_longer_than_its_lease() {
+    use std::process::Stdio;
+    use std::time::Instant;
+
+    use dblock_testkit::appdb::AppDb;
+    use dblock_testkit::signal;
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+
+    let lease = Duration::from_millis(1500);
+    for bounded in [true, false] {
+        let s = PgSchema::new("paused_check").await;
+        let app = AppDb::connect(&s.url).await;
+        app.setup().await;
+        let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_dblock-worker"));
+        cmd.args(["check-pause", &s.url, "res", &lease.as_millis().to_string()]);
+        if !bounded {
+            cmd.arg("--unbounded");
+        }
+        let mut writer = cmd
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(writer.stdout.take().unwrap()).lines();
+        let checked = within(20, "checked", lines.next_line())
+            .await
+            .unwrap()
+            .unwrap();
+        let token: i64 = checked.strip_prefix("checked ").unwrap().parse().unwrap();
+        let pid = writer.id().unwrap();
+        signal(pid, "-STOP");
+        let paused = Instant::now();
+        let other = s.locks().await;
+        let got = other
+            .request("res")
+            .fenced()
+            .try_lock_for(lease + Duration::from_secs(3))
+            .await
+            .unwrap();
+        let took = paused.elapsed();
+        eprintln!("bounded={bounded}: next grant {got:?} after {took:?}");
+        let next = got.as_ref().and_then(|g| g.fencing_token());
+        drop(got);
+        signal(pid, "-CONT");
+        let mut stdin = writer.stdin.take().unwrap();
+        stdin.write_all(b"go\n").await.unwrap();
+        let verdict = within(20, "verdict", lines.next_line())
+            .await
+            .unwrap()
+            .unwrap();
+        let _ = writer.wait().await;
+        if bounded {
+            let next = next.expect("granted once the paused writer's session was ended");
+            assert!(next > token, "{next} after {token}");
+            assert!(
+                verdict.starts_with("failed"),
+                "the paused write must not land: {verdict}"
+            );
+            assert_eq!(app.value().await, "initial");
+        } else {
+            assert_eq!(
+                next, None,
+                "control: the unbounded check keeps the next grant waiting past the lease"
+            );
+            assert_eq!(verdict, "committed", "control");
+        }
+    }
+}

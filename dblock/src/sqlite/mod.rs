@@ -348,6 +348,7 @@ impl SqliteBackend {
             true => Some((
                 Box::pin(fence::next_token(&self.shared, req)).await?,
                 Arc::from(FENCING_TABLE),
+                req.lease,
             )),
             false => None,
         };

@@ -22,6 +22,13 @@
 //!     takes NAME fenced, prints `held TOKEN`, waits for a line on stdin, then writes
 //!     `resource` row 1 (value 'A') in a transaction checked by the fence (unless
 //!     --no-fence); prints `written` or `rejected`.
+//! dblock-worker check-pause URL NAME LEASE_MS [--unbounded]
+//!     (PostgreSQL) takes NAME fenced with a lease (checks every 100 ms), begins a
+//!     transaction that updates `resource` row 1 to 'A' and checks the fence
+//!     (`Fence::check_postgres`; with --unbounded, the row read `FOR SHARE` by hand, as
+//!     the check did before it bounded the transaction's idle time), prints
+//!     `checked TOKEN`, waits for a line on stdin, commits; prints `committed` or
+//!     `failed ERROR`.
 //! dblock-worker candidate URL NAME CHECK_MS LEASE_MS [--no-fence] [--stubborn]
 //!     stands for election NAME; while leader, inserts its token into `leader_log`
 //!     every 20 ms, fenced (unless --no-fence); prints `leader TOKEN`, `rejected TOKEN`,
@@ -286,6 +293,60 @@ async fn main() {
                 Outcome::Written => println!("written"),
                 Outcome::Rejected => println!("rejected"),
                 Outcome::Failed(e) => println!("failed {e}"),
+            }
+            drop(guard);
+        }
+        "check-pause" => {
+            let lease = Duration::from_millis(arg(3).parse().unwrap());
+            let unbounded = args.iter().any(|a| a == "--unbounded");
+            let locks = dblock::Locks::builder()
+                .url(arg(1))
+                .check_interval(Duration::from_millis(100))
+                .check_timeout(Duration::from_millis(200))
+                .build()
+                .await
+                .unwrap();
+            let guard = locks
+                .request(&name)
+                .fenced()
+                .lease(lease)
+                .lock()
+                .await
+                .unwrap();
+            let fence = guard.fence().unwrap().clone();
+            let dblock_testkit::appdb::AppDb::Pg(pool) =
+                dblock_testkit::appdb::AppDb::connect(&arg(1)).await
+            else {
+                panic!("check-pause is for PostgreSQL");
+            };
+            let mut tx = pool.begin().await.unwrap();
+            sqlx::query("UPDATE resource SET value = 'A', token = $1 WHERE id = 1")
+                .bind(fence.token())
+                .execute(&mut *tx)
+                .await
+                .unwrap();
+            if unbounded {
+                let sql = format!(
+                    "SELECT token FROM {}.{} WHERE key = {} FOR SHARE",
+                    dblock::fencing::PG_SCHEMA,
+                    dblock::fencing::TABLE,
+                    fence.key().as_i64()
+                );
+                let latest: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+                    .fetch_one(&mut *tx)
+                    .await
+                    .unwrap();
+                assert_eq!(latest, fence.token());
+            } else {
+                fence.check_postgres(&mut tx).await.unwrap();
+            }
+            println!("checked {}", fence.token());
+            std::io::stdout().flush().unwrap();
+            let mut line = String::new();
+            std::io::stdin().read_line(&mut line).unwrap();
+            match tx.commit().await {
+                Ok(()) => println!("committed"),
+                Err(e) => println!("failed {}", e.to_string().replace('\n', " ")),
             }
             drop(guard);
         }

@@ -303,7 +303,9 @@ impl PgBackend {
                     plan.check_sql(),
                     self.check_timeout,
                 );
-                let fence = token.zip(fence.cloned());
+                let fence = token
+                    .zip(fence.cloned())
+                    .map(|(t, table)| (t, table, req.lease));
                 Ok(Then::Done(Some((
                     slot,
                     Grant {

@@ -199,18 +199,33 @@ pub(crate) fn table_ddl(table: &str) -> String {
 
 /// The latest token of `key` in `table`, read inside `tx` and held (`FOR SHARE`) until
 /// `tx` ends, so that no newer grant can be made before `tx` commits.
+///
+/// With `idle_bound` (the grant's lease), `tx` may then sit idle at most that long
+/// (`SET LOCAL idle_in_transaction_session_timeout`): a writer paused between its check
+/// and its commit would otherwise hold the row, and every newer grant of the name behind
+/// it, for as long as it stays paused — past the lease that freed its lock. The server
+/// ends such a session instead; its commit then fails, so the write never lands.
 pub(crate) async fn check(
     tx: &mut Transaction<'_, Postgres>,
     table: &str,
     key: Key,
+    idle_bound: Option<Duration>,
 ) -> Result<Option<i64>, Error> {
     use sqlx::Row;
-    // One simple-protocol statement (the key is an integer): no server-side prepared
-    // statement, which a transaction-pooling pooler may not carry.
-    let sql = format!(
+    // Simple-protocol statements in one message (the key is an integer): no server-side
+    // prepared statement, which a transaction-pooling pooler may not carry.
+    let select = format!(
         "SELECT token FROM {table} WHERE key = {} FOR SHARE",
         key.as_i64()
     );
+    let sql = match idle_bound {
+        // At least a millisecond: 0 would turn the bound off.
+        Some(bound) => format!(
+            "SET LOCAL idle_in_transaction_session_timeout = {}; {select}",
+            bound.as_millis().clamp(1, i32::MAX as u128)
+        ),
+        None => select,
+    };
     let conn: &mut PgConnection = tx;
     let row = sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
         .fetch_optional(conn)
@@ -235,6 +250,14 @@ impl Fence {
     /// grant the promoted server never received (its row is older) fails as surely as one
     /// a newer grant replaced.
     ///
+    /// When the grant had a [lease](crate::Request::lease), the check also sets
+    /// `idle_in_transaction_session_timeout` to the lease for the rest of `tx` (`SET
+    /// LOCAL`): a writer that pauses between this check and its commit is cut off by the
+    /// server after the lease, as its lock was, instead of holding the row — and every
+    /// newer grant of the name — for as long as it stays paused. Its commit then fails and
+    /// its writes are lost, never applied late. So commit promptly after the check; a
+    /// shorter timeout the session had is raised to the lease until `tx` ends.
+    ///
     /// # Errors
     ///
     /// [`Error::StaleToken`] when the row holds another token (roll `tx` back); database
@@ -247,7 +270,7 @@ impl Fence {
         &self,
         tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
     ) -> Result<(), Error> {
-        let latest = check(tx, self.table(), self.key()).await?;
+        let latest = check(tx, self.table(), self.key(), self.lease()).await?;
         self.stale(latest)
     }
 }
