@@ -163,6 +163,19 @@ struct LockJob {
     reply: oneshot::Sender<Result<Option<MuxHeld>, Error>>,
 }
 
+impl LockJob {
+    /// Answers a request that keeps nothing (not free, or failed). The claim ends first
+    /// — queuing the unlock owed, if any, and leaving the table — so that a request the
+    /// caller makes on hearing the answer claims the key afresh and queues behind that
+    /// unlock on this lane, rather than finding the key still claimed ("held here") and
+    /// going to a connection of its own (which a full lock table refuses to start).
+    fn answer_empty(self, answer: Result<Option<MuxHeld>, Error>) {
+        let LockJob { claim, reply, .. } = self;
+        drop(claim);
+        let _ = reply.send(answer);
+    }
+}
+
 /// A held key to unlock on the connection it was taken on; `reply` (a `release` that
 /// waits) learns whether the session still held it.
 struct UnlockJob {
@@ -278,7 +291,7 @@ async fn run_batch(
                     let e = first.take().unwrap_or_else(|| Error::ConnectionLost {
                         message: message.clone(),
                     });
-                    let _ = l.reply.send(Err(e));
+                    l.answer_empty(Err(e));
                 }
                 locks = Vec::new();
                 None
@@ -379,7 +392,7 @@ async fn run_batch(
             // The session ends with its connection; the unlock is owed all the same
             // (sending it on a closed connection does nothing).
             l.claim.owe(lane_unlock(&c, me, l.claim.key_of(), l.mode));
-            let _ = l.reply.send(Err(Error::ConnectionLost {
+            l.answer_empty(Err(Error::ConnectionLost {
                 message: message.clone(),
             }));
         }
@@ -439,9 +452,7 @@ fn answer_lock(
 ) {
     let key = l.claim.key_of();
     match v {
-        Some("f") => {
-            let _ = l.reply.send(Ok(None));
-        }
+        Some("f") => l.answer_empty(Ok(None)),
         Some("t") => {
             l.claim.owe(lane_unlock(c, me, key, l.mode));
             let held = MuxHeld {
@@ -454,7 +465,7 @@ fn answer_lock(
         other => {
             // Whatever it means, the key is unlocked.
             l.claim.owe(lane_unlock(c, me, key, l.mode));
-            let _ = l.reply.send(Err(Error::Unexpected {
+            l.answer_empty(Err(Error::Unexpected {
                 message: format!("a lock request (t or f): the server answered {other:?}"),
             }));
         }
@@ -500,7 +511,7 @@ async fn lock_alone(mut l: LockJob, c: &Arc<NativeConn>, me: &mpsc::WeakUnbounde
         Err(e) => {
             // Whatever it took is unlocked.
             l.claim.owe(lane_unlock(c, me, key, l.mode));
-            let _ = l.reply.send(Err(e.into_error()));
+            l.answer_empty(Err(e.into_error()));
         }
     }
 }
