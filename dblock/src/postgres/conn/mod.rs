@@ -28,7 +28,7 @@ use std::sync::Arc;
 use crate::postgres::sql::first_value;
 use borrowed::SqlxConn;
 use native::NativeConn;
-use wire::{Deferred, Link, Message, QueryError, Results};
+use wire::{Deferred, Link, Message, QueryError, Results, Value};
 
 /// A connection checked out for one user: a request and, if it keeps something in the
 /// session (a lock), for as long as it does.
@@ -89,14 +89,17 @@ impl Conn {
         &self,
         message: &Message,
         want: &[Option<u32>; N],
-    ) -> Result<[Option<String>; N], QueryError> {
+    ) -> Result<[Option<Value>; N], QueryError> {
         match self {
             Conn::Native(c) => c.first_values(message, want).await,
             Conn::Sqlx(c) => {
                 // Boxed: inline, a borrowed connection's query made every request's future
                 // larger, on dblock's own connections too.
                 let rows = Box::pin(c.query(message.alone())).await?;
-                Ok(want.map(|i| i.and_then(|i| first_value(&rows, i as usize))))
+                Ok(want.map(|i| {
+                    i.and_then(|i| first_value(&rows, i as usize))
+                        .map(|v| Value::new(&v))
+                }))
             }
         }
     }

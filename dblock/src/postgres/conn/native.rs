@@ -19,7 +19,7 @@ use tokio_postgres::{Client, SimpleQueryMessage, SimpleQueryStream};
 
 use super::outbox::{Outbox, send, start};
 use super::tls::Connector;
-use super::wire::{Deferred, Link, Message, QueryError, Results};
+use super::wire::{Deferred, Link, Message, QueryError, Results, Value};
 use crate::error::LossReason;
 
 /// A pool's idle connections, which a connection returns itself to.
@@ -161,10 +161,10 @@ impl NativeConn {
         &self,
         message: &Message,
         want: &[Option<u32>; N],
-    ) -> Result<[Option<String>; N], QueryError> {
+    ) -> Result<[Option<Value>; N], QueryError> {
         let (stream, carried) = self.outbox.carry(message, |text| start(&self.client, text));
         let stream = std::pin::pin!(stream?);
-        let mut out: [Option<String>; N] = std::array::from_fn(|_| None);
+        let mut out: [Option<Value>; N] = std::array::from_fn(|_| None);
         let mut seen = [false; N];
         read(stream, |i, value| {
             let Some(i) = i.checked_sub(carried) else {
@@ -173,7 +173,7 @@ impl NativeConn {
             for ((w, seen), out) in want.iter().zip(&mut seen).zip(&mut out) {
                 if w.map(|w| w as usize) == Some(i) && !*seen {
                     *seen = true;
-                    *out = value.map(str::to_string);
+                    *out = value.map(Value::new);
                 }
             }
         })

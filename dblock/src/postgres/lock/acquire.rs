@@ -16,7 +16,7 @@ use crate::error::{Error, WaitingFor};
 use crate::key::Key;
 use crate::postgres::backend::{PgBackend, Source};
 use crate::postgres::conn::pooler::Pooler;
-use crate::postgres::conn::wire::QueryError;
+use crate::postgres::conn::wire::{QueryError, Value};
 use crate::postgres::conn::{Armed, Conn};
 use crate::raw::{Grant, Req, Scope, Wait, acquire_all_in_order, acquire_any_in_turn, check_lease};
 
@@ -34,7 +34,7 @@ const LOCK_NOT_AVAILABLE: &str = "55P03";
 const QUERY_CANCELED: &str = "57014";
 
 /// A round's reply: the first values [`Plan::wanted`] asked for, or the failure.
-type Reply = Result<[Option<String>; 2], QueryError>;
+type Reply = Result<[Option<Value>; 2], QueryError>;
 
 /// What follows a round.
 enum Then {

@@ -33,7 +33,7 @@ use super::messages::{self, Release, Settings};
 use crate::error::Error;
 use crate::key::Key;
 use crate::postgres::conn::Conn;
-use crate::postgres::conn::wire::{CheckSql, Deferred, Message};
+use crate::postgres::conn::wire::{CheckSql, Deferred, Message, Value};
 use crate::raw::{ANY_SLICE, Mode, Req, Scope, Wait, any_start};
 use crate::status::write_comment;
 
@@ -337,8 +337,11 @@ impl<'k> Plan<'k> {
 
     /// The round's answer, from the first values of [`Plan::wanted`]; an error for an
     /// answer that means nothing dblock asked.
-    pub(crate) fn read(&self, firsts: &[Option<String>; 2]) -> Result<Answer, Error> {
-        let [first, second] = [firsts[0].as_deref(), firsts[1].as_deref()];
+    pub(crate) fn read(&self, firsts: &[Option<Value>; 2]) -> Result<Answer, Error> {
+        let [first, second] = [
+            firsts[0].as_ref().map(Value::as_str),
+            firsts[1].as_ref().map(Value::as_str),
+        ];
         match self.what {
             What::One => read_one(self.at.map(|a| a.map(|a| a as usize)), first, second),
             What::AnyOf(keys) => read_slot(first, keys.len()),
@@ -600,7 +603,7 @@ mod tests {
         );
         assert!(p.tried_first);
         assert_eq!(
-            p.read(&[Some("f".into()), None]).ok(),
+            p.read(&[Some(Value::new("f")), None]).ok(),
             Some(Answer::NotGranted)
         );
         rd.next(What::One, None);
@@ -676,7 +679,7 @@ mod tests {
         assert!(p.sliced);
         assert_eq!(*p.wanted(), [Some(2), None]);
         assert_eq!(
-            p.read(&[Some("2".into()), None]).ok(),
+            p.read(&[Some(Value::new("2")), None]).ok(),
             Some(Answer::Granted {
                 slot: 2,
                 token: None
@@ -771,7 +774,7 @@ mod tests {
         let r = req(Scope::Transaction, Mode::Exclusive, Wait::Try, false);
         let p = plan_of(&r, any, &round(any, 0, None), false, true);
         assert!(matches!(
-            p.read(&[Some("5".into()), None]),
+            p.read(&[Some(Value::new("5")), None]),
             Err(Error::Unexpected { .. })
         ));
     }
@@ -895,14 +898,14 @@ mod tests {
         );
         assert_eq!(*p.wanted(), [Some(1), None]);
         assert_eq!(
-            p.read(&[Some("t".into()), None]).ok(),
+            p.read(&[Some(Value::new("t")), None]).ok(),
             Some(Answer::Granted {
                 slot: 0,
                 token: None
             })
         );
         assert_eq!(
-            p.read(&[Some("f".into()), None]).ok(),
+            p.read(&[Some(Value::new("f")), None]).ok(),
             Some(Answer::NotGranted)
         );
     }
@@ -999,7 +1002,7 @@ mod tests {
         assert!(!p.sliced);
         assert_eq!(*p.wanted(), [Some(1), None]);
         assert_eq!(
-            p.read(&[Some("1".into()), None]).ok(),
+            p.read(&[Some(Value::new("1")), None]).ok(),
             Some(Answer::Busy(1))
         );
         assert!(
