@@ -146,9 +146,9 @@ impl Fence {
         Fence {
             name: name.into(),
             key,
-            token: granted.0,
-            table: granted.1,
-            lease: granted.2,
+            token: granted.token,
+            table: granted.table,
+            lease: granted.lease,
         }
     }
 
@@ -195,12 +195,19 @@ impl Fence {
 /// A grant as a backend returns it.
 pub struct Grant {
     pub(crate) held: Box<dyn RawHeld>,
-    /// The fencing token, the fencing table as SQL names it, and the request's lease.
+    /// The fencing token, with what checking it needs; `None` for an unfenced grant.
     pub(crate) fence: Option<Token>,
 }
 
-/// A fenced grant's token, the fencing table as SQL names it, and the request's lease.
-pub(crate) type Token = (i64, Arc<str>, Option<Duration>);
+/// What a backend hands over with a fenced grant, for its [`Fence`](crate::fencing::Fence).
+pub(crate) struct Token {
+    /// The token itself.
+    pub(crate) token: i64,
+    /// The fencing table as SQL names it (schema-qualified on PostgreSQL).
+    pub(crate) table: Arc<str>,
+    /// The request's lease, which bounds a checked write's idle time on PostgreSQL.
+    pub(crate) lease: Option<Duration>,
+}
 
 /// What lies between dblock and the PostgreSQL server (see the
 /// [`pooler`](crate::postgres::pooler) module).

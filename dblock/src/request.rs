@@ -504,7 +504,7 @@ impl<T: Take> Request<'_, T> {
             }
         };
         let (grant, key, index) = T::granted(&prepared, granted, name, name_key)?;
-        let token = grant.fence.as_ref().map(|f| f.0);
+        let token = grant.fence.as_ref().map(|f| f.token);
         let tally = Observed(Attempt::tally(attempt, &req, key, backend, token));
         Ok(Some(T::guard(prepared, grant, tally, name_key, index)))
     }

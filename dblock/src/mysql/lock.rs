@@ -314,12 +314,10 @@ pub(crate) async fn acquire(b: &MyBackend, req: &Req<'_>) -> Result<Option<Grant
     tokio::spawn(job.hold(slot, cmd_rx, loss_tx));
     Ok(Some(Grant {
         held: Box::new(held),
-        fence: token.map(|t| {
-            (
-                t,
-                std::sync::Arc::from(crate::raw::FENCING_TABLE),
-                req.lease,
-            )
+        fence: token.map(|token| crate::raw::Token {
+            token,
+            table: std::sync::Arc::from(crate::raw::FENCING_TABLE),
+            lease: req.lease,
         }),
     }))
 }

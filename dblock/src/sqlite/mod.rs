@@ -345,11 +345,11 @@ impl SqliteBackend {
         // Armed: if the token cannot be had (or this future is dropped), `held` drops and
         // releases.
         let fence = match req.fenced {
-            true => Some((
-                Box::pin(fence::next_token(&self.shared, req)).await?,
-                Arc::from(FENCING_TABLE),
-                req.lease,
-            )),
+            true => Some(crate::raw::Token {
+                token: Box::pin(fence::next_token(&self.shared, req)).await?,
+                table: Arc::from(FENCING_TABLE),
+                lease: req.lease,
+            }),
             false => None,
         };
         Ok(Some(Grant {

@@ -18,7 +18,9 @@ use crate::postgres::backend::{PgBackend, Source};
 use crate::postgres::conn::pooler::Pooler;
 use crate::postgres::conn::wire::{QueryError, Value};
 use crate::postgres::conn::{Armed, Conn};
-use crate::raw::{Grant, Req, Scope, Wait, acquire_all_in_order, acquire_any_in_turn, check_lease};
+use crate::raw::{
+    Grant, Req, Scope, Token, Wait, acquire_all_in_order, acquire_any_in_turn, check_lease,
+};
 
 /// How long past a deadline the client waits for the server's own lock_timeout to
 /// answer before giving the connection up.
@@ -303,9 +305,11 @@ impl PgBackend {
                     plan.check_sql(),
                     self.check_timeout,
                 );
-                let fence = token
-                    .zip(fence.cloned())
-                    .map(|(t, table)| (t, table, req.lease));
+                let fence = token.zip(fence.cloned()).map(|(token, table)| Token {
+                    token,
+                    table,
+                    lease: req.lease,
+                });
                 Ok(Then::Done(Some((
                     slot,
                     Grant {
