@@ -111,6 +111,7 @@ pub mod status;
 mod sync;
 mod sys;
 mod target;
+mod text;
 
 /// The loom models of the hand-offs that are not a backend's (a guard's loss state);
 /// the backends' are in theirs. `RUSTFLAGS="--cfg dblock_loom"`: see docs/testing.md.

@@ -28,6 +28,8 @@ use crate::key::Key;
 use crate::raw::{Mode, Req, Scope, Wait};
 // A guard's loss state is shared with its loss futures: loom's under `--cfg dblock_loom`.
 use crate::sync::{Arc, AtomicU8, Ordering};
+// A guard's copy of its lock's name: inline when short (no allocation per grant).
+use crate::text::ShortText as Name;
 
 /// The target of the events and spans of lock requests and guards.
 pub(crate) const TARGET: &str = "dblock::lock";
@@ -329,43 +331,6 @@ impl Info {
     }
 }
 
-/// A guard's copy of its lock's name: inline when it is short, as most names are, so
-/// that a grant allocates nothing for it (one allocation and free less per lock cycle,
-/// and 24 bytes less per held lock); boxed when it is longer.
-#[derive(Clone)]
-enum Name {
-    Inline { len: u8, bytes: [u8; Name::INLINE] },
-    Boxed(Box<str>),
-}
-
-impl Name {
-    /// The longest name kept inline, in bytes: `Name` is then as large as a
-    /// `(Box<str>, u64)`.
-    const INLINE: usize = 22;
-
-    fn new(name: &str) -> Name {
-        let mut bytes = [0; Name::INLINE];
-        match (bytes.get_mut(..name.len()), u8::try_from(name.len())) {
-            (Some(head), Ok(len)) => {
-                head.copy_from_slice(name.as_bytes());
-                Name::Inline { len, bytes }
-            }
-            _ => Name::Boxed(name.into()),
-        }
-    }
-
-    fn as_str(&self) -> &str {
-        match self {
-            // Copied from a `&str` whole, so always valid UTF-8: the fallback is never taken.
-            Name::Inline { len, bytes } => bytes
-                .get(..usize::from(*len))
-                .and_then(|b| std::str::from_utf8(b).ok())
-                .unwrap_or_default(),
-            Name::Boxed(name) => name,
-        }
-    }
-}
-
 /// A held lock as observed: reports its loss once, and its end (release or drop).
 pub(crate) struct Tally {
     info: Info,
@@ -521,30 +486,5 @@ mod tests {
         assert!(!guard.is_held());
         assert!(guard.release().await.is_err());
         assert_eq!(warnings.0.load(Ordering::SeqCst), 1);
-    }
-}
-
-#[cfg(test)]
-mod name_tests {
-    use super::Name;
-
-    /// Every name comes back as given, on either side of the inline limit, with a
-    /// character of several bytes across it too.
-    #[test]
-    fn a_name_comes_back_as_given_inline_or_boxed() {
-        let at_limit = "n".repeat(Name::INLINE);
-        let over = "n".repeat(Name::INLINE + 1);
-        let straddling = format!("{}é", "n".repeat(Name::INLINE - 1));
-        for name in ["", "job", "ü€😀", &at_limit, &over, &straddling] {
-            let kept = Name::new(name);
-            assert_eq!(kept.as_str(), name);
-            assert_eq!(kept.clone().as_str(), name);
-            let inline = matches!(kept, Name::Inline { .. });
-            assert_eq!(inline, name.len() <= Name::INLINE, "{name:?}");
-        }
-        assert_eq!(
-            std::mem::size_of::<Name>(),
-            std::mem::size_of::<(Box<str>, u64)>()
-        );
     }
 }

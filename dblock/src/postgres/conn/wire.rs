@@ -13,51 +13,9 @@ use crate::error::{Error, LossReason};
 /// Rows of each statement of a simple query, first column only, as text.
 pub(crate) type Results = Vec<Vec<Option<String>>>;
 
-/// One value of a reply, as text: short ones (a lock function's `t`, a fencing token)
-/// kept inline, so that reading a lock request's answer allocates nothing; longer ones
-/// on the heap. As large as a `String`, so a request's pair of answers is no larger.
-#[derive(Clone, PartialEq, Eq)]
-pub(crate) enum Value {
-    /// `len` bytes of `bytes`, valid UTF-8 (copied from a `&str`).
-    Inline {
-        len: u8,
-        bytes: [u8; Value::INLINE],
-    },
-    Heap(Box<str>),
-}
-
-impl Value {
-    /// The longest text kept inline.
-    pub(crate) const INLINE: usize = 22;
-
-    pub(crate) fn new(text: &str) -> Value {
-        match u8::try_from(text.len()) {
-            Ok(len) if text.len() <= Value::INLINE => {
-                let mut bytes = [0u8; Value::INLINE];
-                bytes[..text.len()].copy_from_slice(text.as_bytes());
-                Value::Inline { len, bytes }
-            }
-            _ => Value::Heap(text.into()),
-        }
-    }
-
-    pub(crate) fn as_str(&self) -> &str {
-        match self {
-            // Copied whole from a `&str`, so valid: checked again, never empty by mistake.
-            Value::Inline { len, bytes } => {
-                std::str::from_utf8(bytes.get(..usize::from(*len)).unwrap_or_default())
-                    .unwrap_or_default()
-            }
-            Value::Heap(s) => s,
-        }
-    }
-}
-
-impl std::fmt::Debug for Value {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        std::fmt::Debug::fmt(self.as_str(), f)
-    }
-}
+/// One value of a reply, as text: a lock request's answer allocates nothing (see
+/// [`ShortText`](crate::text::ShortText)).
+pub(crate) use crate::text::ShortText as Value;
 
 /// Statements handed to a connection to send later ([`Conn::defer`]): its task sends
 /// them alone the next time it runs, unless the next [`Message`] on the connection comes
@@ -485,41 +443,5 @@ impl Drop for LostOnDrop {
         self.0.mark_lost(LossReason::ConnectionClosed {
             message: "the runtime driving the connection shut down".into(),
         });
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::Value;
-
-    #[test]
-    fn a_value_keeps_its_text_inline_or_on_the_heap() {
-        for text in [
-            "",
-            "t",
-            "f",
-            "-9223372036854775808",
-            "2025-01-01 00:00:00+00",
-            "é€",
-        ] {
-            let v = Value::new(text);
-            assert_eq!(v.as_str(), text);
-            assert!(matches!(v, Value::Inline { .. }), "{text:?} inline");
-        }
-        let long = "a value longer than twenty-two bytes, ünïcode too";
-        let v = Value::new(long);
-        assert_eq!(v.as_str(), long);
-        assert!(matches!(v, Value::Heap(_)));
-        // 22 bytes inline, 23 on the heap.
-        assert!(matches!(Value::new(&"x".repeat(22)), Value::Inline { .. }));
-        assert!(matches!(Value::new(&"x".repeat(23)), Value::Heap(_)));
-        assert_eq!(format!("{:?}", Value::new("t")), "\"t\"");
-    }
-
-    #[test]
-    fn a_pair_of_values_is_no_larger_than_a_pair_of_strings() {
-        assert!(
-            std::mem::size_of::<[Option<Value>; 2]>() <= std::mem::size_of::<[Option<String>; 2]>()
-        );
     }
 }
