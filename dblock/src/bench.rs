@@ -134,12 +134,37 @@ where
     timed_then(workers, secs, cycle, None).await
 }
 
+/// How many cycles a worker runs before it lets the runtime run another task. A cycle
+/// that never waits (an embedded lock granted at once, and its floor's) never gives its
+/// thread back on its own: without this, each of the runtime's two threads ran the first
+/// worker it picked up for the whole slice, and "8 workers" were 2 (counted per worker
+/// in a 0.5 s slice, 2026-12-05: 320k and 322k cycles, the other six none). A yield makes
+/// the runtime poll its driver, a few microseconds: every 1,024 cycles that is under
+/// 0.5 % of a slice, on both sides of a ratio alike, and every worker runs (51k–99k
+/// cycles each in the same slice).
+const YIELD_EVERY: u64 = 1024;
+
 /// [`timed`], then `settle(worker)` as each worker stops (untimed, but inside the
 /// slice: a lock a floor still holds is released before the next slice starts, and a
 /// `hot` worker's last lock before the others can stop waiting for it).
 async fn timed_then<F, Fut>(
     workers: usize,
     secs: f64,
+    cycle: F,
+    settle: Option<Arc<dyn BenchFloor>>,
+) -> Result<Sample, Error>
+where
+    F: Fn(usize, u64) -> Fut + Clone + Send + 'static,
+    Fut: std::future::Future<Output = Result<Duration, Error>> + Send,
+{
+    run_workers(workers, secs, YIELD_EVERY, cycle, settle).await
+}
+
+/// [`timed_then`], each worker yielding every `yield_every` cycles.
+async fn run_workers<F, Fut>(
+    workers: usize,
+    secs: f64,
+    yield_every: u64,
     cycle: F,
     settle: Option<Arc<dyn BenchFloor>>,
 ) -> Result<Sample, Error>
@@ -160,6 +185,9 @@ where
                 let d = cycle(w, i).await?;
                 lat.push(d.as_secs_f64() * 1e6);
                 i += 1;
+                if i.is_multiple_of(yield_every) {
+                    tokio::task::yield_now().await;
+                }
             }
             if let Some(floor) = settle {
                 floor.settle(w).await?;
@@ -401,5 +429,50 @@ mod tests {
                 "docs/performance.md names `{f}`"
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod workers {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    /// Runs 8 workers for two seconds on a runtime of two threads, each cycle blocking its
+    /// thread for 20 µs without ever waiting (as an embedded lock granted at once does),
+    /// yielding every `yield_every` cycles; how many workers made a cycle.
+    fn workers_that_ran(yield_every: u64) -> usize {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let counts: Arc<Vec<AtomicU64>> = Arc::new((0..8).map(|_| AtomicU64::new(0)).collect());
+        let c = counts.clone();
+        rt.block_on(run_workers(
+            8,
+            2.0,
+            yield_every,
+            move |w, _| {
+                std::thread::sleep(Duration::from_micros(20));
+                c[w].fetch_add(1, Ordering::Relaxed);
+                std::future::ready(Ok(Duration::from_micros(20)))
+            },
+            None,
+        ))
+        .unwrap();
+        counts
+            .iter()
+            .filter(|n| n.load(Ordering::Relaxed) > 0)
+            .count()
+    }
+
+    /// "8 workers" are 8 even when no cycle waits: the harness's yield lets the runtime
+    /// run every worker. The control, never yielding, runs only as many as it has
+    /// threads.
+    #[test]
+    fn every_worker_runs_though_no_cycle_waits() {
+        assert_eq!(workers_that_ran(YIELD_EVERY), 8);
+        assert!(workers_that_ran(u64::MAX) <= 2);
     }
 }
