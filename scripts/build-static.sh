@@ -7,9 +7,10 @@
 # Default: glibc linked statically (`-C target-feature=+crt-static` on the gnu target, e.g.
 # x86_64-unknown-linux-gnu), the fastest start measured. It runs on any Linux of its
 # architecture; host names are resolved by the glibc inside it (/etc/hosts, then DNS: built
-# in since glibc 2.34), and a hosts source that glibc loads as a module at run time (LDAP,
-# mDNS, systemd-resolved's `resolve`) is skipped unless that machine's glibc is the version
-# it was built with — where one is needed, use a URL with an address, or the normal build.
+# in since glibc 2.34; checked here by --check). A hosts source that glibc loads as a module
+# at run time (LDAP, mDNS, systemd-resolved's `resolve`) may be unavailable to it: such
+# modules must come from the glibc version it was built with. Where one is needed, use a URL
+# with an address, or the normal build.
 #
 # --musl: the musl target instead (needs `musl-gcc`, Debian's `musl-tools`, for the bundled
 # SQLite): musl's own resolver, no modules at all; its start measured a little slower and
