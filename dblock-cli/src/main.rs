@@ -43,20 +43,46 @@ macro_rules! outln {
     }};
 }
 
-/// `eprintln!` that never panics.
+/// `eprintln!` that never panics, and writes its line whole ([`write_whole`]).
 macro_rules! errln {
     ($($arg:tt)*) => {{
-        use std::io::Write as _;
-        let _ = writeln!(std::io::stderr().lock(), $($arg)*);
+        let _ = crate::write_whole(
+            &mut std::io::stderr().lock(),
+            format_args!($($arg)*),
+            true,
+        );
     }};
 }
 
-/// `eprint!` that never panics.
+/// `eprint!` that never panics, and writes its text whole ([`write_whole`]).
 macro_rules! err {
     ($($arg:tt)*) => {{
-        use std::io::Write as _;
-        let _ = write!(std::io::stderr().lock(), $($arg)*);
+        let _ = crate::write_whole(
+            &mut std::io::stderr().lock(),
+            format_args!($($arg)*),
+            false,
+        );
     }};
+}
+
+/// Formats `args` (and a newline, if `newline`) first, then hands `w` the text in one
+/// `write_all`. Standard error is unbuffered: `writeln!` to it makes one `write` per
+/// piece of the format (five for the default-store notice), so the lines of several
+/// `dblock run`s sharing one pipe or log file could interleave mid-line. One `write` of
+/// up to `PIPE_BUF` bytes (4,096 on Linux) to a pipe is never interleaved with another.
+pub(crate) fn write_whole(
+    w: &mut impl std::io::Write,
+    args: std::fmt::Arguments<'_>,
+    newline: bool,
+) -> std::io::Result<()> {
+    let mut text = match args.as_str() {
+        Some(s) => String::from(s),
+        None => std::fmt::format(args),
+    };
+    if newline {
+        text.push('\n');
+    }
+    w.write_all(text.as_bytes())
 }
 
 mod doctor;
@@ -277,16 +303,14 @@ async fn bench(args: BenchArgs) -> u8 {
             return exit_code(&e);
         }
     };
-    use std::io::{IsTerminal, Write};
+    use std::io::IsTerminal;
     let tty = std::io::stderr().is_terminal();
     let progress = |step: &str| {
-        let mut err = std::io::stderr();
         // One line rewritten in place on a terminal; a line per step in a log.
-        let _ = match tty {
-            true => write!(err, "\r\x1b[2K{step}…"),
-            false => writeln!(err, "{step}…"),
-        };
-        let _ = err.flush();
+        match tty {
+            true => err!("\r\x1b[2K{step}…"),
+            false => errln!("{step}…"),
+        }
     };
     let rows = match dblock::bench::run(&locks, args.seconds, progress).await {
         Ok(r) => r,
@@ -412,6 +436,45 @@ fn exit_code(e: &dblock::Error) -> u8 {
 
 #[cfg(test)]
 mod tests {
+    /// A writer that keeps each `write` call apart, as a pipe's reader would see them
+    /// when several writers share it.
+    #[derive(Default)]
+    struct Calls(Vec<Vec<u8>>);
+
+    impl std::io::Write for Calls {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.push(buf.to_vec());
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_line_to_stderr_is_one_write() {
+        let (path, name) = ("/var/tmp/dblock.db", "nightly");
+        let mut calls = Calls::default();
+        super::write_whole(
+            &mut calls,
+            format_args!("dblock: no --db: the embedded store {path}; {name} is local"),
+            true,
+        )
+        .unwrap();
+        let want = format!("dblock: no --db: the embedded store {path}; {name} is local\n");
+        assert_eq!(calls.0, vec![want.as_bytes().to_vec()]);
+        // The control: what `writeln!` did, one call per piece of the format.
+        let mut control = Calls::default();
+        use std::io::Write as _;
+        writeln!(
+            control,
+            "dblock: no --db: the embedded store {path}; {name} is local"
+        )
+        .unwrap();
+        assert!(control.0.len() > 1, "{:?}", control.0.len());
+        assert_eq!(control.0.concat(), want.as_bytes());
+    }
+
     use super::*;
 
     fn argv(args: &[&str]) -> Vec<std::ffi::OsString> {
