@@ -88,6 +88,9 @@ if [ "$check" = 1 ]; then
   # Exclusion between processes: while one holds the name, another's --no-wait exits 75.
   "$bin" run --db "$db" static-hold -- sh -c "touch '$dir/held'; sleep 3" &
   holder=$!
+  # A check that fails while the holder runs ends it too (dblock run passes the TERM on
+  # to its command), rather than leaving it to finish its sleep on its own.
+  trap 'kill "$holder" 2>/dev/null; rm -rf "$dir"' EXIT
   for _ in $(seq 100); do [ -e "$dir/held" ] && break; sleep 0.05; done
   [ -e "$dir/held" ] || fail "the holder never started its command"
   set +e
@@ -98,6 +101,7 @@ if [ "$check" = 1 ]; then
   # The control: another name is free meanwhile, so the 75 above was the held name's.
   "$bin" run --db "$db" --no-wait static-other -- true || fail "a free name was refused"
   wait "$holder" || fail "the holder's run failed"
+  trap 'rm -rf "$dir"' EXIT
   "$bin" run --db "$db" --no-wait static-hold -- true || fail "the name was not free after its holder ended"
   # PostgreSQL by host name, over TLS (the server's certificate is not verified: sslmode=require).
   pg="${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test}"
