@@ -436,6 +436,8 @@ fn exit_code(e: &dblock::Error) -> u8 {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
     /// A writer that keeps each `write` call apart, as a pipe's reader would see them
     /// when several writers share it.
     #[derive(Default)]
@@ -474,8 +476,6 @@ mod tests {
         assert!(control.0.len() > 1, "{:?}", control.0.len());
         assert_eq!(control.0.concat(), want.as_bytes());
     }
-
-    use super::*;
 
     fn argv(args: &[&str]) -> Vec<std::ffi::OsString> {
         std::iter::once("dblock")
