@@ -10,7 +10,7 @@ use dblock_testkit::MyDb;
 
 const T: Duration = Duration::from_secs(10);
 
-/// Nothing follows the drop: the guard's task sends the release by itself, and another
+/// Nothing follows the drop: the pool's flusher sends the release by itself, and another
 /// connection can take the lock within a bounded poll.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dropped_guard_is_freed_with_no_next_request() {

@@ -184,6 +184,75 @@ async fn check_reports_a_loss_at_once() {
     assert!(!g.is_held());
 }
 
+/// A guard nobody asks anything of is still checked once it is a check interval old:
+/// its task starts then (the handle's keeper starts it; a lock dropped sooner never has
+/// one), so a killed connection is noticed with no `check()` call. The control: the same
+/// kill under an hour-long interval goes unnoticed in the same time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_guard_never_checked_by_hand_is_checked_after_an_interval() {
+    let db = MyDb::new("keeper").await;
+    for (interval, noticed) in [
+        (Duration::from_millis(100), true),
+        (Duration::from_secs(3600), false),
+    ] {
+        let locks = Locks::builder()
+            .url(&db.url)
+            .check_interval(interval)
+            .build()
+            .await
+            .unwrap();
+        let name = db.lock_name("k");
+        let g = locks.lock("k").await.unwrap();
+        let lost = g.lost();
+        db.kill_connection(db.holder(&name).await.unwrap()).await;
+        let within = Duration::from_secs(3);
+        let seen = tokio::time::timeout(within, lost).await.is_ok();
+        assert_eq!(
+            seen, noticed,
+            "interval {interval:?}: loss noticed within {within:?}"
+        );
+        assert_eq!(g.is_held(), !noticed);
+    }
+}
+
+/// A guard dropped before its task was ever needed: its `lost()` resolves (the lock is
+/// no longer held), the lock is free at once for another handle, and an explicit
+/// `release` of another such guard answers as the server does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_released_or_dropped_before_its_first_check() {
+    let db = MyDb::new("early").await;
+    let locks = Locks::builder()
+        .url(&db.url)
+        .check_interval(Duration::from_secs(3600))
+        .build()
+        .await
+        .unwrap();
+    let other = db.locks().await;
+    let g = locks.lock("k").await.unwrap();
+    let lost = g.lost();
+    drop(g);
+    tokio::time::timeout(T, lost)
+        .await
+        .expect("lost() resolves once dropped");
+    let deadline = Instant::now() + T;
+    loop {
+        if other.try_lock("k").await.unwrap().is_some() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the dropped guard's lock is freed"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let g = locks.lock("r").await.unwrap();
+    g.release().await.unwrap();
+    assert!(
+        other.try_lock("r").await.unwrap().is_some(),
+        "released at once"
+    );
+}
+
 /// A handle on the caller's sqlx pool excludes dblock's own connections and returns its
 /// connections holding nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

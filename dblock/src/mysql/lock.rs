@@ -6,28 +6,37 @@
 //! channel between the request and the server. Its connection's server id is known
 //! beforehand (see `pool.rs`), so a deadline, or the request's future being dropped,
 //! ends the wait with `KILL CONNECTION` from a control connection and the connection is
-//! closed (`Job`'s `Drop`): nothing stays held, no wait keeps running. Once granted, a
-//! task checks the connection every interval and releases the lock when asked; the
-//! guard's half ([`MyHeld`]) is a channel to that task and a share of the connection's
-//! slot.
+//! closed (`Job`'s `Drop`): nothing stays held, no wait keeps running.
+//!
+//! Once granted, a lock held past one check interval gets a task that checks its
+//! connection every interval and releases the lock when asked; the guard's half
+//! ([`MyHeld`]) shares the connection's slot with that task ([`Shared`]). The task is
+//! started only when it is needed — by the handle's keeper ([`Keeper`]) once the grant
+//! is an interval old, or at once by a `check`, an explicit `release`, a lease (whose
+//! checks keep the session alive) or a drop that cannot leave the release to be carried
+//! — so that a lock taken and dropped within an interval, the common case, costs no task,
+//! no channel and no timer: only the statement that takes it.
 //!
 //! Dropping the guard of a lock on dblock's own connection (without a lease) does not
 //! wait for a round trip: the connection goes straight back to its pool owing the
 //! release (`pool.rs`), so that the next request to take it, often the same caller's
 //! next `lock`, sends `DO RELEASE_LOCK('old'); SELECT GET_LOCK('new', S)` as one message
-//! — the release carried by the next request, as on PostgreSQL. The guard's task, woken
-//! by the drop, sends the release alone if no request took the connection first, so a
-//! dropped guard's lock is freed promptly either way. A request cancelled while carrying
-//! a release closes its connection (and kills the session), which frees the lock too.
+//! — the release carried by the next request, as on PostgreSQL. The pool's flusher,
+//! woken by the drop, sends the release alone if no request took the connection first,
+//! so a dropped guard's lock is freed promptly either way (`pool.rs`). A request
+//! cancelled while carrying a release closes its connection (and kills the session),
+//! which frees the lock too.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{Notify, mpsc, oneshot};
 use tokio::time::Instant;
 
 use sqlx::{AssertSqlSafe, MySqlConnection, Row};
 
-use super::pool::{LockConn, Parked};
+use super::pool::LockConn;
 use super::{FOREVER_SECS, MyBackend, map_sqlx};
 use crate::error::{Error, LossReason, ServerCode};
 use crate::raw::{BoxFuture, Grant, RawHeld, Req, Wait};
@@ -56,45 +65,207 @@ enum Cmd {
     Release(oneshot::Sender<Result<(), Error>>),
 }
 
-/// Where a held lock's connection is.
-enum Slot {
-    /// Idle between checks, holding the lock.
-    Held(LockConn),
-    /// Back in its pool, owing the lock's release (the guard was dropped).
-    Carried(Parked),
-    /// With the task (a check or the release in progress), or gone.
-    Empty,
+/// What a guard, the keeper and (once started) the lock's task share.
+struct Shared {
+    state: Mutex<State>,
+    /// The task ended, or never will start (the guard went before it was needed).
+    /// Outside the mutex: the task's future may be dropped while it is held (a spawn on
+    /// a runtime shutting down drops it at once).
+    ended: AtomicBool,
+    /// Woken when a loss is recorded or the task ends.
+    changed: Notify,
 }
 
-/// The slot a guard and its task share. Dropped holding a connection (the runtime shut
-/// down), it closes it rather than let it back into a caller's pool with a lock held.
-struct SlotCell(std::sync::Mutex<Slot>);
+struct State {
+    /// The held lock's connection, idle between checks; `None` while the task uses it (a
+    /// check or the release in progress), once back in its pool owing the release (the
+    /// guard was dropped), or gone.
+    conn: Option<LockConn>,
+    /// What the task needs, until it starts (`None` after, or once the guard is gone).
+    job: Option<Job>,
+    /// The way to the task, once started; dropped with the guard, which ends the task.
+    cmds: Option<mpsc::UnboundedSender<Cmd>>,
+    /// When the first periodic check is due.
+    first_check: Instant,
+    /// Why the lock was lost, once known.
+    loss: Option<LossReason>,
+}
 
-impl SlotCell {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Slot> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn take(&self) -> Slot {
-        std::mem::replace(&mut *self.lock(), Slot::Empty)
+    fn lose(&self, reason: LossReason) {
+        self.lock().loss = Some(reason);
+        self.changed.notify_waiters();
+    }
+
+    fn end(&self) {
+        self.ended.store(true, Ordering::Release);
+        self.changed.notify_waiters();
+    }
+
+    /// The way to the lock's task, starting it if it has not started. `None` when it
+    /// ended, or never will.
+    fn task(self: &Arc<Self>, s: &mut State) -> Option<mpsc::UnboundedSender<Cmd>> {
+        if let Some(tx) = &s.cmds {
+            return Some(tx.clone());
+        }
+        let (tx, rx) = mpsc::unbounded_channel();
+        self.start(s, rx)?;
+        s.cmds = Some(tx.clone());
+        Some(tx)
+    }
+
+    /// Starts the lock's task on the current runtime, with `rx` as its commands; `None`
+    /// (nothing started) when it started before, or there is no runtime.
+    fn start(self: &Arc<Self>, s: &mut State, rx: mpsc::UnboundedReceiver<Cmd>) -> Option<()> {
+        let rt = tokio::runtime::Handle::try_current().ok()?;
+        let job = s.job.take()?;
+        let ended = TaskEnded(self.clone());
+        rt.spawn(job.hold(self.clone(), rx, s.first_check, ended));
+        Some(())
     }
 }
 
-impl Drop for SlotCell {
+impl Drop for Shared {
+    /// Dropped holding a connection (the runtime shut down, or there was none to start
+    /// the task that would release it), it closes it rather than let it back into a
+    /// caller's pool with a lock held.
     fn drop(&mut self) {
-        if let Slot::Held(conn) = self.take() {
+        let state = self.state.get_mut().unwrap_or_else(|e| e.into_inner());
+        if let Some(conn) = state.conn.take() {
+            if let Some(job) = &state.job {
+                shut_down(&job.exported);
+            }
             let mut conn = conn;
             conn.close_on_drop();
         }
     }
 }
 
-/// The MySQL half of a guard: the way to its connection's task.
+/// Marks the task ended when it returns or is dropped (its runtime shutting down):
+/// `lost()` then resolves.
+struct TaskEnded(Arc<Shared>);
+
+impl Drop for TaskEnded {
+    fn drop(&mut self) {
+        self.0.end();
+    }
+}
+
+/// A handle's keeper: starts the task of each grant still held one check interval after
+/// it was made, so that its checks begin. One task for the handle, running while grants
+/// wait for it (it ends when none is left, and starts again with the next).
+pub(crate) struct Keeper {
+    state: Mutex<KeeperState>,
+    /// How often it looks: a quarter of the check interval, so a grant's first check comes
+    /// between one and one and a quarter intervals after it.
+    tick: Duration,
+}
+
+struct KeeperState {
+    /// Grants not yet an interval old, oldest first, with when they are.
+    waiting: std::collections::VecDeque<(Instant, Weak<Shared>)>,
+    running: bool,
+}
+
+impl Keeper {
+    pub(crate) fn new(check_interval: Duration) -> Arc<Keeper> {
+        Arc::new(Keeper {
+            state: Mutex::new(KeeperState {
+                waiting: std::collections::VecDeque::new(),
+                running: false,
+            }),
+            tick: (check_interval / 4).max(Duration::from_millis(5)),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, KeeperState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Watches `shared`'s grant from now on; starts the keeper's task if none runs.
+    /// `false` when there is no runtime to run it on (the caller starts the lock's task
+    /// itself).
+    fn watch(self: &Arc<Self>, due: Instant, shared: &Arc<Shared>) -> bool {
+        let start = {
+            let mut k = self.lock();
+            k.waiting.push_back((due, Arc::downgrade(shared)));
+            !std::mem::replace(&mut k.running, true)
+        };
+        if start {
+            // Spawned outside the lock: a runtime shutting down drops the task at once,
+            // and its `KeeperRunning` takes the lock.
+            match tokio::runtime::Handle::try_current() {
+                Ok(rt) => {
+                    rt.spawn(self.clone().run(KeeperRunning(Some(self.clone()))));
+                }
+                Err(_) => {
+                    self.lock().running = false;
+                    return false;
+                }
+            }
+        }
+        true
+    }
+
+    async fn run(self: Arc<Self>, mut running: KeeperRunning) {
+        loop {
+            tokio::time::sleep(self.tick).await;
+            let due = {
+                let mut k = self.lock();
+                let now = Instant::now();
+                let mut due = Vec::new();
+                while let Some((at, _)) = k.waiting.front() {
+                    if *at > now {
+                        break;
+                    }
+                    if let Some((_, w)) = k.waiting.pop_front()
+                        && let Some(shared) = w.upgrade()
+                    {
+                        due.push(shared);
+                    }
+                }
+                // Grants dropped since they were made: forget them now (their memory is
+                // kept while a weak reference stays).
+                k.waiting.retain(|(_, w)| w.strong_count() > 0);
+                if due.is_empty() && k.waiting.is_empty() {
+                    // Under the lock, so that a grant watched now starts another.
+                    k.running = false;
+                    running.0 = None;
+                    return;
+                }
+                due
+            };
+            for shared in due {
+                let mut s = shared.lock();
+                if s.conn.is_some() {
+                    let _ = shared.task(&mut s);
+                }
+            }
+        }
+    }
+}
+
+/// Clears the keeper's "running" flag if its task is dropped (the runtime shutting
+/// down), so that the next grant starts another. `None` once the task ended by itself
+/// (having cleared the flag).
+struct KeeperRunning(Option<Arc<Keeper>>);
+
+impl Drop for KeeperRunning {
+    fn drop(&mut self) {
+        if let Some(k) = self.0.take() {
+            k.lock().running = false;
+        }
+    }
+}
+
+/// The MySQL half of a guard: its share of the lock's connection and task.
 pub(crate) struct MyHeld {
-    cmds: mpsc::UnboundedSender<Cmd>,
-    loss: watch::Receiver<Option<LossReason>>,
     /// `None` once released explicitly.
-    slot: Option<std::sync::Arc<SlotCell>>,
+    shared: Option<Arc<Shared>>,
     /// The lock's name, for a release carried by the next request.
     name: String,
     /// Whether dropping the guard may leave the release to be carried (not with a lease:
@@ -111,47 +282,91 @@ pub(crate) struct MyHeld {
 
 impl Drop for MyHeld {
     fn drop(&mut self) {
-        let Some(slot) = self.slot.take() else {
+        let Some(shared) = self.shared.take() else {
             return;
         };
-        if !self.carry {
-            return; // the task releases when the channel closes
+        let mut s = shared.lock();
+        // A running task sees its channel close, and releases (or finds the connection
+        // gone back to its pool owing the release).
+        let started = s.cmds.take().is_some();
+        if self.carry
+            && let Some(conn) = s.conn.take()
+            && let Err(conn) = conn.park_releasing(std::mem::take(&mut self.name))
+        {
+            s.conn = Some(conn);
         }
-        let mut s = slot.lock();
-        if let Slot::Held(conn) = std::mem::replace(&mut *s, Slot::Empty) {
-            *s = match conn.park_releasing(std::mem::take(&mut self.name)) {
-                Ok(parked) => Slot::Carried(parked),
-                Err(conn) => Slot::Held(conn),
-            };
+        if started {
+            return;
         }
-        // The channel closes after this (its sender is a field): the task then sends
-        // the release itself unless a request took the connection first.
+        let started = match s.conn {
+            // Not carried (a borrowed connection, or shared with a child): a task of its
+            // own releases it, its channel closed from the start. With no runtime to run
+            // it, `Shared`'s drop closes the connection, which frees the lock.
+            Some(_) => {
+                let (_, rx) = mpsc::unbounded_channel();
+                shared.start(&mut s, rx).is_some()
+            }
+            None => {
+                s.job = None;
+                false
+            }
+        };
+        drop(s);
+        if !started {
+            shared.end();
+        }
     }
 }
 
 impl MyHeld {
     /// Why the lock was lost, if it was.
     pub(crate) fn loss(&self) -> Option<LossReason> {
-        self.loss.borrow().clone()
+        self.shared.as_ref().and_then(|s| s.lock().loss.clone())
     }
 
     /// Resolves with the reason once the lock is lost.
     pub(crate) fn watch_loss(&self) -> impl Future<Output = LossReason> + Send + 'static {
-        let mut rx = self.loss.clone();
+        let shared = self.shared.clone();
         async move {
-            match rx.wait_for(Option::is_some).await {
-                Ok(r) => r.clone().unwrap_or_else(task_gone),
+            let Some(shared) = shared else {
+                return task_gone();
+            };
+            loop {
+                let changed = shared.changed.notified();
+                tokio::pin!(changed);
+                changed.as_mut().enable();
+                if let Some(r) = &shared.lock().loss {
+                    return r.clone();
+                }
                 // The task ended without a loss: the guard was released, or the runtime
                 // is shutting down. Either way the lock is not held.
-                Err(_) => task_gone(),
+                if shared.ended.load(Ordering::Acquire) {
+                    if let Some(r) = &shared.lock().loss {
+                        return r.clone();
+                    }
+                    return task_gone();
+                }
+                changed.await;
             }
         }
+    }
+
+    /// The way to the lock's task, started now if it was not.
+    fn task(&self) -> Result<mpsc::UnboundedSender<Cmd>, Error> {
+        let Some(shared) = &self.shared else {
+            return Err(lost(task_gone()));
+        };
+        let mut s = shared.lock();
+        if let Some(reason) = &s.loss {
+            return Err(lost(reason.clone()));
+        }
+        shared.task(&mut s).ok_or_else(|| lost(task_gone()))
     }
 
     /// Asks the server, now, whether this session still holds the lock.
     pub(crate) async fn check(&mut self) -> Result<(), Error> {
         let (tx, rx) = oneshot::channel();
-        if self.cmds.send(Cmd::Check(tx)).is_err() {
+        if self.task()?.send(Cmd::Check(tx)).is_err() {
             return Err(lost(task_gone()));
         }
         rx.await.unwrap_or_else(|_| Err(lost(task_gone())))
@@ -223,17 +438,33 @@ impl MyHeld {
 
     /// Releases the lock and waits for the server's answer.
     pub(crate) async fn release(mut self) -> Result<(), Error> {
-        // Not carried: the caller waits for the server's answer.
-        self.slot = None;
-        let (tx, rx) = oneshot::channel();
-        if self.cmds.send(Cmd::Release(tx)).is_err() {
+        // Not carried: the caller waits for the server's answer, which the task sends
+        // whether or not this future is polled to the end.
+        let Some(shared) = self.shared.take() else {
             return Err(lost(task_gone()));
+        };
+        let (tx, rx) = oneshot::channel();
+        let sent = {
+            let mut s = shared.lock();
+            let sent = match &s.loss {
+                Some(reason) => Err(lost(reason.clone())),
+                None => match shared.task(&mut s) {
+                    Some(cmds) => Ok(cmds.send(Cmd::Release(tx)).is_ok()),
+                    None => Err(lost(task_gone())),
+                },
+            };
+            // The channel closes: the task ends after the release (or at once, with
+            // nothing to release).
+            s.cmds = None;
+            sent
+        };
+        match sent {
+            Ok(true) => rx.await.unwrap_or_else(|_| Err(lost(task_gone()))),
+            Ok(false) => Err(lost(task_gone())),
+            Err(e) => Err(e),
         }
-        rx.await.unwrap_or_else(|_| Err(lost(task_gone())))
     }
 }
-
-// Dropping a MyHeld drops its sender: the task sees the channel close and releases.
 
 impl RawHeld for MyHeld {
     fn loss(&self) -> Option<LossReason> {
@@ -293,25 +524,44 @@ pub(crate) async fn acquire(b: &MyBackend, req: &Req<'_>) -> Result<Option<Grant
         Some(token) => token,
         None => return Ok(None),
     };
-    let (cmds, cmd_rx) = mpsc::unbounded_channel();
-    let (loss_tx, loss) = watch::channel(None);
     // No await from here to the return: the grant cannot be dropped half-made.
     let Some(conn) = job.conn.take() else {
         return Err(closed());
     };
-    let slot = std::sync::Arc::new(SlotCell(std::sync::Mutex::new(Slot::Held(conn))));
+    let first_check = Instant::now() + job.check_interval;
+    let (name, id, control, exported) = (
+        job.name.clone(),
+        job.id,
+        job.control.clone(),
+        job.exported.clone(),
+    );
+    let lease = job.lease.is_some();
+    let shared = Arc::new(Shared {
+        state: Mutex::new(State {
+            conn: Some(conn),
+            job: Some(job),
+            cmds: None,
+            first_check,
+            loss: None,
+        }),
+        ended: AtomicBool::new(false),
+        changed: Notify::new(),
+    });
+    // A lease's checks keep its session alive from the start: its task starts now.
+    // Otherwise the keeper starts it should the grant outlive an interval.
+    if lease || !b.keeper.watch(first_check, &shared) {
+        let mut s = shared.lock();
+        let _ = shared.task(&mut s);
+    }
     let held = MyHeld {
-        cmds,
-        loss,
-        slot: Some(slot.clone()),
-        name: job.name.clone(),
-        carry: job.lease.is_none(),
-        id: job.id,
+        shared: Some(shared),
+        name,
+        carry: !lease,
+        id,
         server_port: b.server_port(),
-        control: job.control.clone(),
-        exported: job.exported.clone(),
+        control,
+        exported,
     };
-    tokio::spawn(job.hold(slot, cmd_rx, loss_tx));
     Ok(Some(Grant {
         held: Box::new(held),
         fence: token.map(|token| crate::raw::Token {
@@ -555,45 +805,43 @@ impl Job {
     /// interval, release when the guard goes.
     async fn hold(
         mut self,
-        slot: std::sync::Arc<SlotCell>,
+        slot: Arc<Shared>,
         mut cmds: mpsc::UnboundedReceiver<Cmd>,
-        loss: watch::Sender<Option<LossReason>>,
+        first_check: Instant,
+        _ended: TaskEnded,
     ) {
-        let mut next_check = Instant::now() + self.check_interval;
+        let mut next_check = first_check;
+        let mut known = None;
         loop {
             let cmd = tokio::select! {
                 cmd = cmds.recv() => cmd,
-                () = tokio::time::sleep_until(next_check), if loss.borrow().is_none() => {
+                () = tokio::time::sleep_until(next_check), if known.is_none() => {
                     next_check = Instant::now() + self.check_interval;
                     // Not there: the guard was dropped, and the channel closes next.
                     if self.take_from(&slot) {
                         let r = self.check().await;
                         self.put_back(&slot);
                         if let Err(reason) = r {
-                            loss.send_replace(Some(reason));
+                            known = Some(reason.clone());
+                            slot.lose(reason);
                         }
                     }
                     continue;
                 }
             };
-            let known_loss = loss.borrow().clone();
+            let known_loss = known.clone();
             match (cmd, known_loss) {
                 (None, known_loss) => {
-                    match slot.take() {
-                        Slot::Held(conn) => {
-                            self.conn = Some(conn);
-                            match known_loss {
-                                None => self.release_or_close().await,
-                                Some(_) => self.close().await,
-                            }
+                    // The connection is here unless the guard's drop sent it back to its
+                    // pool owing the release (the pool's flusher sends it, if no request
+                    // carries it first).
+                    let held = slot.lock().conn.take();
+                    if let Some(conn) = held {
+                        self.conn = Some(conn);
+                        match known_loss {
+                            None => self.release_or_close().await,
+                            Some(_) => self.close().await,
                         }
-                        Slot::Carried(parked) => {
-                            // Let a request that is about to take the connection carry
-                            // the release; otherwise send it now.
-                            tokio::task::yield_now().await;
-                            parked.pool.flush(parked.id, self.check_timeout).await;
-                        }
-                        Slot::Empty => {}
                     }
                     return;
                 }
@@ -620,7 +868,8 @@ impl Job {
                             let _ = tx.send(Ok(()));
                         }
                         Err(reason) => {
-                            loss.send_replace(Some(reason.clone()));
+                            known = Some(reason.clone());
+                            slot.lose(reason.clone());
                             let _ = tx.send(Err(lost(reason)));
                         }
                     }
@@ -633,24 +882,15 @@ impl Job {
     }
 
     /// Moves the connection from the shared slot into the job, if it is there.
-    fn take_from(&mut self, slot: &SlotCell) -> bool {
-        let mut s = slot.lock();
-        match std::mem::replace(&mut *s, Slot::Empty) {
-            Slot::Held(conn) => {
-                self.conn = Some(conn);
-                true
-            }
-            other => {
-                *s = other;
-                false
-            }
-        }
+    fn take_from(&mut self, slot: &Shared) -> bool {
+        self.conn = slot.lock().conn.take();
+        self.conn.is_some()
     }
 
     /// Moves the connection back into the shared slot (when it is still open).
-    fn put_back(&mut self, slot: &SlotCell) {
+    fn put_back(&mut self, slot: &Shared) {
         if let Some(conn) = self.conn.take() {
-            *slot.lock() = Slot::Held(conn);
+            slot.lock().conn = Some(conn);
         }
     }
 

@@ -218,6 +218,8 @@ pub(crate) struct MyBackend {
     name_prefix: String,
     check_interval: Duration,
     check_timeout: Duration,
+    /// Starts the task of each grant held past a check interval (`lock.rs`).
+    keeper: Arc<lock::Keeper>,
     /// How many lock connections the handle may have at once (each held name pins one).
     max_lock_conns: usize,
     /// Whether dblock opened the pool itself (the benchmark's floor needs its options).
@@ -280,6 +282,7 @@ impl MyBackend {
             options,
             opts.max_connections,
             opts.acquire_timeout,
+            opts.check_timeout,
         ));
         Ok(b)
     }
@@ -313,6 +316,7 @@ impl MyBackend {
             database,
             check_interval: opts.check_interval,
             check_timeout: opts.check_timeout,
+            keeper: lock::Keeper::new(opts.check_interval),
             own,
             fence_table_ready: tokio::sync::OnceCell::new(),
             runs_table_ready: tokio::sync::OnceCell::new(),

@@ -8,18 +8,20 @@
 //!
 //! An idle connection of dblock's own may carry a release: a dropped guard's
 //! `RELEASE_LOCK` not yet sent (see `lock.rs`). The next request to take the connection
-//! sends it at the head of its own message ([`LockConn::carried`]); if none does by the
-//! time the guard's task runs, the task takes the connection back and sends it alone
-//! ([`OwnPool::flush`]). A connection carrying a release never leaves this pool by any
-//! other way than those two, or being closed (which frees its locks on the server).
+//! sends it at the head of its own message ([`LockConn::carried`]); if none has taken it
+//! by the time the pool's flusher runs (one task for the pool's life, woken by the drop),
+//! the flusher takes the connection back and sends the release alone
+//! ([`OwnPool::flush_owing`]). A connection carrying a release never leaves this pool by
+//! any other way than those two, or being closed (which frees its locks on the server).
 
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use sqlx::mysql::MySqlConnectOptions;
 use sqlx::pool::PoolConnection;
 use sqlx::{ConnectOptions, Connection, MySql, MySqlConnection, MySqlPool};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
 use super::map_sqlx;
@@ -35,6 +37,20 @@ pub(crate) struct OwnPool {
     idle: Mutex<Vec<Idle>>,
     permits: Arc<Semaphore>,
     acquire_timeout: Duration,
+    /// How long the flusher waits for a release's answer before closing the connection.
+    release_timeout: Duration,
+    /// Wakes the flusher: a connection went back to the pool owing a release.
+    flusher: Arc<Notify>,
+    /// Whether the flusher task is running (it clears this when it ends, so that one on
+    /// another runtime starts at the next wake).
+    flusher_running: Arc<AtomicBool>,
+}
+
+impl Drop for OwnPool {
+    fn drop(&mut self) {
+        // The flusher holds the pool weakly: woken, it finds it gone and ends.
+        self.flusher.notify_one();
+    }
 }
 
 struct Idle {
@@ -50,13 +66,40 @@ impl OwnPool {
         options: MySqlConnectOptions,
         max: usize,
         acquire_timeout: Duration,
+        release_timeout: Duration,
     ) -> Arc<OwnPool> {
         Arc::new(OwnPool {
             options,
             idle: Mutex::new(Vec::new()),
             permits: Arc::new(Semaphore::new(max.max(1))),
             acquire_timeout,
+            release_timeout,
+            flusher: Arc::new(Notify::new()),
+            flusher_running: Arc::new(AtomicBool::new(false)),
         })
+    }
+
+    /// Has the flusher send the releases idle connections owe, unless a request takes
+    /// them first; starts the flusher on the current runtime if none runs. (Outside a
+    /// runtime with no flusher running, the release waits for the next request on the
+    /// connection, or for the connection to close.)
+    fn wake_flusher(self: &Arc<Self>) {
+        if !self.flusher_running.swap(true, Ordering::AcqRel) {
+            match tokio::runtime::Handle::try_current() {
+                Ok(rt) => {
+                    let running = Running(self.flusher_running.clone());
+                    rt.spawn(flusher(Arc::downgrade(self), self.flusher.clone(), running));
+                }
+                Err(_) => self.flusher_running.store(false, Ordering::Release),
+            }
+        }
+        self.flusher.notify_one();
+    }
+
+    /// Whether an idle connection owes a release.
+    fn owes(&self) -> bool {
+        let idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        idle.iter().any(|c| c.release.is_some())
     }
 
     /// A connection: the most recently used idle one, or a new one; waits (up to the
@@ -118,29 +161,35 @@ impl OwnPool {
         });
     }
 
-    /// If the idle connection `id` still carries a release, takes it out of the pool,
-    /// sends the release alone and puts it back; if the server does not confirm within
-    /// `timeout`, the connection is closed instead (which frees its locks too).
-    pub(crate) async fn flush(&self, id: u64, timeout: Duration) {
-        let found = {
+    /// Takes every idle connection still carrying a release out of the pool, sends each
+    /// its release alone and puts it back; one the server does not confirm within the
+    /// release timeout is closed instead (which frees its locks too).
+    pub(crate) async fn flush_owing(&self) {
+        let owing: Vec<Idle> = {
             let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
-            idle.iter()
-                .position(|c| c.id == id && c.release.is_some())
-                .map(|i| idle.remove(i))
+            let (owing, rest) = std::mem::take(&mut *idle)
+                .into_iter()
+                .partition(|c| c.release.is_some());
+            *idle = rest;
+            owing
         };
-        let Some(Idle {
-            mut conn,
-            release: Some(name),
-            ..
-        }) = found
-        else {
-            return;
-        };
-        let sent = tokio::time::timeout(timeout, release_lock(&mut conn, &name)).await;
-        if let Ok(Ok(1)) = sent {
-            self.park(conn, id, None);
+        for c in owing {
+            let Idle {
+                mut conn,
+                id,
+                release: Some(name),
+                ..
+            } = c
+            else {
+                continue;
+            };
+            let sent =
+                tokio::time::timeout(self.release_timeout, release_lock(&mut conn, &name)).await;
+            if let Ok(Ok(1)) = sent {
+                self.park(conn, id, None);
+            }
+            // Otherwise dropped: its socket closes and the server frees what it held.
         }
-        // Otherwise dropped: its socket closes and the server frees what it held.
     }
 
     async fn connect(&self) -> Result<(MySqlConnection, u64), Error> {
@@ -175,10 +224,33 @@ async fn release_lock(conn: &mut MySqlConnection, name: &str) -> Result<i64, sql
         .map(|r| r.unwrap_or(0))
 }
 
-/// Where a connection carrying a release was parked: what [`OwnPool::flush`] needs.
-pub(crate) struct Parked {
-    pub(crate) pool: Arc<OwnPool>,
-    pub(crate) id: u64,
+/// Clears the pool's "flusher running" flag when the flusher ends (its pool gone, or
+/// its runtime shutting down).
+struct Running(Arc<AtomicBool>);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
+    }
+}
+
+/// The pool's flusher: woken when a connection goes back owing a release, it lets a
+/// request that is about to take the connection carry the release (one yield), then
+/// sends what is still owed. Ends when the pool is gone.
+async fn flusher(pool: Weak<OwnPool>, wake: Arc<Notify>, _running: Running) {
+    loop {
+        wake.notified().await;
+        let Some(pool) = pool.upgrade() else {
+            return;
+        };
+        // Woken from a worker thread, this runs once the dropping task yields: usually
+        // after its next request took the connection, and carried the release.
+        if !pool.owes() {
+            continue;
+        }
+        tokio::task::yield_now().await;
+        pool.flush_owing().await;
+    }
 }
 
 /// The connection a lock is taken and held on.
@@ -228,28 +300,27 @@ impl LockConn {
             && let Some(conn) = o.conn.take()
         {
             let release = o.release.take();
-            let flush = release.is_some().then(|| (o.pool.clone(), o.id));
+            let owes = release.is_some();
             o.pool.park(conn, o.id, release);
-            // A release not sent yet (none is, today): send it now.
-            if let (Some((pool, id)), Ok(rt)) = (flush, tokio::runtime::Handle::try_current()) {
-                rt.spawn(async move { pool.flush(id, Duration::from_secs(10)).await });
+            // A release not sent yet (none is, today): have the flusher send it.
+            if owes {
+                o.pool.wake_flusher();
             }
         }
         // A borrowed connection goes back to the caller's pool when dropped.
     }
 
     /// Back to its pool still holding the lock `name`, owing its release: the next
-    /// request on it carries the release, or [`OwnPool::flush`] sends it. Only dblock's
-    /// own connections can; a borrowed one is handed back unchanged.
-    pub(crate) fn park_releasing(mut self, name: String) -> Result<Parked, LockConn> {
+    /// request on it carries the release, or the pool's flusher sends it
+    /// ([`OwnPool::flush_owing`]). Only dblock's own connections can; a borrowed one is
+    /// handed back unchanged.
+    pub(crate) fn park_releasing(mut self, name: String) -> Result<(), LockConn> {
         match &mut self {
             LockConn::Own(o) if o.release.is_none() => match o.conn.take() {
                 Some(conn) => {
                     o.pool.park(conn, o.id, Some(name));
-                    Ok(Parked {
-                        pool: o.pool.clone(),
-                        id: o.id,
-                    })
+                    o.pool.wake_flusher();
+                    Ok(())
                 }
                 None => Err(self),
             },
