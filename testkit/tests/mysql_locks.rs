@@ -10,6 +10,16 @@ use sqlx::mysql::MySqlPoolOptions;
 
 const T: Duration = Duration::from_secs(10);
 
+/// A handle on `db` whose held locks are checked every `interval`.
+async fn checked_every(db: &MyDb, interval: Duration) -> Locks {
+    Locks::builder()
+        .url(&db.url)
+        .check_interval(interval)
+        .build()
+        .await
+        .unwrap()
+}
+
 /// The lock name is the documented one, and the server shows it held by the guard's
 /// own connection: in `IS_USED_LOCK`, and in MariaDB's `METADATA_LOCK_INFO` (the
 /// plugin is loaded for the test) or MySQL's `performance_schema.metadata_locks`.
@@ -143,12 +153,7 @@ async fn sub_second_deadlines_are_honoured() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_connection_is_noticed_as_a_lost_lock() {
     let db = MyDb::new("lost").await;
-    let locks = Locks::builder()
-        .url(&db.url)
-        .check_interval(Duration::from_millis(50))
-        .build()
-        .await
-        .unwrap();
+    let locks = checked_every(&db, Duration::from_millis(50)).await;
     let name = db.lock_name("l");
     let mut g = locks.lock("l").await.unwrap();
     g.check().await.unwrap();
@@ -171,12 +176,7 @@ async fn a_killed_connection_is_noticed_as_a_lost_lock() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn check_reports_a_loss_at_once() {
     let db = MyDb::new("check").await;
-    let locks = Locks::builder()
-        .url(&db.url)
-        .check_interval(Duration::from_secs(3600))
-        .build()
-        .await
-        .unwrap();
+    let locks = checked_every(&db, Duration::from_secs(3600)).await;
     let name = db.lock_name("k");
     let mut g = locks.lock("k").await.unwrap();
     db.kill_connection(db.holder(&name).await.unwrap()).await;
@@ -195,12 +195,7 @@ async fn a_guard_never_checked_by_hand_is_checked_after_an_interval() {
         (Duration::from_millis(100), true),
         (Duration::from_secs(3600), false),
     ] {
-        let locks = Locks::builder()
-            .url(&db.url)
-            .check_interval(interval)
-            .build()
-            .await
-            .unwrap();
+        let locks = checked_every(&db, interval).await;
         let name = db.lock_name("k");
         let g = locks.lock("k").await.unwrap();
         let lost = g.lost();
@@ -221,12 +216,7 @@ async fn a_guard_never_checked_by_hand_is_checked_after_an_interval() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_grant_released_or_dropped_before_its_first_check() {
     let db = MyDb::new("early").await;
-    let locks = Locks::builder()
-        .url(&db.url)
-        .check_interval(Duration::from_secs(3600))
-        .build()
-        .await
-        .unwrap();
+    let locks = checked_every(&db, Duration::from_secs(3600)).await;
     let other = db.locks().await;
     let g = locks.lock("k").await.unwrap();
     let lost = g.lost();
