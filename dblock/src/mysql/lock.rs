@@ -168,14 +168,22 @@ pub(crate) struct Keeper {
 struct KeeperState {
     /// Grants not yet an interval old, oldest first, with when they are.
     waiting: std::collections::VecDeque<(Instant, Weak<Shared>)>,
+    /// The length at which `watch` drops the grants already gone, so that a stream of
+    /// short grants keeps a few dozen entries, not an interval's worth (each weak
+    /// reference keeps its grant's ~470 bytes allocated).
+    purge_at: usize,
     running: bool,
 }
+
+/// The fewest entries the keeper keeps before it looks for grants already gone.
+const PURGE_MIN: usize = 64;
 
 impl Keeper {
     pub(crate) fn new(check_interval: Duration) -> Arc<Keeper> {
         Arc::new(Keeper {
             state: Mutex::new(KeeperState {
                 waiting: std::collections::VecDeque::new(),
+                purge_at: PURGE_MIN,
                 running: false,
             }),
             tick: (check_interval / 4).max(Duration::from_millis(5)),
@@ -192,6 +200,11 @@ impl Keeper {
     fn watch(self: &Arc<Self>, due: Instant, shared: &Arc<Shared>) -> bool {
         let start = {
             let mut k = self.lock();
+            if k.waiting.len() >= k.purge_at {
+                // Amortized: the next purge waits until the live entries double.
+                k.waiting.retain(|(_, w)| w.strong_count() > 0);
+                k.purge_at = (2 * k.waiting.len()).max(PURGE_MIN);
+            }
             k.waiting.push_back((due, Arc::downgrade(shared)));
             !std::mem::replace(&mut k.running, true)
         };
@@ -231,6 +244,7 @@ impl Keeper {
                 // Grants dropped since they were made: forget them now (their memory is
                 // kept while a weak reference stays).
                 k.waiting.retain(|(_, w)| w.strong_count() > 0);
+                k.purge_at = (2 * k.waiting.len()).max(PURGE_MIN);
                 if due.is_empty() && k.waiting.is_empty() {
                     // Under the lock, so that a grant watched now starts another.
                     k.running = false;
@@ -1072,5 +1086,51 @@ fn null_get_lock() -> Error {
     Error::Database {
         code: ServerCode::default(),
         message: "GET_LOCK returned NULL (the wait was killed, or the server refused it)".into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn grant() -> Arc<Shared> {
+        Arc::new(Shared {
+            state: Mutex::new(State {
+                conn: None,
+                job: None,
+                cmds: None,
+                first_check: Instant::now(),
+                loss: None,
+            }),
+            ended: AtomicBool::new(false),
+            changed: Notify::new(),
+        })
+    }
+
+    /// A stream of grants dropped within their interval leaves the keeper a few dozen
+    /// entries, not one per grant; grants still held are all kept (the control).
+    #[test]
+    fn the_keeper_forgets_grants_already_gone() {
+        let keeper = Keeper::new(Duration::from_secs(1));
+        let due = Instant::now() + Duration::from_secs(1);
+        for _ in 0..10_000 {
+            let g = grant();
+            // No runtime here: it is recorded all the same, and says no task will run.
+            assert!(!keeper.watch(due, &g));
+        }
+        let len = keeper.lock().waiting.len();
+        assert!(len <= 2 * PURGE_MIN, "{len} entries for grants all gone");
+
+        let held: Vec<Arc<Shared>> = (0..1_000).map(|_| grant()).collect();
+        for g in &held {
+            keeper.watch(due, g);
+        }
+        let live = keeper
+            .lock()
+            .waiting
+            .iter()
+            .filter(|(_, w)| w.strong_count() > 0)
+            .count();
+        assert_eq!(live, held.len());
     }
 }
