@@ -521,7 +521,6 @@ pub(crate) async fn acquire(b: &MyBackend, req: &Req<'_>) -> Result<Option<Grant
         id: conn.id(),
         conn: Some(conn),
         name: b.lock_name(req.key),
-        who: (req.namespace.to_string(), req.name.to_string()),
         wait: req.wait,
         fence: req.fenced.then(|| super::fence::FenceRow {
             key: req.fence_key(),
@@ -534,7 +533,7 @@ pub(crate) async fn acquire(b: &MyBackend, req: &Req<'_>) -> Result<Option<Grant
         check_timeout: b.check_timeout,
         exported: Exported::default(),
     };
-    let token = match job.take().await? {
+    let token = match job.take((req.namespace, req.name)).await? {
         Some(token) => token,
         None => return Ok(None),
     };
@@ -596,8 +595,6 @@ struct Job {
     /// The session's id on the server, once known.
     id: Option<u64>,
     name: String,
-    /// The request's namespace and name, which a wait names in a comment.
-    who: (String, String),
     wait: Wait,
     fence: Option<super::fence::FenceRow>,
     control: sqlx::MySqlPool,
@@ -624,13 +621,14 @@ fn closed() -> Error {
 impl Job {
     /// Takes the lock: `Ok(Some(token))` when held (with the fencing token if asked
     /// for), `Ok(None)` when not granted in time. Leaves nothing held unless it returns
-    /// `Ok(Some(_))`.
-    async fn take(&mut self) -> Result<Option<Option<i64>>, Error> {
+    /// `Ok(Some(_))`. `who` is the request's namespace and name, which a wait names in
+    /// a comment.
+    async fn take(&mut self, who: (&str, &str)) -> Result<Option<Option<i64>>, Error> {
         let granted = match self.id {
             // dblock's own connection: one statement, whatever the wait.
             Some(id) => match self.wait {
                 Wait::Try => self.attempt().await?,
-                w => self.wait_for_it(id, w.deadline()).await?,
+                w => self.wait_for_it(id, w.deadline(), who).await?,
             },
             // A borrowed one: its id (for KILL, should a wait follow) and an attempt
             // that does not wait, in one round trip.
@@ -662,7 +660,7 @@ impl Job {
                         self.recycle();
                         false
                     }
-                    (Some(0), w) => self.wait_for_it(id as u64, w.deadline()).await?,
+                    (Some(0), w) => self.wait_for_it(id as u64, w.deadline(), who).await?,
                     (Some(other), _) => {
                         self.close().await;
                         return Err(unmapped_get_lock(other));
@@ -745,7 +743,12 @@ impl Job {
     /// Waits in `GET_LOCK` until granted (`true`) or the deadline passes (`false`; the
     /// session is killed and the connection closed, so a grant that raced the deadline
     /// is given up with it).
-    async fn wait_for_it(&mut self, id: u64, deadline: Option<Instant>) -> Result<bool, Error> {
+    async fn wait_for_it(
+        &mut self,
+        id: u64,
+        deadline: Option<Instant>,
+        who: (&str, &str),
+    ) -> Result<bool, Error> {
         let secs = match deadline {
             None => FOREVER_SECS,
             Some(d) => {
@@ -769,7 +772,7 @@ impl Job {
         let ended = {
             // A wait names its lock in a comment, so the processlist shows what it is for
             // (`dblock status`); only waits pay for it.
-            let wait = get_lock(conn, &self.name, secs, carried, Some(&self.who));
+            let wait = get_lock(conn, &self.name, secs, carried, Some(who));
             match deadline {
                 None => Ended::Answered(wait.await),
                 Some(until) => tokio::select! {
@@ -1034,7 +1037,7 @@ async fn get_lock(
     name: &str,
     secs: u64,
     carried: Option<String>,
-    who: Option<&(String, String)>,
+    who: Option<(&str, &str)>,
 ) -> Result<Option<i64>, sqlx::Error> {
     let plain = |n: &str| n.bytes().all(|b| b.is_ascii_alphanumeric() || b == b':');
     // Lock names are `dblock:` and hex digits (checked): safe in the text.
