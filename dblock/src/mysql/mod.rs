@@ -57,9 +57,11 @@
 //!   readers a lock a writer could take).
 //! - **A killed holder** (its process killed, its connection closed) frees its locks:
 //!   the server ends the session. **A lost connection** (`KILL CONNECTION`, a restart, a
-//!   broken network) is noticed within [`check_interval`](crate::Builder::check_interval):
-//!   the lock's task asks the server whether this session still holds the name
-//!   (`IS_USED_LOCK(name) = CONNECTION_ID()`) each interval, and reports the loss through
+//!   broken network) is noticed within [`check_interval`](crate::Builder::check_interval)
+//!   (the first check of a grant comes between one and 1¼ intervals after it: its task
+//!   starts then, so a lock dropped sooner costs none): the lock's task asks the server
+//!   whether this session still holds the name (`IS_USED_LOCK(name) = CONNECTION_ID()`)
+//!   each interval, and reports the loss through
 //!   [`LockGuard::lost`](crate::LockGuard::lost) and
 //!   [`is_held`](crate::LockGuard::is_held).
 //! - **A silent holder** (its host cut off, its process paused) keeps its session until
