@@ -234,6 +234,54 @@ async fn a_lock_whose_file_was_replaced_reports_itself_lost() {
     }
 }
 
+/// A lock held through a file since replaced stays lost once later grants have moved
+/// its part of the process's table to the new file: a held key refers to its part's
+/// descriptor without a copy of its own, and the part must give it one (the old file's)
+/// before it takes the new one. Had it not, the lock would claim the new file, which it
+/// does not hold.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_in_a_replaced_file_stays_lost_after_new_grants_beside_it() {
+    for how in [Replace::Delete, Replace::RenameOver] {
+        let db = dblock_testkit::SqliteDb::new();
+        let locks = db.locks().await;
+        let mut g = locks.lock("held").await.unwrap();
+        g.check().await.unwrap();
+        replace(&db.dir.path().join("locks.db-locks"), how);
+        // Past the bound in time on a look at the path (10 ms), then grants of 1,000
+        // names: every part of the table (64) takes the new descriptor.
+        tokio::time::sleep(Duration::from_millis(25)).await;
+        for i in 0..1000 {
+            let other = locks.lock(&format!("beside:{i}")).await.unwrap();
+            assert!(
+                other.is_held(),
+                "{how:?}: a new grant holds in the new file"
+            );
+        }
+        assert!(!g.is_held(), "{how:?}: the old grant claims the new file");
+        assert!(
+            matches!(
+                g.check().await,
+                Err(Error::LockLost {
+                    reason: LossReason::LockFileReplaced { .. }
+                })
+            ),
+            "{how:?}"
+        );
+        drop(g);
+        // Its name is free in the new file, for this process and for a later one.
+        let again = locks.lock("held").await.unwrap();
+        assert!(again.is_held());
+        drop(again);
+        let (mut waiter, mut lines) = spawn(db.dir.path(), &["wait", &db.url, "held"]);
+        let r = tokio::time::timeout(Duration::from_secs(10), lines.next_line()).await;
+        assert!(
+            matches!(&r, Ok(Ok(Some(l))) if l == "acquired"),
+            "{how:?}: {r:?}"
+        );
+        assert!(waiter.wait().await.unwrap().success());
+    }
+}
+
 /// A lock handed over between tasks of one process after its file was replaced is not
 /// passed on in the old file: the next task gets it in the file the path names now,
 /// where other processes see it.

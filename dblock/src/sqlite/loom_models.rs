@@ -402,7 +402,7 @@ fn deliver_without_asking_whether_the_receiver_lives(
     let taker = table.queued.remove(&offset).and_then(|q| q.taker);
     match (outcome, taker) {
         (Ok(Some(desc)), Some(taker)) => {
-            table.held.insert(offset, Slot::new(mode, desc));
+            table.held.insert(offset, Slot::new(mode, Some(desc)));
             let held = SqliteHeld::new(&taker.shared, offset, mode);
             if let Err(Ok(mut undelivered)) = taker.tx.send(Ok(held)) {
                 undelivered.released = true;

@@ -274,7 +274,7 @@ pub(super) fn deliver(lf: &LockFile, offset: u64, mode: Mode, outcome: Outcome) 
     let mut undelivered = None;
     match (outcome, taker) {
         (Ok(Some(desc)), Some(taker)) => {
-            table.held.insert(offset, Slot::new(mode, desc));
+            table.held.insert(offset, Slot::new(mode, Some(desc)));
             let held = SqliteHeld::new(&taker.shared, offset, mode);
             undelivered = taker.tx.send(Ok(held)).err();
         }

@@ -11,6 +11,7 @@ use tokio::sync::oneshot;
 use crate::error::Error;
 use crate::raw::Mode;
 
+use super::file::Desc;
 use super::sys::{self, Attempt};
 use super::{Behind, Shared, Slot, SqliteHeld, Table, queue};
 
@@ -28,6 +29,12 @@ pub(super) enum Step {
 
 static IDS: AtomicU64 = AtomicU64::new(1);
 
+/// A slot without a descriptor: never, as a slot refers to its part's only once the part
+/// has one, which it keeps; an error rather than a panic should that ever change.
+fn no_descriptor() -> std::io::Error {
+    std::io::Error::other("internal: a held key without its lock file's descriptor")
+}
+
 impl Shared {
     /// Takes the lock at `offset` now if this process's table and the file allow it.
     pub(super) fn take_now(&self, offset: u64, mode: Mode) -> Result<bool, Error> {
@@ -44,13 +51,16 @@ impl Shared {
             (Some(slot), Mode::Shared) if !slot.writer => {
                 let lf = &self.lock;
                 let fail = |e| Error::io(format!("cannot lock {}", lf.path.display()), e);
+                let desc = slot
+                    .desc
+                    .as_ref()
+                    .or(table.desc.as_ref())
+                    .ok_or_else(|| fail(no_descriptor()))?;
                 let gate = queue::gate(offset);
-                match sys::try_lock(&slot.desc.file, lf.flavor, gate, 1, Mode::Shared)
-                    .map_err(fail)?
-                {
+                match sys::try_lock(&desc.file, lf.flavor, gate, 1, Mode::Shared).map_err(fail)? {
                     Attempt::Busy => return Ok(false),
                     Attempt::Granted => {
-                        sys::unlock(&slot.desc.file, lf.flavor, gate, 1).map_err(fail)?;
+                        sys::unlock(&desc.file, lf.flavor, gate, 1).map_err(fail)?;
                     }
                 }
                 slot.readers += 1;
@@ -86,13 +96,13 @@ impl Shared {
         // A replaced file is reopened and the request retried; a path replaced again and
         // again is an error, not a loop.
         for _ in 0..8 {
-            let desc = match &table.desc {
-                Some(d) if lf.is_current(d) => d.clone(),
-                _ => {
-                    let d = lf.current();
-                    table.desc = Some(d.clone());
-                    d
-                }
+            // The part's copy of the current descriptor, renewed after a reopen; a slot
+            // granted through it refers to it without a copy of its own.
+            if !table.desc.as_ref().is_some_and(|d| lf.is_current(d)) {
+                table.set_desc(lf.current());
+            }
+            let Some(desc) = table.desc.as_ref() else {
+                return Err(fail(no_descriptor()));
             };
             // An exclusive holder keeps the gate while no process waits in line for a key
             // like this one: one call to take, one to give back. Otherwise the gate goes
@@ -110,12 +120,12 @@ impl Shared {
                 let _ = sys::unlock(&desc.file, lf.flavor, queue::pair(offset), 2);
                 return Err(fail(e));
             }
-            if lf.still_named(&desc) {
+            if lf.still_named(desc) {
                 table.held.insert(
                     offset,
                     Slot {
                         gate,
-                        ..Slot::new(mode, desc)
+                        ..Slot::new(mode, None)
                     },
                 );
                 return Ok(true);
@@ -123,7 +133,7 @@ impl Shared {
             // The byte was granted in a file the path no longer names: nobody opening
             // the path now would see it. Give it back; use the new file.
             sys::unlock(&desc.file, lf.flavor, queue::pair(offset), 2).map_err(fail)?;
-            lf.reopen(&desc)?;
+            lf.reopen(desc)?;
         }
         Err(Error::io(
             format!("cannot lock {}", lf.path.display()),
@@ -184,7 +194,9 @@ impl Shared {
     pub(super) fn release(&self, offset: u64, mode: Mode) {
         let lf = &self.lock;
         let shard = lf.shard(offset);
-        let mut table = shard.table.lock().unwrap_or_else(|p| p.into_inner());
+        let mut guard = shard.table.lock().unwrap_or_else(|p| p.into_inner());
+        // Borrowed as a table (not through the guard), so that its fields borrow apart.
+        let table = &mut *guard;
         let Some(slot) = table.held.get_mut(&offset) else {
             return;
         };
@@ -202,12 +214,18 @@ impl Shared {
             let (stay, go) = behind.into_iter().partition(|b| b.mode == Mode::Exclusive);
             slot.behind = stay;
             woken.extend(go);
-            drop(table);
+            drop(guard);
             drop(woken);
             return;
         }
         let mut undelivered = Vec::new();
-        if mode == Mode::Exclusive && self.may_hand_over(slot, offset) {
+        let hand_over = mode == Mode::Exclusive
+            && slot
+                .desc
+                .as_ref()
+                .or(table.desc.as_ref())
+                .is_some_and(|desc| self.may_hand_over(slot, desc, offset));
+        if hand_over {
             // Straight to the next exclusive waiter of this process: the byte stays
             // locked, so nobody else can come between.
             while slot
@@ -221,7 +239,7 @@ impl Shared {
                 slot.writer = true;
                 match next.tx.send(SqliteHeld::new(&next.shared, offset, mode)) {
                     Ok(()) => {
-                        drop(table);
+                        drop(guard);
                         return;
                     }
                     // Gone (cancelled) meanwhile: the next one.
@@ -233,17 +251,19 @@ impl Shared {
                 }
             }
         }
-        if let Some(slot) = table.held.remove(&offset) {
+        if let Some(slot) = table.held.remove(&offset)
+            && let Some(desc) = slot.desc.as_ref().or(table.desc.as_ref())
+        {
             // Unlocking a byte this owner holds cannot fail short of a closed
             // descriptor, which the Arc rules out. Should it fail anyway, the lock
             // stays until the process exits: never two holders.
             let _ = match slot.gate {
-                true => sys::unlock(&slot.desc.file, lf.flavor, queue::pair(offset), 2),
-                false => sys::unlock(&slot.desc.file, lf.flavor, offset, 1),
+                true => sys::unlock(&desc.file, lf.flavor, queue::pair(offset), 2),
+                false => sys::unlock(&desc.file, lf.flavor, offset, 1),
             };
             // The gate went back with the lock while a process waited for it in the
             // kernel: this process's next request lets that one wake up first.
-            if slot.gate && slot.desc.line(offset).load(Ordering::Acquire) > 0 {
+            if slot.gate && desc.line(offset).load(Ordering::Acquire) > 0 {
                 table.yielded.insert(offset, std::time::Instant::now());
             }
             // (Mostly nobody: then nothing to move.)
@@ -251,7 +271,7 @@ impl Shared {
                 woken.extend(slot.behind);
             }
         }
-        drop(table);
+        drop(guard);
         drop(undelivered);
         drop(woken);
     }
@@ -259,8 +279,9 @@ impl Shared {
     /// Whether the lock at `offset` may go straight to another task of this process
     /// (see the [module docs](super#one-process-many-tasks)): only if there is one
     /// waiting for it, no other process is at the head of the line (holds the gate), and
-    /// the file the byte is locked in is still the one its path names.
-    fn may_hand_over(&self, slot: &Slot, offset: u64) -> bool {
+    /// the file the byte is locked in (`desc`, the slot's) is still the one its path
+    /// names.
+    fn may_hand_over(&self, slot: &Slot, desc: &Arc<Desc>, offset: u64) -> bool {
         if !slot
             .behind
             .front()
@@ -273,16 +294,15 @@ impl Shared {
             // Holding the gate, this process is at the head of the line itself; another
             // process in line waits for the gate in the kernel, unseen by a probe, but
             // counted: then the lock goes back (gate too) for it to take.
-            return slot.desc.line(offset).load(Ordering::Acquire) == 0
-                && lf.still_named(&slot.desc);
+            return desc.line(offset).load(Ordering::Acquire) == 0 && lf.still_named(desc);
         }
         let gate = queue::gate(offset);
-        match sys::probe(&slot.desc.file, lf.flavor, gate, 1, Mode::Exclusive) {
+        match sys::probe(&desc.file, lf.flavor, gate, 1, Mode::Exclusive) {
             Ok(Attempt::Granted) => {}
             Ok(Attempt::Busy) | Err(_) => return false,
         }
         // The same bound in time as a new grant's (see [`super::file::REPLACED_BOUND`]).
-        lf.still_named(&slot.desc)
+        lf.still_named(desc)
     }
 
     /// Whether the lock at `offset` is held through the file the lock path names now:
@@ -297,7 +317,8 @@ impl Shared {
         let named = table
             .held
             .get(&offset)
-            .is_some_and(|slot| slot.desc.is_named_by(&lf.path));
+            .and_then(|slot| table.desc_of(slot))
+            .is_some_and(|desc| desc.is_named_by(&lf.path));
         if !named {
             // New grants look at the path again rather than trust the last look.
             lf.recheck();
