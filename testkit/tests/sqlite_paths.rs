@@ -234,6 +234,66 @@ async fn a_lock_whose_file_was_replaced_reports_itself_lost() {
     }
 }
 
+/// A process spreads its keys over several open file descriptions of the lock file
+/// (`sqlite/file.rs`, `Desc::file_for`): locks held through every one of them exclude
+/// another process, show in `status` as this process's, and are free for that process
+/// once released. Four names for each of the 8 descriptions, chosen by the rule.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn locks_through_every_description_of_the_file_exclude_other_processes() {
+    let db = dblock_testkit::SqliteDb::new();
+    let locks = db.locks().await;
+    let mut per_description = [0; 8];
+    let names: Vec<String> = (0..)
+        .map(|i| format!("spread:{i}"))
+        .filter(|n| {
+            let offset = dblock::Key::new(locks.namespace(), n)
+                .unwrap()
+                .file_offset();
+            let d = &mut per_description[(((offset >> 1) + 1) % 8) as usize];
+            *d += 1;
+            *d <= 4
+        })
+        .take(32)
+        .collect();
+    let mut guards = Vec::new();
+    for n in &names {
+        guards.push(locks.lock(n).await.unwrap());
+    }
+    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    let status = locks.status(&refs).await.unwrap();
+    let me = std::process::id();
+    for n in &names {
+        let st = status
+            .iter()
+            .find(|s| s.name.as_deref() == Some(n.as_str()));
+        assert!(
+            st.is_some_and(|s| s.holders.iter().any(|h| h.pid == Some(me))),
+            "{n}: {st:?}"
+        );
+    }
+    let mut waiters = Vec::new();
+    for n in &names {
+        waiters.push(spawn(db.dir.path(), &["wait", &db.url, n]));
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for (n, (_, lines)) in names.iter().zip(&mut waiters) {
+        let early = tokio::time::timeout(Duration::from_millis(1), lines.next_line()).await;
+        assert!(
+            early.is_err(),
+            "{n}: another process got a held lock: {early:?}"
+        );
+    }
+    drop(guards);
+    for (n, (mut child, mut lines)) in names.iter().zip(waiters) {
+        let got = tokio::time::timeout(Duration::from_secs(10), lines.next_line()).await;
+        assert!(
+            matches!(&got, Ok(Ok(Some(l))) if l == "acquired"),
+            "{n}: {got:?}"
+        );
+        assert!(child.wait().await.unwrap().success());
+    }
+}
+
 /// A lock held through a file since replaced stays lost once later grants have moved
 /// its part of the process's table to the new file: a held key refers to its part's
 /// descriptor without a copy of its own, and the part must give it one (the old file's)

@@ -17,12 +17,16 @@
 //! A process opens each lock file once, with `O_CLOEXEC` so that the commands it starts
 //! do not inherit its locks by accident (a guard hands them on deliberately, with
 //! [`LockGuard::share_with_child`](crate::LockGuard::share_with_child): the child's copy
-//! of the open file description keeps every lock of this process on that file until the
-//! child exits, should this process die first), and every handle of the process on that file
-//! shares the descriptor. A table of held keys decides between the process's own holders
-//! (see [One process, many tasks](#one-process-many-tasks)), so two tasks never both
-//! hold a lock because they share the descriptor. A process that `fork`s without `exec`
-//! shares its OFD locks with the child: don't.
+//! of the open file description keeps the locks of this process held through it until
+//! the child exits, should this process die first), and every handle of the process on
+//! that file shares it. With OFD locks the process spreads its keys over 8 open file
+//! descriptions of the one file (reopened through `/proc/self/fd`, so always the same
+//! file; each on first use), by key, so that its threads do not all count references to
+//! one open file in the kernel: a child given a lock keeps the locks of the keys that
+//! share its description too (one key in 8). A table of held keys decides between the
+//! process's own holders (see [One process, many tasks](#one-process-many-tasks)), so two
+//! tasks never both hold a lock because they share a description. A process that `fork`s
+//! without `exec` shares its OFD locks with the child: don't.
 //!
 //! Network and FUSE file systems are refused ([`Error::UnsupportedFilesystem`]): their
 //! byte-range locks may not exclude across hosts.
@@ -128,8 +132,8 @@
 //! Linux uses OFD locks; macOS, the BSDs and other Unixes POSIX record locks, which
 //! belong to the process and are dropped when *any* descriptor of the file closes. The
 //! process therefore keeps one descriptor per lock file open while any handle on it
-//! lives and never opens a second (don't open the lock file yourself in a process that
-//! holds locks in it). Set `DBLOCK_FILE_LOCKS=posix` to use them on Linux (the test
+//! lives and, with POSIX locks, never opens a second (don't open the lock file yourself
+//! in a process that holds locks in it); with OFD locks it keeps up to 8 (see above). Set `DBLOCK_FILE_LOCKS=posix` to use them on Linux (the test
 //! suite runs this way too), `ofd` to insist on OFD locks; anything else is an error
 //! when a handle is opened. OFD and POSIX locks conflict with each other on Linux, so
 //! processes using either exclude each other. Neither kind detects deadlocks between
@@ -644,7 +648,7 @@ impl SqliteHeld {
                 },
             });
         };
-        desc.file
+        desc.file_for(self.offset)
             .try_clone()
             .map(std::os::fd::OwnedFd::from)
             .map_err(|e| Error::io("duplicating the lock file's descriptor", e))

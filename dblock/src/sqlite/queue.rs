@@ -149,7 +149,13 @@ fn let_waiter_go_first(lf: &LockFile, offset: u64, yielded: Option<Instant>) {
     let desc = lf.current();
     let mut polls = 0u32;
     while yielded.elapsed() < YIELD && wanted(lf, offset) {
-        match sys::probe(&desc.file, lf.flavor, pair(offset), 2, Mode::Exclusive) {
+        match sys::probe(
+            desc.file_for(offset),
+            lf.flavor,
+            pair(offset),
+            2,
+            Mode::Exclusive,
+        ) {
             Ok(sys::Attempt::Granted) => {}
             Ok(sys::Attempt::Busy) | Err(_) => return,
         }
@@ -205,7 +211,13 @@ fn wait_in_kernel(lf: Arc<LockFile>, offset: u64, mode: Mode, after: Option<Inst
         let desc = lf.current();
         // Counted in line (in the file, for every process to see) until this round ends.
         let _counted = Counted::new(&desc, offset);
-        match sys::lock_wait(&desc.file, flavor, gate(offset), 1, Mode::Exclusive) {
+        match sys::lock_wait(
+            desc.file_for(offset),
+            flavor,
+            gate(offset),
+            1,
+            Mode::Exclusive,
+        ) {
             Ok(()) => {}
             // POSIX locks: the kernel's deadlock detection sees one owner per process, so
             // another of this process's threads waiting elsewhere can make it see a cycle
@@ -229,7 +241,7 @@ fn wait_in_kernel(lf: Arc<LockFile>, offset: u64, mode: Mode, after: Option<Inst
             if !wanted(&lf, offset) {
                 break Ok(false);
             }
-            match sys::try_lock(&desc.file, flavor, offset, 1, mode) {
+            match sys::try_lock(desc.file_for(offset), flavor, offset, 1, mode) {
                 Ok(sys::Attempt::Granted) => break Ok(true),
                 Ok(sys::Attempt::Busy) => {}
                 Err(e) => break Err(e),
@@ -237,7 +249,7 @@ fn wait_in_kernel(lf: Arc<LockFile>, offset: u64, mode: Mode, after: Option<Inst
             polls = polls.saturating_add(1);
             std::thread::sleep(HEAD_POLL.saturating_mul(polls).min(HEAD_POLL_MAX));
         };
-        let _ = sys::unlock(&desc.file, flavor, gate(offset), 1);
+        let _ = sys::unlock(desc.file_for(offset), flavor, gate(offset), 1);
         match got {
             Ok(true) => {}
             Ok(false) => break Ok(None),
@@ -248,7 +260,7 @@ fn wait_in_kernel(lf: Arc<LockFile>, offset: u64, mode: Mode, after: Option<Inst
         }
         // Granted in a file the path no longer names: give it back, line up again in
         // the file it names now.
-        let _ = sys::unlock(&desc.file, flavor, offset, 1);
+        let _ = sys::unlock(desc.file_for(offset), flavor, offset, 1);
         if let Err(e) = lf.reopen(&desc) {
             break Err(std::io::Error::other(e.to_string()));
         }
@@ -280,7 +292,7 @@ pub(super) fn deliver(lf: &LockFile, offset: u64, mode: Mode, outcome: Outcome) 
         }
         (Ok(Some(desc)), None) => {
             // Everyone gave up while the lock was being granted.
-            let _ = sys::unlock(&desc.file, flavor, offset, 1);
+            let _ = sys::unlock(desc.file_for(offset), flavor, offset, 1);
         }
         (Err(e), Some(taker)) => {
             let err = Error::io(format!("cannot lock {}", lf.path.display()), e);

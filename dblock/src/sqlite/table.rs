@@ -57,10 +57,12 @@ impl Shared {
                     .or(table.desc.as_ref())
                     .ok_or_else(|| fail(no_descriptor()))?;
                 let gate = queue::gate(offset);
-                match sys::try_lock(&desc.file, lf.flavor, gate, 1, Mode::Shared).map_err(fail)? {
+                match sys::try_lock(desc.file_for(offset), lf.flavor, gate, 1, Mode::Shared)
+                    .map_err(fail)?
+                {
                     Attempt::Busy => return Ok(false),
                     Attempt::Granted => {
-                        sys::unlock(&desc.file, lf.flavor, gate, 1).map_err(fail)?;
+                        sys::unlock(desc.file_for(offset), lf.flavor, gate, 1).map_err(fail)?;
                     }
                 }
                 slot.readers += 1;
@@ -110,14 +112,23 @@ impl Shared {
             let gate = mode == Mode::Exclusive && desc.line(offset).load(Ordering::Acquire) == 0;
             // Gate and lock byte at once: free only if nobody holds the lock and nobody
             // is at the head of the line (whoever is holds the gate).
-            match sys::try_lock(&desc.file, lf.flavor, queue::pair(offset), 2, mode)
-                .map_err(fail)?
+            match sys::try_lock(
+                desc.file_for(offset),
+                lf.flavor,
+                queue::pair(offset),
+                2,
+                mode,
+            )
+            .map_err(fail)?
             {
                 Attempt::Busy => return Ok(false),
                 Attempt::Granted => {}
             }
-            if !gate && let Err(e) = sys::unlock(&desc.file, lf.flavor, queue::gate(offset), 1) {
-                let _ = sys::unlock(&desc.file, lf.flavor, queue::pair(offset), 2);
+            if !gate
+                && let Err(e) =
+                    sys::unlock(desc.file_for(offset), lf.flavor, queue::gate(offset), 1)
+            {
+                let _ = sys::unlock(desc.file_for(offset), lf.flavor, queue::pair(offset), 2);
                 return Err(fail(e));
             }
             if lf.still_named(desc) {
@@ -132,7 +143,7 @@ impl Shared {
             }
             // The byte was granted in a file the path no longer names: nobody opening
             // the path now would see it. Give it back; use the new file.
-            sys::unlock(&desc.file, lf.flavor, queue::pair(offset), 2).map_err(fail)?;
+            sys::unlock(desc.file_for(offset), lf.flavor, queue::pair(offset), 2).map_err(fail)?;
             lf.reopen(desc)?;
         }
         Err(Error::io(
@@ -258,8 +269,8 @@ impl Shared {
             // descriptor, which the Arc rules out. Should it fail anyway, the lock
             // stays until the process exits: never two holders.
             let _ = match slot.gate {
-                true => sys::unlock(&desc.file, lf.flavor, queue::pair(offset), 2),
-                false => sys::unlock(&desc.file, lf.flavor, offset, 1),
+                true => sys::unlock(desc.file_for(offset), lf.flavor, queue::pair(offset), 2),
+                false => sys::unlock(desc.file_for(offset), lf.flavor, offset, 1),
             };
             // The gate went back with the lock while a process waited for it in the
             // kernel: this process's next request lets that one wake up first.
@@ -297,7 +308,7 @@ impl Shared {
             return desc.line(offset).load(Ordering::Acquire) == 0 && lf.still_named(desc);
         }
         let gate = queue::gate(offset);
-        match sys::probe(&desc.file, lf.flavor, gate, 1, Mode::Exclusive) {
+        match sys::probe(desc.file_for(offset), lf.flavor, gate, 1, Mode::Exclusive) {
             Ok(Attempt::Granted) => {}
             Ok(Attempt::Busy) | Err(_) => return false,
         }
