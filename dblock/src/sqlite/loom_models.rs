@@ -175,7 +175,8 @@ fn kernel_grants(lf: &LockFile, deliver: Deliver) {
     let desc = lf.current();
     let outcome = match queue::wanted(lf, KEY) {
         true => {
-            let granted = sys::try_lock(&desc.file, lf.flavor, KEY, 1, Mode::Exclusive).unwrap();
+            let granted =
+                sys::try_lock(desc.file_for(KEY), lf.flavor, KEY, 1, Mode::Exclusive).unwrap();
             assert!(matches!(granted, sys::Attempt::Granted));
             Some(desc)
         }
@@ -409,7 +410,7 @@ fn deliver_without_asking_whether_the_receiver_lives(
             }
         }
         (Ok(Some(desc)), None) => {
-            let _ = sys::unlock(&desc.file, lf.flavor, offset, 1);
+            let _ = sys::unlock(desc.file_for(offset), lf.flavor, offset, 1);
         }
         _ => {}
     }
@@ -432,7 +433,7 @@ fn deliver_without_recording_the_holder(
             undelivered = taker.tx.send(Ok(held)).err();
         }
         (Ok(Some(desc)), None) => {
-            let _ = sys::unlock(&desc.file, lf.flavor, offset, 1);
+            let _ = sys::unlock(desc.file_for(offset), lf.flavor, offset, 1);
         }
         _ => {}
     }
