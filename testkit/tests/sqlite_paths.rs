@@ -157,6 +157,20 @@ async fn a_directory_or_a_device_is_not_a_database() {
     assert!(matches!(r, Err(Error::InvalidUrl { .. })), "{r:?}");
 }
 
+/// Waits for a `wait` worker to say it acquired its lock, then for it to exit cleanly.
+async fn acquired_then_exits(
+    child: &mut Child,
+    lines: &mut tokio::io::Lines<BufReader<tokio::process::ChildStdout>>,
+    what: impl std::fmt::Debug,
+) {
+    let got = tokio::time::timeout(Duration::from_secs(10), lines.next_line()).await;
+    assert!(
+        matches!(&got, Ok(Ok(Some(l))) if l == "acquired"),
+        "{what:?}: {got:?}"
+    );
+    assert!(child.wait().await.unwrap().success());
+}
+
 /// How a lock file gets replaced.
 #[derive(Debug, Clone, Copy)]
 enum Replace {
@@ -196,12 +210,7 @@ async fn a_replaced_lock_file_does_not_split_later_holders() {
             "{how:?}: a later process got a held lock: {early_line:?}"
         );
         drop(g);
-        let got = tokio::time::timeout(Duration::from_secs(10), lines.next_line()).await;
-        assert!(
-            matches!(&got, Ok(Ok(Some(l))) if l == "acquired"),
-            "{how:?}: {got:?}"
-        );
-        assert!(waiter.wait().await.unwrap().success());
+        acquired_then_exits(&mut waiter, &mut lines, how).await;
     }
 }
 
@@ -285,12 +294,7 @@ async fn locks_through_every_description_of_the_file_exclude_other_processes() {
     }
     drop(guards);
     for (n, (mut child, mut lines)) in names.iter().zip(waiters) {
-        let got = tokio::time::timeout(Duration::from_secs(10), lines.next_line()).await;
-        assert!(
-            matches!(&got, Ok(Ok(Some(l))) if l == "acquired"),
-            "{n}: {got:?}"
-        );
-        assert!(child.wait().await.unwrap().success());
+        acquired_then_exits(&mut child, &mut lines, n).await;
     }
 }
 
@@ -333,12 +337,7 @@ async fn a_lock_in_a_replaced_file_stays_lost_after_new_grants_beside_it() {
         assert!(again.is_held());
         drop(again);
         let (mut waiter, mut lines) = spawn(db.dir.path(), &["wait", &db.url, "held"]);
-        let r = tokio::time::timeout(Duration::from_secs(10), lines.next_line()).await;
-        assert!(
-            matches!(&r, Ok(Ok(Some(l))) if l == "acquired"),
-            "{how:?}: {r:?}"
-        );
-        assert!(waiter.wait().await.unwrap().success());
+        acquired_then_exits(&mut waiter, &mut lines, how).await;
     }
 }
 
@@ -375,11 +374,6 @@ async fn a_lock_handed_over_after_its_file_was_replaced_moves_to_the_new_file() 
         let early = tokio::time::timeout(Duration::from_millis(300), lines.next_line()).await;
         assert!(early.is_err(), "{how:?}: a later process got a held lock");
         drop(got);
-        let r = tokio::time::timeout(Duration::from_secs(10), lines.next_line()).await;
-        assert!(
-            matches!(&r, Ok(Ok(Some(l))) if l == "acquired"),
-            "{how:?}: {r:?}"
-        );
-        assert!(waiter.wait().await.unwrap().success());
+        acquired_then_exits(&mut waiter, &mut lines, how).await;
     }
 }
