@@ -250,6 +250,13 @@ pub(crate) struct Slot {
 }
 
 impl Slot {
+    /// The descriptor the lock is held through, given its part's current one (the
+    /// part's [`Table::desc`], passed apart so that a slot borrowed mutably from the part's
+    /// map can still ask).
+    pub(crate) fn desc_or<'a>(&'a self, current: &'a Option<Arc<Desc>>) -> Option<&'a Arc<Desc>> {
+        self.desc.as_ref().or(current.as_ref())
+    }
+
     /// A slot for a lock just granted in `desc` (`None`: its part's current descriptor),
     /// whose file the path was just seen to name.
     pub(crate) fn new(mode: Mode, desc: Option<Arc<Desc>>) -> Slot {
@@ -296,11 +303,6 @@ pub(crate) struct Table {
 }
 
 impl Table {
-    /// The descriptor `slot` (one of this part's) holds its lock through.
-    pub(crate) fn desc_of<'a>(&'a self, slot: &'a Slot) -> Option<&'a Arc<Desc>> {
-        slot.desc.as_ref().or(self.desc.as_ref())
-    }
-
     /// Makes `desc` the part's current descriptor; the slots that held their lock
     /// through the one it replaces keep a copy of that one.
     pub(crate) fn set_desc(&mut self, desc: Arc<Desc>) {
@@ -639,7 +641,7 @@ impl SqliteHeld {
             table
                 .held
                 .get(&self.offset)
-                .and_then(|slot| table.desc_of(slot).cloned())
+                .and_then(|slot| slot.desc_or(&table.desc).cloned())
         };
         let Some(desc) = desc else {
             return Err(Error::LockLost {

@@ -52,9 +52,7 @@ impl Shared {
                 let lf = &self.lock;
                 let fail = |e| Error::io(format!("cannot lock {}", lf.path.display()), e);
                 let desc = slot
-                    .desc
-                    .as_ref()
-                    .or(table.desc.as_ref())
+                    .desc_or(&table.desc)
                     .ok_or_else(|| fail(no_descriptor()))?;
                 let gate = queue::gate(offset);
                 match sys::try_lock(desc.file_for(offset), lf.flavor, gate, 1, Mode::Shared)
@@ -232,9 +230,7 @@ impl Shared {
         let mut undelivered = Vec::new();
         let hand_over = mode == Mode::Exclusive
             && slot
-                .desc
-                .as_ref()
-                .or(table.desc.as_ref())
+                .desc_or(&table.desc)
                 .is_some_and(|desc| self.may_hand_over(slot, desc, offset));
         if hand_over {
             // Straight to the next exclusive waiter of this process: the byte stays
@@ -263,7 +259,7 @@ impl Shared {
             }
         }
         if let Some(slot) = table.held.remove(&offset)
-            && let Some(desc) = slot.desc.as_ref().or(table.desc.as_ref())
+            && let Some(desc) = slot.desc_or(&table.desc)
         {
             // Unlocking a byte this owner holds cannot fail short of a closed
             // descriptor, which the Arc rules out. Should it fail anyway, the lock
@@ -328,7 +324,7 @@ impl Shared {
         let named = table
             .held
             .get(&offset)
-            .and_then(|slot| table.desc_of(slot))
+            .and_then(|slot| slot.desc_or(&table.desc))
             .is_some_and(|desc| desc.is_named_by(&lf.path));
         if !named {
             // New grants look at the path again rather than trust the last look.
