@@ -157,6 +157,19 @@ async fn a_directory_or_a_device_is_not_a_database() {
     assert!(matches!(r, Err(Error::InvalidUrl { .. })), "{r:?}");
 }
 
+/// Asserts that a `wait` worker has not acquired its lock (says nothing) within `within`.
+async fn still_waiting(
+    lines: &mut tokio::io::Lines<BufReader<tokio::process::ChildStdout>>,
+    within: Duration,
+    what: impl std::fmt::Debug,
+) {
+    let early = tokio::time::timeout(within, lines.next_line()).await;
+    assert!(
+        early.is_err(),
+        "{what:?}: another process got a held lock: {early:?}"
+    );
+}
+
 /// Waits for a `wait` worker to say it acquired its lock, then for it to exit cleanly.
 async fn acquired_then_exits(
     child: &mut Child,
@@ -204,11 +217,7 @@ async fn a_replaced_lock_file_does_not_split_later_holders() {
         let g = early.lock("x").await.unwrap();
         // A process started after the replacement opens the new file: it must see `g`.
         let (mut waiter, mut lines) = spawn(db.dir.path(), &["wait", &db.url, "x"]);
-        let early_line = tokio::time::timeout(Duration::from_millis(500), lines.next_line()).await;
-        assert!(
-            early_line.is_err(),
-            "{how:?}: a later process got a held lock: {early_line:?}"
-        );
+        still_waiting(&mut lines, Duration::from_millis(500), how).await;
         drop(g);
         acquired_then_exits(&mut waiter, &mut lines, how).await;
     }
@@ -286,11 +295,7 @@ async fn locks_through_every_description_of_the_file_exclude_other_processes() {
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
     for (n, (_, lines)) in names.iter().zip(&mut waiters) {
-        let early = tokio::time::timeout(Duration::from_millis(1), lines.next_line()).await;
-        assert!(
-            early.is_err(),
-            "{n}: another process got a held lock: {early:?}"
-        );
+        still_waiting(lines, Duration::from_millis(1), n).await;
     }
     drop(guards);
     for (n, (mut child, mut lines)) in names.iter().zip(waiters) {
@@ -371,8 +376,7 @@ async fn a_lock_handed_over_after_its_file_was_replaced_moves_to_the_new_file() 
         got.check().await.unwrap();
         // And a process started now, on the new file, sees it.
         let (mut waiter, mut lines) = spawn(db.dir.path(), &["wait", &db.url, "h"]);
-        let early = tokio::time::timeout(Duration::from_millis(300), lines.next_line()).await;
-        assert!(early.is_err(), "{how:?}: a later process got a held lock");
+        still_waiting(&mut lines, Duration::from_millis(300), how).await;
         drop(got);
         acquired_then_exits(&mut waiter, &mut lines, how).await;
     }
