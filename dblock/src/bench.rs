@@ -30,7 +30,7 @@ use tokio::time::Instant;
 use crate::error::Error;
 use crate::key::Key;
 use crate::locks::Locks;
-use crate::raw::BenchFloor;
+use crate::raw::{BenchFloor, BenchRun, BoxFuture};
 
 /// One measured line of the report.
 #[derive(Debug, Clone, PartialEq)]
@@ -124,14 +124,20 @@ impl Sample {
     }
 }
 
-/// Runs `workers` copies of `cycle` for `secs`; each call of `cycle(worker, i)` is one
-/// cycle and returns its acquisition latency.
-async fn timed<F, Fut>(workers: usize, secs: f64, cycle: F) -> Result<Sample, Error>
+/// Runs `workers` workers for `secs`, worker `w` the loop `work(w, run)` returns (see
+/// [`BenchRun::drive`]).
+///
+/// Both sides of a ratio pay the same harness: per cycle a clock read on each side of
+/// the lock and a latency kept, per worker one task and its own clones of what it uses
+/// (the handle and its names; the floor and its keys), and nothing written a cycle that
+/// another worker shares. (Until the ninth session dblock's side cloned two `Arc`s all
+/// workers shared every cycle, and the floor's one and boxed its cycle's future.)
+async fn timed<M, Fut>(workers: usize, secs: f64, work: M) -> Result<Sample, Error>
 where
-    F: Fn(usize, u64) -> Fut + Clone + Send + 'static,
-    Fut: std::future::Future<Output = Result<Duration, Error>> + Send,
+    M: Fn(usize, BenchRun) -> Fut,
+    Fut: std::future::Future<Output = Result<Vec<f64>, Error>> + Send + 'static,
 {
-    timed_then(workers, secs, cycle, None).await
+    timed_then(workers, secs, work, None).await
 }
 
 /// How many cycles a worker runs before it lets the runtime run another task. A cycle
@@ -147,48 +153,42 @@ const YIELD_EVERY: u64 = 1024;
 /// [`timed`], then `settle(worker)` as each worker stops (untimed, but inside the
 /// slice: a lock a floor still holds is released before the next slice starts, and a
 /// `hot` worker's last lock before the others can stop waiting for it).
-async fn timed_then<F, Fut>(
+async fn timed_then<M, Fut>(
     workers: usize,
     secs: f64,
-    cycle: F,
+    work: M,
     settle: Option<Arc<dyn BenchFloor>>,
 ) -> Result<Sample, Error>
 where
-    F: Fn(usize, u64) -> Fut + Clone + Send + 'static,
-    Fut: std::future::Future<Output = Result<Duration, Error>> + Send,
+    M: Fn(usize, BenchRun) -> Fut,
+    Fut: std::future::Future<Output = Result<Vec<f64>, Error>> + Send + 'static,
 {
-    run_workers(workers, secs, YIELD_EVERY, cycle, settle).await
+    run_workers(workers, secs, YIELD_EVERY, work, settle).await
 }
 
 /// [`timed_then`], each worker yielding every `yield_every` cycles.
-async fn run_workers<F, Fut>(
+async fn run_workers<M, Fut>(
     workers: usize,
     secs: f64,
     yield_every: u64,
-    cycle: F,
+    work: M,
     settle: Option<Arc<dyn BenchFloor>>,
 ) -> Result<Sample, Error>
 where
-    F: Fn(usize, u64) -> Fut + Clone + Send + 'static,
-    Fut: std::future::Future<Output = Result<Duration, Error>> + Send,
+    M: Fn(usize, BenchRun) -> Fut,
+    Fut: std::future::Future<Output = Result<Vec<f64>, Error>> + Send + 'static,
 {
-    let stop = Instant::now() + Duration::from_secs_f64(secs);
+    let run = BenchRun {
+        stop: Instant::now() + Duration::from_secs_f64(secs),
+        yield_every,
+    };
     let start = Instant::now();
     let mut tasks = Vec::new();
     for w in 0..workers {
-        let cycle = cycle.clone();
+        let worker = work(w, run);
         let settle = settle.clone();
         tasks.push(tokio::spawn(async move {
-            let mut lat = Vec::with_capacity(1 << 16);
-            let mut i = 0u64;
-            while Instant::now() < stop {
-                let d = cycle(w, i).await?;
-                lat.push(d.as_secs_f64() * 1e6);
-                i += 1;
-                if i.is_multiple_of(yield_every) {
-                    tokio::task::yield_now().await;
-                }
-            }
+            let lat = worker.await?;
             if let Some(floor) = settle {
                 floor.settle(w).await?;
             }
@@ -255,20 +255,22 @@ pub async fn run(
         );
         // Warm up: open the connections both sides need.
         progress(&format!("{backend} {workload} x{workers}: warming up"));
+        let floor_workers = floor.workers(locks, workers, hot);
+        let dblock_workers = |w: usize, run: BenchRun| {
+            let (locks, names) = (locks.clone(), names.clone());
+            async move {
+                run.drive(|i| dblock_cycle(&locks, &names[w][(i % 64) as usize]))
+                    .await
+            }
+        };
         let _ = timed_then(
             workers,
             secs.min(0.3) / 2.0,
-            floor.cycle(locks, workers, hot),
+            &floor_workers,
             Some(floor.raw.clone()),
         )
         .await?;
-        let l = locks.clone();
-        let n = names.clone();
-        let _ = timed(workers, secs.min(0.3) / 2.0, move |w, i| {
-            let (l, n) = (l.clone(), n.clone());
-            async move { dblock_cycle(&l, &n[w][(i % 64) as usize]).await }
-        })
-        .await?;
+        let _ = timed(workers, secs.min(0.3) / 2.0, dblock_workers).await?;
 
         let slices = ((secs / SLICE).round() as usize).max(1);
         let slice = secs / slices as f64;
@@ -278,24 +280,8 @@ pub async fn run(
                 "{backend} {workload} x{workers}: slice {}/{slices}",
                 k + 1
             ));
-            f.add(
-                timed_then(
-                    workers,
-                    slice,
-                    floor.cycle(locks, workers, hot),
-                    Some(floor.raw.clone()),
-                )
-                .await?,
-            );
-            let l = locks.clone();
-            let n = names.clone();
-            d.add(
-                timed(workers, slice, move |w, i| {
-                    let (l, n) = (l.clone(), n.clone());
-                    async move { dblock_cycle(&l, &n[w][(i % 64) as usize]).await }
-                })
-                .await?,
-            );
+            f.add(timed_then(workers, slice, &floor_workers, Some(floor.raw.clone())).await?);
+            d.add(timed(workers, slice, dblock_workers).await?);
         }
         out.push(Measurement {
             backend,
@@ -321,9 +307,6 @@ async fn dblock_cycle(locks: &Locks, name: &str) -> Result<Duration, Error> {
     Ok(d)
 }
 
-type BoxCycle =
-    std::pin::Pin<Box<dyn std::future::Future<Output = Result<Duration, Error>> + Send>>;
-
 /// What the floor is measured with: the backend's own (see [`BenchFloor`]), one set of
 /// connections (or descriptors) for the whole run.
 struct Floor {
@@ -339,13 +322,13 @@ impl Floor {
         Ok(Floor { raw })
     }
 
-    /// A cycle of the floor: per worker, its own raw connection (or descriptor).
-    fn cycle(
+    /// The floor's workers: each its own raw connection (or descriptor) of the floor.
+    fn workers(
         &self,
         locks: &Locks,
         workers: usize,
         hot: bool,
-    ) -> impl Fn(usize, u64) -> BoxCycle + Clone + Send + 'static {
+    ) -> impl Fn(usize, BenchRun) -> BoxFuture<'static, Result<Vec<f64>, Error>> {
         let ns = locks.namespace();
         let raw = self.raw.clone();
         // Keys are derived once, outside the timed loops (dblock's names likewise).
@@ -361,7 +344,10 @@ impl Floor {
                 })
                 .collect(),
         );
-        move |w: usize, i: u64| raw.clone().cycle(w, keys[w][(i % 64) as usize], hot)
+        move |w, run| {
+            let (raw, keys) = (raw.clone(), keys.clone());
+            Box::pin(async move { raw.run(w, &keys[w], hot, run).await })
+        }
     }
 }
 
@@ -453,10 +439,16 @@ mod workers {
             8,
             2.0,
             yield_every,
-            move |w, _| {
-                std::thread::sleep(Duration::from_micros(20));
-                c[w].fetch_add(1, Ordering::Relaxed);
-                std::future::ready(Ok(Duration::from_micros(20)))
+            |w, run: BenchRun| {
+                let c = c.clone();
+                async move {
+                    run.drive(|_| {
+                        std::thread::sleep(Duration::from_micros(20));
+                        c[w].fetch_add(1, Ordering::Relaxed);
+                        std::future::ready(Ok(Duration::from_micros(20)))
+                    })
+                    .await
+                }
             },
             None,
         ))

@@ -999,6 +999,42 @@ pub(crate) fn terms_condition(
 /// The table leaders publish their values in, beside the fencing table.
 pub(crate) const LEADERS_TABLE: &str = "dblock_leaders";
 
+/// One timed loop of `dblock bench`, the same for dblock's workers and the floor's: until
+/// `stop`, one cycle after another, each's latency kept, yielding every `yield_every`.
+#[derive(Clone, Copy)]
+pub(crate) struct BenchRun {
+    /// When the loop stops (checked before each cycle).
+    pub(crate) stop: Instant,
+    /// How many cycles between yields to the runtime (see `bench::YIELD_EVERY`).
+    pub(crate) yield_every: u64,
+}
+
+impl BenchRun {
+    /// Runs `cycle(i)` for i = 0, 1, … until `stop`; the latencies in microseconds.
+    pub(crate) async fn drive<F, Fut>(self, mut cycle: F) -> Result<Vec<f64>, Error>
+    where
+        F: FnMut(u64) -> Fut,
+        Fut: Future<Output = Result<Duration, Error>>,
+    {
+        let mut lat = Vec::with_capacity(1 << 16);
+        let mut i = 0u64;
+        while Instant::now() < self.stop {
+            let d = cycle(i).await?;
+            lat.push(d.as_secs_f64() * 1e6);
+            i += 1;
+            if i.is_multiple_of(self.yield_every) {
+                tokio::task::yield_now().await;
+            }
+        }
+        Ok(lat)
+    }
+
+    /// Cycle `i`'s key of `keys`, taken in turn.
+    pub(crate) fn key(keys: &[Key], i: u64) -> Key {
+        keys[(i % keys.len().max(1) as u64) as usize]
+    }
+}
+
 /// The cheapest correct way to do a lock cycle on a backend, issued directly: what
 /// `dblock bench` measures dblock against. One set of raw connections (or descriptors),
 /// one per worker, all opened by [`BenchFloor::open`] before anything is timed.
@@ -1009,16 +1045,20 @@ pub(crate) trait BenchFloor: Send + Sync {
         Box::pin(std::future::ready(Ok(())))
     }
 
-    /// One floor cycle of `worker` on `key` (`hot`: the key is shared by all workers);
-    /// returns the acquisition's latency. A floor may leave the lock held when it
-    /// returns (released with its next cycle, as dblock's guard's release rides on the
-    /// next request), until [`BenchFloor::settle`].
-    fn cycle(
-        self: Arc<Self>,
+    /// `worker`'s timed loop ([`BenchRun::drive`]): cycle `i` takes and releases
+    /// `keys[i % keys.len()]` (`hot`: the keys are shared by all workers) and returns
+    /// the acquisition's latency. A floor may leave a lock held when a cycle returns
+    /// (released with its next cycle, as dblock's guard's release rides on the next
+    /// request), until [`BenchFloor::settle`]. One boxed future for the whole loop, none
+    /// a cycle, and the floor borrowed: a cycle writes nothing another worker shares —
+    /// the same harness as dblock's side of the ratio.
+    fn run<'a>(
+        &'a self,
         worker: usize,
-        key: Key,
+        keys: &'a [Key],
         hot: bool,
-    ) -> BoxFuture<'static, Result<Duration, Error>>;
+        run: BenchRun,
+    ) -> BoxFuture<'a, Result<Vec<f64>, Error>>;
 
     /// Releases whatever `worker` still holds, when its timed run ends.
     fn settle(self: Arc<Self>, worker: usize) -> BoxFuture<'static, Result<(), Error>> {

@@ -19,7 +19,7 @@ use tokio::time::Instant;
 use super::{FOREVER_SECS, map_sqlx, name_in, name_prefix};
 use crate::error::Error;
 use crate::key::Key;
-use crate::raw::{BenchFloor, BoxFuture};
+use crate::raw::{BenchFloor, BenchRun, BoxFuture};
 
 struct Slot {
     conn: MySqlConnection,
@@ -128,13 +128,14 @@ impl BenchFloor for Floor {
         Box::pin(async move { Floor::open(&self, workers).await })
     }
 
-    fn cycle(
-        self: Arc<Self>,
+    fn run<'a>(
+        &'a self,
         worker: usize,
-        key: Key,
+        keys: &'a [Key],
         _hot: bool,
-    ) -> BoxFuture<'static, Result<Duration, Error>> {
-        Box::pin(async move { Floor::cycle(&self, worker, key).await })
+        run: BenchRun,
+    ) -> BoxFuture<'a, Result<Vec<f64>, Error>> {
+        Box::pin(run.drive(move |i| Floor::cycle(self, worker, BenchRun::key(keys, i))))
     }
 
     fn settle(self: Arc<Self>, worker: usize) -> BoxFuture<'static, Result<(), Error>> {

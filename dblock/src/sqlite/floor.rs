@@ -31,7 +31,7 @@ use tokio::time::Instant;
 use super::sys::{self, Attempt, Flavor};
 use crate::error::Error;
 use crate::key::Key;
-use crate::raw::{BenchFloor, BoxFuture, Mode};
+use crate::raw::{BenchFloor, BenchRun, BoxFuture, Mode};
 
 /// Descriptors, one per worker, opened by `open`.
 pub(crate) struct Floor {
@@ -109,12 +109,13 @@ impl BenchFloor for Floor {
         Box::pin(std::future::ready(Floor::open(&self, workers)))
     }
 
-    fn cycle(
-        self: Arc<Self>,
+    fn run<'a>(
+        &'a self,
         worker: usize,
-        key: Key,
+        keys: &'a [Key],
         hot: bool,
-    ) -> BoxFuture<'static, Result<Duration, Error>> {
-        Box::pin(async move { Floor::cycle(&self, worker, key, hot).await })
+        run: BenchRun,
+    ) -> BoxFuture<'a, Result<Vec<f64>, Error>> {
+        Box::pin(run.drive(move |i| Floor::cycle(self, worker, BenchRun::key(keys, i), hot)))
     }
 }

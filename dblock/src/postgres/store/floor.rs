@@ -31,7 +31,7 @@ use crate::key::Key;
 use crate::postgres::conn::pool::Pool;
 use crate::postgres::conn::tls::Connector;
 use crate::postgres::sql::i64_text;
-use crate::raw::{BenchFloor, BoxFuture};
+use crate::raw::{BenchFloor, BenchRun, BoxFuture};
 
 /// Raw connections, one per worker, opened by [`Floor::open`].
 pub(crate) struct Floor {
@@ -181,13 +181,14 @@ impl BenchFloor for Floor {
         Box::pin(async move { Floor::open(&self, workers).await })
     }
 
-    fn cycle(
-        self: Arc<Self>,
+    fn run<'a>(
+        &'a self,
         worker: usize,
-        key: Key,
+        keys: &'a [Key],
         _hot: bool,
-    ) -> BoxFuture<'static, Result<Duration, Error>> {
-        Box::pin(async move { Floor::cycle(&self, worker, key).await })
+        run: BenchRun,
+    ) -> BoxFuture<'a, Result<Vec<f64>, Error>> {
+        Box::pin(run.drive(move |i| Floor::cycle(self, worker, BenchRun::key(keys, i))))
     }
 
     fn settle(self: Arc<Self>, worker: usize) -> BoxFuture<'static, Result<(), Error>> {
