@@ -1029,7 +1029,7 @@ impl BenchRun {
         Ok(lat)
     }
 
-    /// Cycle `i`'s key of `keys`, taken in turn.
+    /// Cycle `i`'s key of `keys`, taken in turn (`bench.rs` gives every worker 64).
     pub(crate) fn key(keys: &[Key], i: u64) -> Key {
         keys[(i % keys.len().max(1) as u64) as usize]
     }
