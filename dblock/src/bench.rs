@@ -259,7 +259,7 @@ pub async fn run(
         let dblock_workers = |w: usize, run: BenchRun| {
             let (locks, names) = (locks.clone(), names.clone());
             async move {
-                run.drive(|i| dblock_cycle(&locks, &names[w][(i % 64) as usize]))
+                run.drive(|i| dblock_cycle(&locks, BenchRun::nth::<String>(&names[w], i)))
                     .await
             }
         };

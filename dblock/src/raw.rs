@@ -1029,9 +1029,10 @@ impl BenchRun {
         Ok(lat)
     }
 
-    /// Cycle `i`'s key of `keys`, taken in turn (`bench.rs` gives every worker 64).
-    pub(crate) fn key(keys: &[Key], i: u64) -> Key {
-        keys[(i % keys.len().max(1) as u64) as usize]
+    /// Cycle `i`'s item of `items`, taken in turn: a worker's key (the floor's side) or
+    /// name (dblock's). `bench.rs` gives every worker 64, never none.
+    pub(crate) fn nth<T>(items: &[T], i: u64) -> &T {
+        &items[(i % items.len() as u64) as usize]
     }
 }
 
@@ -1046,7 +1047,7 @@ pub(crate) trait BenchFloor: Send + Sync {
     }
 
     /// `worker`'s timed loop ([`BenchRun::drive`]): cycle `i` takes and releases
-    /// `keys[i % keys.len()]` (`hot`: the keys are shared by all workers) and returns
+    /// `keys[i % keys.len()]` (see [`BenchRun::nth`]) (`hot`: the keys are shared by all workers) and returns
     /// the acquisition's latency. A floor may leave a lock held when a cycle returns
     /// (released with its next cycle, as dblock's guard's release rides on the next
     /// request), until [`BenchFloor::settle`]. One boxed future for the whole loop, none

@@ -135,7 +135,7 @@ impl BenchFloor for Floor {
         _hot: bool,
         run: BenchRun,
     ) -> BoxFuture<'a, Result<Vec<f64>, Error>> {
-        Box::pin(run.drive(move |i| Floor::cycle(self, worker, BenchRun::key(keys, i))))
+        Box::pin(run.drive(move |i| Floor::cycle(self, worker, *BenchRun::nth(keys, i))))
     }
 
     fn settle(self: Arc<Self>, worker: usize) -> BoxFuture<'static, Result<(), Error>> {

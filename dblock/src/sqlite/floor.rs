@@ -116,6 +116,6 @@ impl BenchFloor for Floor {
         hot: bool,
         run: BenchRun,
     ) -> BoxFuture<'a, Result<Vec<f64>, Error>> {
-        Box::pin(run.drive(move |i| Floor::cycle(self, worker, BenchRun::key(keys, i), hot)))
+        Box::pin(run.drive(move |i| Floor::cycle(self, worker, *BenchRun::nth(keys, i), hot)))
     }
 }
