@@ -7,7 +7,7 @@ use crate::error::{Error, LossReason};
 use crate::fencing::Fence;
 use crate::key::Key;
 use crate::observe::Tally;
-use crate::raw::{Grant, Mode, RawHeld};
+use crate::raw::{Grant, Held, Mode};
 
 /// A held lock. Dropping it releases the lock at once; [`release`](LockGuard::release)
 /// does the same and reports errors.
@@ -29,7 +29,7 @@ pub struct LockGuard {
     /// locks keeps 50,000 of (40 bytes less each).
     fence: Option<Box<Fence>>,
     /// The backend's half: releases on drop.
-    held: Box<dyn RawHeld>,
+    held: Held,
     /// The name, key and mode, and what tracing and metrics are told of the lock's end:
     /// dropped after `held`, so "released" follows the release being sent.
     tally: Tally,
@@ -253,7 +253,7 @@ impl LockGuard {
     }
 }
 
-// Dropping `held` releases: each backend's half implements Drop.
+// Dropping `held` releases: each backend's half implements Drop, and so does an `Entry`.
 
 #[cfg(test)]
 mod tests {

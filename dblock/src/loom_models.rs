@@ -157,7 +157,7 @@ fn guard(link: &Arc<Link>, checks_loss: bool) -> LockGuard {
     LockGuard::new(
         tally,
         Grant {
-            held: Box::new(Held(link.clone(), checks_loss)),
+            held: crate::raw::Held::boxed(Held(link.clone(), checks_loss)),
             fence: None,
         },
     )

@@ -194,7 +194,7 @@ impl Fence {
 
 /// A grant as a backend returns it.
 pub struct Grant {
-    pub(crate) held: Box<dyn RawHeld>,
+    pub(crate) held: Held,
     /// The fencing token, with what checking it needs; `None` for an unfenced grant.
     pub(crate) fence: Option<Token>,
 }
@@ -492,6 +492,123 @@ pub(crate) trait RawHeld: Send + Sync + 'static {
     }
 }
 
+/// The backend half of a guard, as the guard keeps it: a half of the backend's own,
+/// boxed, or an entry of a table the backend keeps for the handle, which costs no
+/// allocation per grant.
+pub(crate) enum Held {
+    /// A backend's own half (PostgreSQL's and MySQL's connections).
+    Boxed(Box<dyn RawHeld>),
+    /// An entry of a table (the embedded backend's: a key of the lock file's table).
+    Entry(Entry),
+}
+
+/// A held lock that is an entry of its backend's table ([`RawTable`]): released through
+/// the table when dropped (without waiting), unless [`Held::release`] released it.
+pub(crate) struct Entry {
+    table: Arc<dyn RawTable>,
+    entry: u64,
+    mode: Mode,
+    released: bool,
+}
+
+impl Entry {
+    /// The lock `entry`, held in `mode`, of `table`.
+    pub(crate) fn new(table: Arc<dyn RawTable>, entry: u64, mode: Mode) -> Entry {
+        Entry {
+            table,
+            entry,
+            mode,
+            released: false,
+        }
+    }
+}
+
+impl Drop for Entry {
+    fn drop(&mut self) {
+        if !self.released {
+            self.table.release(self.entry, self.mode);
+        }
+    }
+}
+
+/// A backend's table of held locks, each an entry ([`Entry`]): what [`RawHeld`] does
+/// for a half of its own, for one entry.
+pub(crate) trait RawTable: Send + Sync + 'static {
+    /// Why the lock `entry` was lost, once it is known to be; `None` while it is held.
+    fn loss(&self, entry: u64) -> Option<LossReason>;
+
+    /// Resolves when the lock `entry` is lost; never, for a table whose locks cannot be
+    /// lost but through [`RawTable::loss`].
+    fn lost(&self, entry: u64) -> BoxFuture<'static, LossReason>;
+
+    /// Releases the lock `entry`, held in `mode`, without waiting.
+    fn release(&self, entry: u64, mode: Mode);
+
+    /// As [`RawHeld::share`], for the lock `entry`.
+    fn share(&self, entry: u64) -> Result<Vec<OwnedFd>, Error>;
+}
+
+impl Held {
+    /// A backend's own half, boxed.
+    pub(crate) fn boxed(held: impl RawHeld) -> Held {
+        Held::Boxed(Box::new(held))
+    }
+
+    /// As [`RawHeld::loss`].
+    pub(crate) fn loss(&self) -> Option<LossReason> {
+        match self {
+            Held::Boxed(h) => h.loss(),
+            Held::Entry(e) => e.table.loss(e.entry),
+        }
+    }
+
+    /// As [`RawHeld::lost`].
+    pub(crate) fn lost(&self) -> BoxFuture<'static, LossReason> {
+        match self {
+            Held::Boxed(h) => h.lost(),
+            Held::Entry(e) => e.table.lost(e.entry),
+        }
+    }
+
+    /// As [`RawHeld::check`]; an entry's is its table's [`RawTable::loss`].
+    pub(crate) fn check(&mut self) -> BoxFuture<'_, Result<(), Error>> {
+        match self {
+            Held::Boxed(h) => h.check(),
+            Held::Entry(e) => Box::pin(std::future::ready(lost_or_ok(e.table.loss(e.entry)))),
+        }
+    }
+
+    /// As [`RawHeld::release`]; an entry is released at once, and reports a loss its
+    /// table knew of before.
+    pub(crate) fn release(self) -> BoxFuture<'static, Result<(), Error>> {
+        match self {
+            Held::Boxed(h) => h.release(),
+            Held::Entry(mut e) => {
+                let loss = e.table.loss(e.entry);
+                e.released = true;
+                e.table.release(e.entry, e.mode);
+                Box::pin(std::future::ready(lost_or_ok(loss)))
+            }
+        }
+    }
+
+    /// As [`RawHeld::share`].
+    pub(crate) fn share(&mut self) -> BoxFuture<'_, Result<Vec<OwnedFd>, Error>> {
+        match self {
+            Held::Boxed(h) => h.share(),
+            Held::Entry(e) => Box::pin(std::future::ready(e.table.share(e.entry))),
+        }
+    }
+}
+
+/// `Ok` for no loss, [`Error::LockLost`] for one.
+fn lost_or_ok(loss: Option<LossReason>) -> Result<(), Error> {
+    match loss {
+        None => Ok(()),
+        Some(reason) => Err(Error::LockLost { reason }),
+    }
+}
+
 /// How long a wait for any of several keys waits on one of them before it tries them
 /// all again: the longest a slot freed while every waiter waits on another stays
 /// unused. Each slice is a request (a round trip on a server) per waiter.
@@ -582,13 +699,13 @@ pub(crate) async fn acquire_all_in_order<B: RawLocks + ?Sized>(
         }
     }
     Ok(Some(Grant {
-        held: Box::new(HeldAll(held)),
+        held: Held::boxed(HeldAll(held)),
         fence: None,
     }))
 }
 
 /// Several held locks as one: released together, lost when any of them is.
-pub(crate) struct HeldAll(pub(crate) Vec<Box<dyn RawHeld>>);
+pub(crate) struct HeldAll(pub(crate) Vec<Held>);
 
 impl RawHeld for HeldAll {
     fn loss(&self) -> Option<LossReason> {

@@ -576,7 +576,7 @@ pub(crate) async fn acquire(b: &MyBackend, req: &Req<'_>) -> Result<Option<Grant
         exported,
     };
     Ok(Some(Grant {
-        held: Box::new(held),
+        held: crate::raw::Held::boxed(held),
         fence: token.map(|token| crate::raw::Token {
             token,
             table: std::sync::Arc::from(crate::raw::FENCING_TABLE),

@@ -41,7 +41,7 @@ use crate::migrate::plan::{Record, RecordState, millis};
 use crate::migrate::set::Migration;
 use crate::migrate::sqlx_side::{self, SqlxEntry, sqlx_mysql_lock_name, unhex};
 use crate::migrate::store::{BoxFuture, MigrationStore, Options, Recorded, Session, Then, Write};
-use crate::raw::{Mode, RawHeld, Req, Scope, Wait};
+use crate::raw::{Held, Mode, Req, Scope, Wait};
 
 impl MigrationStore for MyBackend {
     fn backend(&self) -> &'static str {
@@ -117,7 +117,7 @@ const NO_SUCH_TABLE: &str = "1146";
 
 /// Waits for the migration lock (or the lock of the caller's `key`): held until the
 /// returned half-guard drops.
-async fn lock(b: &MyBackend, key: i64) -> Result<Box<dyn RawHeld>, Error> {
+async fn lock(b: &MyBackend, key: i64) -> Result<Held, Error> {
     let key = Key::from_i64(key);
     let req = Req {
         namespace: crate::DEFAULT_NAMESPACE,
@@ -242,7 +242,7 @@ fn mysql_number(e: &dyn sqlx::error::DatabaseError) -> Option<String> {
 /// The migration lock (on a connection of its own) and the connection migrations run on.
 struct MySession {
     conn: Option<PoolConnection<MySql>>,
-    guard: Option<Box<dyn RawHeld>>,
+    guard: Option<Held>,
     sqlx_table: String,
     /// sqlx.toml's `ignored-chars`, for the checksums written into sqlx's history.
     sqlx_ignored: Option<BTreeSet<char>>,

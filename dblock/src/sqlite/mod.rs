@@ -166,7 +166,8 @@ use std::time::{Duration, Instant};
 
 use crate::error::{Error, LossReason};
 use crate::raw::{
-    BenchFloor, BoxFuture, FENCING_TABLE, Grant, Mode, Options, RawHeld, RawLocks, Req, Wait,
+    BenchFloor, BoxFuture, Entry, FENCING_TABLE, Grant, Held, Mode, Options, RawHeld, RawLocks,
+    RawTable, Req, Wait,
 };
 
 pub(crate) use file::lock_file_path;
@@ -383,7 +384,7 @@ impl SqliteBackend {
             false => None,
         };
         Ok(Some(Grant {
-            held: Box::new(held),
+            held: held.into_held(),
             fence,
         }))
     }
@@ -582,7 +583,7 @@ impl RawLocks for SqliteBackend {
         match self.shared.take_now(offset, req.mode) {
             Err(e) => Some(Err(e)),
             Ok(true) => Some(Ok(Some(Grant {
-                held: Box::new(SqliteHeld::new(&self.shared, offset, req.mode)),
+                held: Held::Entry(Entry::new(self.shared.clone(), offset, req.mode)),
                 fence: None,
             }))),
             Ok(false) if matches!(req.wait, Wait::Try) => Some(Ok(None)),
@@ -618,11 +619,32 @@ impl SqliteHeld {
         self.shared.release(self.offset, self.mode);
     }
 
-    /// A duplicate of the lock file's descriptor the lock is held through: the same open
-    /// file description, whose OFD locks live while any copy of it is open. POSIX record
-    /// locks belong to the process instead, and end with it whatever its children hold.
+    /// A duplicate of the lock file's descriptor the lock is held through (see
+    /// [`Shared::share_entry`]).
     fn share(&self) -> Result<std::os::fd::OwnedFd, Error> {
-        if self.shared.lock.flavor != sys::Flavor::Ofd {
+        self.shared.share_entry(self.offset)
+    }
+
+    /// `None` while the lock is held in the file its path names; the loss otherwise
+    /// (see [`Shared::loss_of`]).
+    fn loss(&self) -> Option<LossReason> {
+        self.shared.loss_of(self.offset)
+    }
+
+    /// The same lock, as a guard keeps it: an entry of the handle's table.
+    fn into_held(mut self) -> Held {
+        self.released = true;
+        Held::Entry(Entry::new(self.shared.clone(), self.offset, self.mode))
+    }
+}
+
+impl Shared {
+    /// A duplicate of the lock file's descriptor the lock at `offset` is held through:
+    /// the same open file description, whose OFD locks live while any copy of it is
+    /// open. POSIX record locks belong to the process instead, and end with it whatever
+    /// its children hold.
+    fn share_entry(&self, offset: u64) -> Result<std::os::fd::OwnedFd, Error> {
+        if self.lock.flavor != sys::Flavor::Ofd {
             return Err(Error::unsupported(
                 crate::error::Capability::ShareWithChild,
                 "the embedded backend's POSIX record locks (macOS, the BSDs, or \
@@ -632,39 +654,60 @@ impl SqliteHeld {
         }
         let desc = {
             let table = self
-                .shared
                 .lock
-                .shard(self.offset)
+                .shard(offset)
                 .table
                 .lock()
                 .unwrap_or_else(|p| p.into_inner());
             table
                 .held
-                .get(&self.offset)
+                .get(&offset)
                 .and_then(|slot| slot.desc_or(&table.desc).cloned())
         };
         let Some(desc) = desc else {
             return Err(Error::LockLost {
                 reason: LossReason::LockFileReplaced {
-                    path: self.shared.lock.path.clone(),
+                    path: self.lock.path.clone(),
                 },
             });
         };
-        desc.file_for(self.offset)
+        desc.file_for(offset)
             .try_clone()
             .map(std::os::fd::OwnedFd::from)
             .map_err(|e| Error::io("duplicating the lock file's descriptor", e))
     }
 
-    /// `None` while the lock is held in the file its path names; the loss otherwise
-    /// (the lock file was replaced since the grant: see [`file`]).
-    fn loss(&self) -> Option<LossReason> {
-        match self.shared.in_current_file(self.offset) {
+    /// `None` while the lock at `offset` is held in the file its path names; the loss
+    /// otherwise (the lock file was replaced since the grant: see [`file`]).
+    fn loss_of(&self, offset: u64) -> Option<LossReason> {
+        match self.in_current_file(offset) {
             true => None,
             false => Some(LossReason::LockFileReplaced {
-                path: self.shared.lock.path.clone(),
+                path: self.lock.path.clone(),
             }),
         }
+    }
+}
+
+/// A guard of the embedded backend keeps its lock as an entry of this table (the key's
+/// byte offset): no allocation per grant. Its locks end only with their process, or
+/// when their lock file is replaced: nothing to ask, no loss to wait for (a replaced
+/// file is seen by `check`, `is_held` and `release`).
+impl RawTable for Shared {
+    fn loss(&self, entry: u64) -> Option<LossReason> {
+        self.loss_of(entry)
+    }
+
+    fn lost(&self, _entry: u64) -> BoxFuture<'static, LossReason> {
+        Box::pin(std::future::pending())
+    }
+
+    fn release(&self, entry: u64, mode: Mode) {
+        Shared::release(self, entry, mode);
+    }
+
+    fn share(&self, entry: u64) -> Result<Vec<std::os::fd::OwnedFd>, Error> {
+        self.share_entry(entry).map(|fd| vec![fd])
     }
 }
 

@@ -313,7 +313,7 @@ impl PgBackend {
                 Ok(Then::Done(Some((
                     slot,
                     Grant {
-                        held: Box::new(held),
+                        held: crate::raw::Held::boxed(held),
                         fence,
                     },
                 ))))

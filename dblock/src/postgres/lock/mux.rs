@@ -124,7 +124,7 @@ impl Mux {
         }
         match answer.await {
             Ok(Ok(Some(held))) => Ok(Attempt::Granted(Grant {
-                held: Box::new(held),
+                held: crate::raw::Held::boxed(held),
                 fence: None,
             })),
             Ok(Ok(None)) => Ok(Attempt::NotFree),
