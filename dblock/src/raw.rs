@@ -1164,7 +1164,7 @@ pub(crate) trait BenchFloor: Send + Sync {
     }
 
     /// `worker`'s timed loop ([`BenchRun::drive`]): cycle `i` takes and releases
-    /// `keys[i % keys.len()]` (see [`BenchRun::nth`]) (`hot`: the keys are shared by all workers) and returns
+    /// `keys[i % keys.len()]` ([`BenchRun::nth`]; `hot`: shared by all workers) and returns
     /// the acquisition's latency. A floor may leave a lock held when a cycle returns
     /// (released with its next cycle, as dblock's guard's release rides on the next
     /// request), until [`BenchFloor::settle`]. One boxed future for the whole loop, none

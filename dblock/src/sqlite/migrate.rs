@@ -27,7 +27,7 @@ use crate::migrate::plan::{MIGRATION_LOCK_KEY, Record, millis};
 use crate::migrate::set::Migration;
 use crate::migrate::sqlx_side::{self, SqlxEntry, unhex};
 use crate::migrate::store::{BoxFuture, MigrationStore, Options, Recorded, Session, Then, Write};
-use crate::raw::{Mode, RawHeld};
+use crate::raw::{Held, Mode};
 
 impl MigrationStore for SqliteBackend {
     fn backend(&self) -> &'static str {
@@ -72,7 +72,7 @@ impl MigrationStore for SqliteBackend {
         _what: &'static str,
     ) -> BoxFuture<'a, Result<Box<dyn Session + 'a>, Error>> {
         Box::pin(async move {
-            let held = lock(self).await?;
+            let held = lock(self).await?.into_held();
             let conn = connection(self).await?;
             let s: Box<dyn Session + 'a> = Box::new(SqliteSession {
                 conn: Some(conn),
@@ -110,7 +110,7 @@ async fn run_script(b: &SqliteBackend, key: i64, ddl: &str) -> Result<(), Error>
 /// first, so it drops (rolling back a transaction in progress) before the lock does.
 struct SqliteSession {
     conn: Option<PoolConnection<Sqlite>>,
-    held: Option<SqliteHeld>,
+    held: Option<Held>,
     sqlx_table: String,
     /// sqlx.toml's `ignored-chars`, for the checksums written into sqlx's history.
     sqlx_ignored: Option<BTreeSet<char>>,
@@ -378,7 +378,7 @@ impl Session for SqliteSession {
 
     fn end(&mut self, ok: bool) -> BoxFuture<'_, Result<(), Error>> {
         drop(self.conn.take());
-        let released = self.held.take().map(|held| Box::new(held).release());
+        let released = self.held.take().map(Held::release);
         Box::pin(async move {
             match released {
                 // After a failure, the run's error is the one to report.

@@ -166,8 +166,8 @@ use std::time::{Duration, Instant};
 
 use crate::error::{Error, LossReason};
 use crate::raw::{
-    BenchFloor, BoxFuture, Entry, FENCING_TABLE, Grant, Held, Mode, Options, RawHeld, RawLocks,
-    RawTable, Req, Wait,
+    BenchFloor, BoxFuture, Entry, FENCING_TABLE, Grant, Held, Mode, Options, RawLocks, RawTable,
+    Req, Wait,
 };
 
 pub(crate) use file::lock_file_path;
@@ -619,20 +619,8 @@ impl SqliteHeld {
         self.shared.release(self.offset, self.mode);
     }
 
-    /// A duplicate of the lock file's descriptor the lock is held through (see
-    /// [`Shared::share_entry`]).
-    fn share(&self) -> Result<std::os::fd::OwnedFd, Error> {
-        self.shared.share_entry(self.offset)
-    }
-
-    /// `None` while the lock is held in the file its path names; the loss otherwise
-    /// (see [`Shared::loss_of`]).
-    fn loss(&self) -> Option<LossReason> {
-        self.shared.loss_of(self.offset)
-    }
-
     /// The same lock, as a guard keeps it: an entry of the handle's table.
-    fn into_held(mut self) -> Held {
+    pub(crate) fn into_held(mut self) -> Held {
         self.released = true;
         Held::Entry(Entry::new(self.shared.clone(), self.offset, self.mode))
     }
@@ -716,41 +704,6 @@ impl Drop for SqliteHeld {
         if !self.released {
             self.shared.release(self.offset, self.mode);
         }
-    }
-}
-
-/// The embedded backend's locks end only with their process, or when their lock file
-/// is replaced: nothing to ask a server, no loss to wait for (a replaced file is seen
-/// by `check`, `is_held` and `release`).
-impl RawHeld for SqliteHeld {
-    fn loss(&self) -> Option<LossReason> {
-        SqliteHeld::loss(self)
-    }
-
-    fn lost(&self) -> BoxFuture<'static, LossReason> {
-        Box::pin(std::future::pending())
-    }
-
-    fn check(&mut self) -> BoxFuture<'_, Result<(), Error>> {
-        Box::pin(std::future::ready(match SqliteHeld::loss(self) {
-            None => Ok(()),
-            Some(reason) => Err(Error::LockLost { reason }),
-        }))
-    }
-
-    fn share(&mut self) -> BoxFuture<'_, Result<Vec<std::os::fd::OwnedFd>, Error>> {
-        Box::pin(std::future::ready(
-            SqliteHeld::share(self).map(|fd| vec![fd]),
-        ))
-    }
-
-    fn release(self: Box<Self>) -> BoxFuture<'static, Result<(), Error>> {
-        let loss = SqliteHeld::loss(&self);
-        SqliteHeld::release(*self);
-        Box::pin(std::future::ready(match loss {
-            None => Ok(()),
-            Some(reason) => Err(Error::LockLost { reason }),
-        }))
     }
 }
 
