@@ -175,6 +175,12 @@ struct BenchArgs {
     /// Print a JSON array instead of a table.
     #[arg(long)]
     json: bool,
+
+    /// Run every worker on one thread (a current-thread runtime), so that the process
+    /// has one thread: on the embedded file the floor is then exactly a C loop of
+    /// `F_OFD_SETLK` (Linux counts no references to the open file in such a process).
+    #[arg(long)]
+    one_thread: bool,
 }
 
 #[derive(Args, Debug)]
@@ -247,7 +253,7 @@ fn main() -> ExitCode {
     let code = match cli.command {
         Command::Key(args) => key(&args),
         // Eight workers need more than one thread.
-        Command::Bench(args) => block_on(true, bench(args)),
+        Command::Bench(args) => block_on(!args.one_thread, bench(args)),
         // One thread: the command is forked from the main thread, whose death (with the
         // process) is what its parent-death signal follows.
         Command::Run(args) => block_on(false, run::run(args)),
@@ -361,6 +367,11 @@ async fn bench(args: BenchArgs) -> u8 {
         // Floor and dblock reach the server alike (checked on both): say how.
         if let Some(t) = rows.iter().find_map(|r| r.transport.as_deref()) {
             outln!("(dblock and its floor both connected with {t})");
+        }
+        // The kernel's work per `fcntl` depends on it (see `--one-thread`): say it.
+        if let Some(n) = rows.iter().filter_map(|r| r.process_threads).max() {
+            let s = if n == 1 { "" } else { "s" };
+            outln!("(measured in a process of {n} thread{s})");
         }
     }
     0

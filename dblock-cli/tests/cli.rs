@@ -561,6 +561,42 @@ async fn bench_json_reports_every_workload_with_its_floor() {
     assert_eq!(code(&out), 64);
 }
 
+/// `dblock bench --one-thread` measures in a process of one thread (what makes the
+/// embedded floor a plain C loop of `F_OFD_SETLK`: Linux counts no references to the
+/// open file then), and says so in every row; the default runtime's process has more
+/// (the control: the same count read the same way sees the runtime's threads).
+#[cfg(target_os = "linux")]
+#[tokio::test]
+async fn bench_one_thread_runs_in_a_process_of_one_thread() {
+    let db = SqliteDb::new();
+    for (args, one) in [(&["--one-thread"][..], true), (&[][..], false)] {
+        let mut argv = vec!["bench", "--db", &db.url, "--seconds", "0.1", "--json"];
+        argv.extend_from_slice(args);
+        let out = run(db.dir.path(), &argv).await;
+        assert_eq!(code(&out), 0, "{out:?}");
+        let text = String::from_utf8(out.stdout).unwrap();
+        let rows: Vec<serde_json::Value> = serde_json::from_str(text.trim()).unwrap();
+        assert_eq!(rows.len(), 3, "{text}");
+        for r in &rows {
+            let threads = r["process_threads"].as_u64().unwrap();
+            match one {
+                true => assert_eq!(threads, 1, "{r}"),
+                false => assert!(threads > 1, "{r}"),
+            }
+            assert!(r["floor_ops_per_sec"].as_f64().unwrap() > 0.0, "{r}");
+        }
+    }
+    // The table says how many threads the process had.
+    let out = run(
+        db.dir.path(),
+        &["bench", "--db", &db.url, "--seconds", "0.1", "--one-thread"],
+    )
+    .await;
+    assert_eq!(code(&out), 0, "{out:?}");
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("a process of 1 thread"), "{text}");
+}
+
 /// `run`, `key` and `bench` with a mysql:// URL: the run holds the lock `key` names (as
 /// the server shows it), with a fencing token; a second run is refused; `--shared` is a
 /// usage error; the benchmark reports every workload beside its floor.

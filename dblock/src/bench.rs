@@ -54,6 +54,12 @@ pub struct Measurement {
     /// How both reach the server, checked on each (`"TLS"`, `"no TLS"`), where that
     /// applies.
     pub transport: Option<String>,
+    /// Threads the process had while the row was measured (the most seen before and
+    /// after it), where the platform tells (Linux); `None` elsewhere. With one thread
+    /// (a current-thread runtime, `dblock bench --one-thread`) Linux takes no reference
+    /// to an open file per system call, so the embedded floor is then exactly a C loop
+    /// of `F_OFD_SETLK`; with more, every `fcntl` pays an atomic count on both sides.
+    pub process_threads: Option<u64>,
 }
 
 impl Measurement {
@@ -73,7 +79,7 @@ impl Measurement {
 impl serde::Serialize for Measurement {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeStruct as _;
-        let mut m = s.serialize_struct("Measurement", 10)?;
+        let mut m = s.serialize_struct("Measurement", 11)?;
         m.serialize_field("backend", self.backend)?;
         m.serialize_field("workload", self.workload)?;
         m.serialize_field("workers", &self.workers)?;
@@ -84,6 +90,7 @@ impl serde::Serialize for Measurement {
         m.serialize_field("floor_p50_us", &self.floor_p50_us)?;
         m.serialize_field("ratio", &self.ratio())?;
         m.serialize_field("transport", &self.transport)?;
+        m.serialize_field("process_threads", &self.process_threads)?;
         m.end()
     }
 }
@@ -253,6 +260,7 @@ pub async fn run(
                 })
                 .collect(),
         );
+        let threads_before = process_threads();
         // Warm up: open the connections both sides need.
         progress(&format!("{backend} {workload} x{workers}: warming up"));
         let floor_workers = floor.workers(locks, workers, hot);
@@ -293,9 +301,28 @@ pub async fn run(
             floor_ops_per_sec: f.rate(),
             floor_p50_us: f.percentile(0.5),
             transport: transport.clone(),
+            process_threads: threads_before.max(process_threads()),
         });
     }
     Ok(out)
+}
+
+/// The threads of this process now, from `/proc/self/status` (Linux); `None` where
+/// the platform does not say or the file cannot be read.
+fn process_threads() -> Option<u64> {
+    if !cfg!(target_os = "linux") {
+        return None;
+    }
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    threads_of_status(&status)
+}
+
+/// The `Threads:` field of a `/proc/PID/status` text.
+fn threads_of_status(status: &str) -> Option<u64> {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Threads:"))
+        .and_then(|v| v.trim().parse().ok())
 }
 
 /// One dblock cycle: lock, then drop the guard (which sends the release).
@@ -374,6 +401,7 @@ mod tests {
             floor_ops_per_sec: 400.0,
             floor_p50_us: 1.0,
             transport: None,
+            process_threads: Some(1),
         };
         let text = serde_json::to_string(&[m]).unwrap();
         let v: serde_json::Value = serde_json::from_str(&text).unwrap();
@@ -390,6 +418,7 @@ mod tests {
             "floor_p50_us",
             "ratio",
             "transport",
+            "process_threads",
         ];
         // serde_json's map is sorted by key unless told to keep order: compare as sets,
         // and the text for the order.
@@ -404,6 +433,7 @@ mod tests {
         assert_eq!(v[0]["ratio"], 0.75);
         assert_eq!(v[0]["workers"], 8);
         assert!(v[0]["transport"].is_null());
+        assert_eq!(v[0]["process_threads"], 1);
         let page = std::fs::read_to_string(concat!(
             env!("CARGO_MANIFEST_DIR"),
             "/../docs/performance.md"
@@ -415,6 +445,22 @@ mod tests {
                 "docs/performance.md names `{f}`"
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod threads {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    /// The count comes from the `Threads:` line, whatever its neighbours; a text
+    /// without one, or with a value that is not a count, gives none.
+    #[test]
+    fn the_thread_count_is_read_from_the_status_text() {
+        let status = "Name:\tdblock\nState:\tR (running)\nThreads:\t3\nSigQ:\t0/1\n";
+        assert_eq!(threads_of_status(status), Some(3));
+        assert_eq!(threads_of_status("Name:\tdblock\n"), None);
+        assert_eq!(threads_of_status("Threads:\tmany\n"), None);
     }
 }
 
