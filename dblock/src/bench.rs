@@ -13,7 +13,8 @@
 //! alike, and the ratio stays meaningful where absolute figures are not.
 //!
 //! A dblock cycle is `lock().await` then dropping the guard, the way a program uses it;
-//! latency is the time `lock()` takes (for the floors, the lock statement's).
+//! latency is the time `lock()` takes (for the floors, the lock statement's), read on
+//! one cycle in eight on both sides (`raw::BenchRun::TIME_EVERY`).
 //!
 //! A floor holds the lock across a round trip, as dblock does: an autocommit
 //! `pg_advisory_xact_lock` is released inside the server by the statement itself, so
@@ -30,7 +31,7 @@ use tokio::time::Instant;
 use crate::error::Error;
 use crate::key::Key;
 use crate::locks::Locks;
-use crate::raw::{BenchFloor, BenchRun, BoxFuture};
+use crate::raw::{BenchCycles, BenchFloor, BenchRun, BoxFuture, CycleClock};
 
 /// One measured line of the report.
 #[derive(Debug, Clone, PartialEq)]
@@ -95,7 +96,7 @@ impl serde::Serialize for Measurement {
     }
 }
 
-/// Cycles and their latencies from one timed run.
+/// Cycles and the timed ones' latencies from one timed run.
 struct Sample {
     ops: u64,
     elapsed: Duration,
@@ -134,15 +135,17 @@ impl Sample {
 /// Runs `workers` workers for `secs`, worker `w` the loop `work(w, run)` returns (see
 /// [`BenchRun::drive`]).
 ///
-/// Both sides of a ratio pay the same harness: per cycle a clock read on each side of
-/// the lock and a latency kept, per worker one task and its own clones of what it uses
-/// (the handle and its names; the floor and its keys), and nothing written a cycle that
-/// another worker shares. (Until the ninth session dblock's side cloned two `Arc`s all
-/// workers shared every cycle, and the floor's one and boxed its cycle's future.)
+/// Both sides of a ratio pay the same harness: one cycle in [`BenchRun::TIME_EVERY`]
+/// timed (a clock read on each side of the lock, a latency kept, the stop checked), per
+/// worker one task and its own clones of what it uses (the handle and its names; the
+/// floor and its keys), and nothing written a cycle that another worker shares. (Until
+/// the ninth session dblock's side cloned two `Arc`s all workers shared every cycle, and
+/// the floor's one and boxed its cycle's future; until the eleventh, every cycle was
+/// timed, three clock reads a cycle on both sides, a tenth of an embedded floor's cycle.)
 async fn timed<M, Fut>(workers: usize, secs: f64, work: M) -> Result<Sample, Error>
 where
     M: Fn(usize, BenchRun) -> Fut,
-    Fut: std::future::Future<Output = Result<Vec<f64>, Error>> + Send + 'static,
+    Fut: std::future::Future<Output = Result<BenchCycles, Error>> + Send + 'static,
 {
     timed_then(workers, secs, work, None).await
 }
@@ -168,7 +171,7 @@ async fn timed_then<M, Fut>(
 ) -> Result<Sample, Error>
 where
     M: Fn(usize, BenchRun) -> Fut,
-    Fut: std::future::Future<Output = Result<Vec<f64>, Error>> + Send + 'static,
+    Fut: std::future::Future<Output = Result<BenchCycles, Error>> + Send + 'static,
 {
     run_workers(workers, secs, YIELD_EVERY, work, settle).await
 }
@@ -183,7 +186,7 @@ async fn run_workers<M, Fut>(
 ) -> Result<Sample, Error>
 where
     M: Fn(usize, BenchRun) -> Fut,
-    Fut: std::future::Future<Output = Result<Vec<f64>, Error>> + Send + 'static,
+    Fut: std::future::Future<Output = Result<BenchCycles, Error>> + Send + 'static,
 {
     let run = BenchRun {
         stop: Instant::now() + Duration::from_secs_f64(secs),
@@ -202,16 +205,17 @@ where
             Ok::<_, Error>(lat)
         }));
     }
-    let mut latencies_us = Vec::new();
+    let (mut ops, mut latencies_us) = (0, Vec::new());
     for t in tasks {
-        let lat = t.await.map_err(|e| Error::Io {
+        let done = t.await.map_err(|e| Error::Io {
             context: "a benchmark worker failed".into(),
             source: std::io::Error::other(e),
         })??;
-        latencies_us.extend(lat);
+        ops += done.cycles;
+        latencies_us.extend(done.latencies_us);
     }
     Ok(Sample {
-        ops: latencies_us.len() as u64,
+        ops,
         elapsed: start.elapsed(),
         latencies_us,
     })
@@ -267,8 +271,10 @@ pub async fn run(
         let dblock_workers = |w: usize, run: BenchRun| {
             let (locks, names) = (locks.clone(), names.clone());
             async move {
-                run.drive(|i| dblock_cycle(&locks, BenchRun::nth::<String>(&names[w], i)))
-                    .await
+                run.drive(|i, timed| {
+                    dblock_cycle(&locks, BenchRun::nth::<String>(&names[w], i), timed)
+                })
+                .await
             }
         };
         let _ = timed_then(
@@ -325,9 +331,10 @@ fn threads_of_status(status: &str) -> Option<u64> {
         .and_then(|v| v.trim().parse().ok())
 }
 
-/// One dblock cycle: lock, then drop the guard (which sends the release).
-async fn dblock_cycle(locks: &Locks, name: &str) -> Result<Duration, Error> {
-    let t = Instant::now();
+/// One dblock cycle: lock, then drop the guard (which sends the release); the lock's
+/// latency when `timed`.
+async fn dblock_cycle(locks: &Locks, name: &str, timed: bool) -> Result<Duration, Error> {
+    let t = CycleClock::start(timed);
     let g = locks.lock(name).await?;
     let d = t.elapsed();
     drop(g);
@@ -355,7 +362,7 @@ impl Floor {
         locks: &Locks,
         workers: usize,
         hot: bool,
-    ) -> impl Fn(usize, BenchRun) -> BoxFuture<'static, Result<Vec<f64>, Error>> {
+    ) -> impl Fn(usize, BenchRun) -> BoxFuture<'static, Result<BenchCycles, Error>> {
         let ns = locks.namespace();
         let raw = self.raw.clone();
         // Keys are derived once, outside the timed loops (dblock's names likewise).
@@ -488,7 +495,7 @@ mod workers {
             |w, run: BenchRun| {
                 let c = c.clone();
                 async move {
-                    run.drive(|_| {
+                    run.drive(|_, _| {
                         std::thread::sleep(Duration::from_micros(20));
                         c[w].fetch_add(1, Ordering::Relaxed);
                         std::future::ready(Ok(Duration::from_micros(20)))

@@ -14,12 +14,11 @@ use std::time::Duration;
 use sqlx::mysql::MySqlConnectOptions;
 use sqlx::{AssertSqlSafe, ConnectOptions, MySqlConnection, Row};
 use tokio::sync::Mutex;
-use tokio::time::Instant;
 
 use super::{FOREVER_SECS, map_sqlx, name_in, name_prefix};
 use crate::error::Error;
 use crate::key::Key;
-use crate::raw::{BenchFloor, BenchRun, BoxFuture};
+use crate::raw::{BenchCycles, BenchFloor, BenchRun, BoxFuture, CycleClock};
 
 struct Slot {
     conn: MySqlConnection,
@@ -83,7 +82,7 @@ impl Floor {
             .ok_or_else(|| Error::unexpected(format!("the floor has no connection {w}")))
     }
 
-    async fn cycle(&self, w: usize, key: Key) -> Result<Duration, Error> {
+    async fn cycle(&self, w: usize, key: Key, timed: bool) -> Result<Duration, Error> {
         let slot = self.slot(w).await?;
         let mut s = slot.lock().await;
         let name = name_in(&self.prefix, key);
@@ -94,7 +93,7 @@ impl Floor {
             ),
             None => format!("SELECT CAST(GET_LOCK('{name}', {FOREVER_SECS}) AS SIGNED)"),
         };
-        let t = Instant::now();
+        let t = CycleClock::start(timed);
         let row = sqlx::raw_sql(AssertSqlSafe(sql))
             .fetch_one(&mut s.conn)
             .await
@@ -134,8 +133,10 @@ impl BenchFloor for Floor {
         keys: &'a [Key],
         _hot: bool,
         run: BenchRun,
-    ) -> BoxFuture<'a, Result<Vec<f64>, Error>> {
-        Box::pin(run.drive(move |i| Floor::cycle(self, worker, *BenchRun::nth(keys, i))))
+    ) -> BoxFuture<'a, Result<BenchCycles, Error>> {
+        Box::pin(
+            run.drive(move |i, timed| Floor::cycle(self, worker, *BenchRun::nth(keys, i), timed)),
+        )
     }
 
     fn settle(self: Arc<Self>, worker: usize) -> BoxFuture<'static, Result<(), Error>> {

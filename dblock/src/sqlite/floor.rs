@@ -26,12 +26,10 @@ use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use tokio::time::Instant;
-
 use super::sys::{self, Attempt, Flavor};
 use crate::error::Error;
 use crate::key::Key;
-use crate::raw::{BenchFloor, BenchRun, BoxFuture, Mode};
+use crate::raw::{BenchCycles, BenchFloor, BenchRun, BoxFuture, CycleClock, Mode};
 
 /// Descriptors, one per worker, opened by `open`.
 pub(crate) struct Floor {
@@ -71,7 +69,7 @@ impl Floor {
         Ok(())
     }
 
-    async fn cycle(&self, w: usize, key: Key, hot: bool) -> Result<Duration, Error> {
+    async fn cycle(&self, w: usize, key: Key, hot: bool, timed: bool) -> Result<Duration, Error> {
         let file = self
             .files
             .get()
@@ -80,7 +78,7 @@ impl Floor {
         // With this process's kind of lock.
         let flavor = sys::flavor().map_err(|e| fail(std::io::Error::other(e)))?;
         let offset = key.file_offset();
-        let t = Instant::now();
+        let t = CycleClock::start(timed);
         let turn = match hot {
             true => Some(self.turn.lock().await),
             false => None,
@@ -115,7 +113,11 @@ impl BenchFloor for Floor {
         keys: &'a [Key],
         hot: bool,
         run: BenchRun,
-    ) -> BoxFuture<'a, Result<Vec<f64>, Error>> {
-        Box::pin(run.drive(move |i| Floor::cycle(self, worker, *BenchRun::nth(keys, i), hot)))
+    ) -> BoxFuture<'a, Result<BenchCycles, Error>> {
+        Box::pin(
+            run.drive(move |i, timed| {
+                Floor::cycle(self, worker, *BenchRun::nth(keys, i), hot, timed)
+            }),
+        )
     }
 }

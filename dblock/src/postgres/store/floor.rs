@@ -23,7 +23,6 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use tokio::time::Instant;
 use tokio_postgres::Client;
 
 use crate::error::Error;
@@ -31,7 +30,7 @@ use crate::key::Key;
 use crate::postgres::conn::pool::Pool;
 use crate::postgres::conn::tls::Connector;
 use crate::postgres::sql::i64_text;
-use crate::raw::{BenchFloor, BenchRun, BoxFuture};
+use crate::raw::{BenchCycles, BenchFloor, BenchRun, BoxFuture, CycleClock};
 
 /// Raw connections, one per worker, opened by [`Floor::open`].
 pub(crate) struct Floor {
@@ -147,7 +146,7 @@ impl Floor {
             .ok_or_else(|| Error::unexpected(format!("the floor's worker {w} was not opened")))
     }
 
-    async fn cycle(&self, w: usize, key: Key) -> Result<Duration, Error> {
+    async fn cycle(&self, w: usize, key: Key, timed: bool) -> Result<Duration, Error> {
         let worker = self.worker(w)?;
         let mut kbuf = [0u8; 20];
         let k = i64_text(key.as_i64(), &mut kbuf);
@@ -160,7 +159,7 @@ impl Floor {
         for part in [head, "SELECT pg_catalog.pg_advisory_xact_lock(", k, ")"] {
             sql.push_str(part);
         }
-        let t = Instant::now();
+        let t = CycleClock::start(timed);
         // Whatever the outcome, a transaction may be open: the next message ends it.
         worker.holding.store(true, Ordering::Relaxed);
         run(&worker.client, &sql).await?;
@@ -187,8 +186,10 @@ impl BenchFloor for Floor {
         keys: &'a [Key],
         _hot: bool,
         run: BenchRun,
-    ) -> BoxFuture<'a, Result<Vec<f64>, Error>> {
-        Box::pin(run.drive(move |i| Floor::cycle(self, worker, *BenchRun::nth(keys, i))))
+    ) -> BoxFuture<'a, Result<BenchCycles, Error>> {
+        Box::pin(
+            run.drive(move |i, timed| Floor::cycle(self, worker, *BenchRun::nth(keys, i), timed)),
+        )
     }
 
     fn settle(self: Arc<Self>, worker: usize) -> BoxFuture<'static, Result<(), Error>> {
