@@ -14,7 +14,7 @@
 //!
 //! A dblock cycle is `lock().await` then dropping the guard, the way a program uses it;
 //! latency is the time `lock()` takes (for the floors, the lock statement's), read on
-//! one cycle in eight on both sides (`raw::BenchRun::TIME_EVERY`).
+//! one cycle in eight on both sides (`raw::BenchRun::TIME_EVERY`; never a worker's first).
 //!
 //! A floor holds the lock across a round trip, as dblock does: an autocommit
 //! `pg_advisory_xact_lock` is released inside the server by the statement itself, so
