@@ -35,6 +35,57 @@ async fn two_handles_on_one_file_exclude_each_other() {
     assert!(matches!(r, Ok(Ok(Ok(())))), "{r:?}");
 }
 
+/// A guard keeps what its lock needs alive without the handle: with every clone of the
+/// handle dropped, its locks (taken at once, and after a wait) still exclude another
+/// handle, and each is released when its guard drops.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn guards_outlive_their_handle_and_still_release() {
+    let db = SqliteDb::new();
+    let other = db.locks().await;
+    let (now, waited) = {
+        let a = db.locks().await;
+        let mut now = Vec::new();
+        for i in 0..16 {
+            now.push(a.lock(&format!("outlive:{i}")).await.unwrap());
+        }
+        // One granted after a wait (the wait's own path to a guard).
+        let held = other.lock("outlive:waited").await.unwrap();
+        let a2 = a.clone();
+        let waiting = tokio::spawn(async move { a2.lock("outlive:waited").await });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        drop(held);
+        let waited = tokio::time::timeout(Duration::from_secs(5), waiting)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        (now, waited)
+    }; // `a` and its clone dropped: only the guards remain
+    for i in 0..16 {
+        assert!(
+            other
+                .try_lock(&format!("outlive:{i}"))
+                .await
+                .unwrap()
+                .is_none()
+        );
+    }
+    assert!(other.try_lock("outlive:waited").await.unwrap().is_none());
+    drop(now);
+    drop(waited);
+    for i in 0..16 {
+        assert!(
+            other
+                .try_lock(&format!("outlive:{i}"))
+                .await
+                .unwrap()
+                .is_some(),
+            "{i}"
+        );
+    }
+    assert!(other.try_lock("outlive:waited").await.unwrap().is_some());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_lock_file_lies_beside_the_database_and_the_namespace_is_public() {
     let db = SqliteDb::new();
