@@ -61,29 +61,33 @@ async fn guards_outlive_their_handle_and_still_release() {
             .unwrap();
         (now, waited)
     }; // `a` and its clone dropped: only the guards remain
-    for i in 0..16 {
-        assert!(
-            other
-                .try_lock(&format!("outlive:{i}"))
-                .await
-                .unwrap()
-                .is_none()
-        );
-    }
-    assert!(other.try_lock("outlive:waited").await.unwrap().is_none());
+    let names: Vec<String> = (0..16)
+        .map(|i| format!("outlive:{i}"))
+        .chain(["outlive:waited".to_string()])
+        .collect();
+    // Which of the names another handle can take now (each released again at once).
+    let free = |names: Vec<String>| {
+        let other = other.clone();
+        async move {
+            let mut free = Vec::new();
+            for n in &names {
+                free.push(other.try_lock(n).await.unwrap().is_some());
+            }
+            free
+        }
+    };
+    assert_eq!(
+        free(names.clone()).await,
+        vec![false; 17],
+        "held without the handle"
+    );
     drop(now);
     drop(waited);
-    for i in 0..16 {
-        assert!(
-            other
-                .try_lock(&format!("outlive:{i}"))
-                .await
-                .unwrap()
-                .is_some(),
-            "{i}"
-        );
-    }
-    assert!(other.try_lock("outlive:waited").await.unwrap().is_some());
+    assert_eq!(
+        free(names).await,
+        vec![true; 17],
+        "released with the guards"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
