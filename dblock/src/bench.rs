@@ -136,7 +136,7 @@ impl Sample {
 /// [`BenchRun::drive`]).
 ///
 /// Both sides of a ratio pay the same harness: one cycle in [`BenchRun::TIME_EVERY`]
-/// timed (a clock read on each side of the lock, a latency kept, the stop checked), per
+/// timed (a clock read on each side of the lock, a latency kept) and the stop checked, per
 /// worker one task and its own clones of what it uses (the handle and its names; the
 /// floor and its keys), and nothing written a cycle that another worker shares. (Until
 /// the ninth session dblock's side cloned two `Arc`s all workers shared every cycle, and

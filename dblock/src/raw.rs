@@ -1145,7 +1145,7 @@ impl CycleClock {
 /// `yield_every`.
 #[derive(Clone, Copy)]
 pub(crate) struct BenchRun {
-    /// When the loop stops (checked before each timed cycle).
+    /// When the loop stops (checked before each group of [`BenchRun::TIME_EVERY`] cycles).
     pub(crate) stop: Instant,
     /// How many cycles between yields to the runtime (see `bench::YIELD_EVERY`).
     pub(crate) yield_every: u64,
@@ -1186,8 +1186,8 @@ impl BenchRun {
         })
     }
 
-    /// One cycle in this many is timed (its latency kept, the stop checked): on both
-    /// sides of a ratio alike, so that neither pays three clock reads a cycle. An embedded
+    /// One cycle in this many is timed (its latency kept), and the stop is checked once
+    /// per this many: on both sides of a ratio alike, so that neither pays three clock reads a cycle. An embedded
     /// cycle is about two system calls, and the clock reads and the latency kept were a
     /// tenth of the floor's cycle (a process of one thread: 698k–728k cycles a second
     /// against 784k–790k for the same loop bare, and `scripts/ofd-floor.c`'s 781k).
