@@ -97,9 +97,12 @@ async fn two_schemas_never_collide_but_a_shared_namespace_does() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deadline_gives_up_and_stops_waiting_on_the_server() {
     let s = PgSchema::new("deadline").await;
+    let holder = s.locks().await;
+    // Waiting on the server takes another handle (another process): a task of the
+    // holder's own handle waits behind it in the process (the relay, tested below).
     let locks = s.locks().await;
     for scope in [Scope::Transaction, Scope::Session] {
-        let g = locks.lock("d").await.unwrap();
+        let g = holder.lock("d").await.unwrap();
         let t = Instant::now();
         let r = locks
             .request("d")
@@ -553,8 +556,9 @@ async fn a_guard_learns_that_its_backend_was_terminated() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_whose_connection_is_terminated_gets_connection_lost() {
     let s = PgSchema::new("waitlost").await;
+    // The waiter on a handle of its own, so that it waits on the server.
     let locks = s.locks().await;
-    let g = locks.lock("w").await.unwrap();
+    let g = s.locks().await.lock("w").await.unwrap();
     let waiter = {
         let locks = locks.clone();
         tokio::spawn(async move { locks.lock("w").await })
@@ -1199,4 +1203,172 @@ async fn a_sessions_wait_slice_never_reaches_other_work_on_its_connection() {
         "0",
         "the server's own lock_timeout"
     );
+}
+
+/// The pid of the session holding advisory key `key` (granted), if one does.
+async fn holder_pid(s: &PgSchema, key: Key) -> Option<i32> {
+    s.advisory(key).await.into_iter().find(|r| r.2).map(|r| r.0)
+}
+
+/// Tasks of one handle waiting for one name: the lock goes from one to the next as it
+/// is, held on the server by the same session throughout (no release, no round trip),
+/// while exclusion holds against every other session. Control: tasks of two handles
+/// (as two processes) hand it over through the server — another session holds it next.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tasks_of_one_handle_hand_a_lock_over_without_letting_go_on_the_server() {
+    let s = PgSchema::new("relay").await;
+    let locks = s.locks().await;
+    let other = s.locks().await;
+    let key = locks.key("relay").unwrap();
+
+    let first = locks.lock("relay").await.unwrap();
+    let pid = holder_pid(&s, key).await.expect("held on the server");
+    // Each task sends its guard on as it gets it (in the order they get it).
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    for _ in 0..3 {
+        let (locks, tx) = (locks.clone(), tx.clone());
+        tokio::spawn(async move { tx.send(locks.lock("relay").await.unwrap()) });
+    }
+    // Behind a task of its own handle, a waiter does not wait on the server.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(s.advisory(key).await.len(), 1, "one session: the holder");
+    drop(first);
+    for _ in 0..3 {
+        let mut g = timeout(Duration::from_secs(20), rx.recv())
+            .await
+            .expect("handed over")
+            .unwrap();
+        assert_eq!(holder_pid(&s, key).await, Some(pid), "handed over as it is");
+        assert!(
+            other.try_lock("relay").await.unwrap().is_none(),
+            "still excluded elsewhere"
+        );
+        g.check().await.unwrap();
+        drop(g);
+    }
+    // The last holder had nobody to hand to: released on the server.
+    let mut free = || async { holder_pid(&s, key).await.is_none() };
+    assert!(dblock_testkit::eventually(10, &mut free).await);
+    assert!(other.try_lock("relay").await.unwrap().is_some());
+
+    // Control: a waiter of another handle gets the lock through the server.
+    let held = locks.lock("relay").await.unwrap();
+    let pid = holder_pid(&s, key).await.expect("held");
+    let waiter = tokio::spawn({
+        let other = other.clone();
+        async move { other.lock("relay").await.unwrap() }
+    });
+    until_waiting(s.admin(), key, 1).await;
+    drop(held);
+    let g = waiter.await.unwrap();
+    assert_ne!(holder_pid(&s, key).await, Some(pid), "another session");
+    drop(g);
+}
+
+/// A process whose tasks keep asking for a name keeps the server's grant for them only
+/// for a few milliseconds: another process's waiter gets the lock while they go on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handle_that_keeps_handing_a_lock_over_still_lets_another_process_in() {
+    let s = PgSchema::new("relayfair").await;
+    let busy = s.locks().await;
+    let other = s.locks().await;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let handed = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..4 {
+        let (busy, stop, handed) = (busy.clone(), stop.clone(), handed.clone());
+        tasks.push(tokio::spawn(async move {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let g = busy.lock("fair").await.unwrap();
+                handed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                tokio::time::sleep(Duration::from_micros(200)).await;
+                drop(g);
+            }
+        }));
+    }
+    let mut going = || async { handed.load(std::sync::atomic::Ordering::Relaxed) > 20 };
+    assert!(dblock_testkit::eventually(10, &mut going).await);
+    // The other process gets in while the four tasks never stop asking.
+    for _ in 0..3 {
+        let g = other
+            .try_lock_for("fair", Duration::from_secs(20))
+            .await
+            .unwrap();
+        assert!(
+            g.is_some(),
+            "another process starved behind a handle's own tasks"
+        );
+        let before = handed.load(std::sync::atomic::Ordering::Relaxed);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert_eq!(
+            handed.load(std::sync::atomic::Ordering::Relaxed),
+            before,
+            "excluded while the other process holds"
+        );
+        drop(g);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for t in tasks {
+        t.await.unwrap();
+    }
+}
+
+/// A task waiting in line behind its own handle's holder: a deadline ends its wait, a
+/// cancelled one leaves at once, and neither leaves anything held — the holder's drop
+/// releases the lock on the server. A holder whose connection was lost hands nothing
+/// over: the next task asks the server and holds a lock of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leaving_the_line_or_losing_the_holder_leaves_nothing_held() {
+    let s = PgSchema::new("relayleave").await;
+    let locks = s.locks().await;
+    let other = s.locks().await;
+    let key = locks.key("leave").unwrap();
+
+    let g = locks.lock("leave").await.unwrap();
+    let late = locks
+        .try_lock_for("leave", Duration::from_millis(50))
+        .await
+        .unwrap();
+    assert!(late.is_none(), "its deadline ended the wait in line");
+    let cancelled = tokio::spawn({
+        let locks = locks.clone();
+        async move { locks.lock("leave").await.unwrap() }
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    cancelled.abort();
+    assert!(cancelled.await.unwrap_err().is_cancelled());
+    drop(g);
+    let mut free = || async { holder_pid(&s, key).await.is_none() };
+    assert!(
+        dblock_testkit::eventually(10, &mut free).await,
+        "released on the server with nobody left in line"
+    );
+    assert!(other.try_lock("leave").await.unwrap().is_some());
+
+    // The holder's session is ended while a task waits in line behind it.
+    let g = locks.lock("leave").await.unwrap();
+    let pid = holder_pid(&s, key).await.expect("held");
+    let waiter = tokio::spawn({
+        let locks = locks.clone();
+        async move { locks.lock("leave").await.unwrap() }
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    s.admin()
+        .execute("SELECT pg_terminate_backend($1)", &[&pid])
+        .await
+        .unwrap();
+    let lost = timeout(Duration::from_secs(20), g.lost()).await;
+    assert!(lost.is_ok(), "the holder learns of its loss");
+    drop(g);
+    let g2 = timeout(Duration::from_secs(20), waiter)
+        .await
+        .expect("the waiter asks the server in its turn")
+        .unwrap();
+    let mut g2 = g2;
+    g2.check().await.unwrap();
+    let now = holder_pid(&s, key).await.expect("held on the server");
+    assert_ne!(now, pid, "a session of its own");
+    assert!(other.try_lock("leave").await.unwrap().is_none());
+    drop(g2);
 }

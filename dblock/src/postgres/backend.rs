@@ -66,6 +66,9 @@ pub(crate) struct PgBackend {
     pub(super) check_disconnect: bool,
     /// Which keys were found busy lately: whether a request tries first.
     pub(super) busy: super::lock::busy::Busy,
+    /// This handle's tasks waiting behind one another for a key, and the hand-over of
+    /// the lock between them (`lock/relay.rs`).
+    pub(super) relays: super::lock::relay::Relays<super::lock::held::Pinned>,
     /// `server_version_num`.
     pub(super) version: u32,
     /// How often held connections are checked (a lease must be longer).
@@ -263,6 +266,7 @@ impl PgBackend {
                 mux: None,
                 check_disconnect: sqlx && version >= 140_000,
                 busy: Default::default(),
+                relays: Default::default(),
                 version,
                 check_interval: opts.check_interval,
                 check_timeout: opts.check_timeout,

@@ -38,6 +38,8 @@
 //!   and all of a set: take a connection, send the round, read it, then grant, or clean
 //!   up and wait on in a new round), `plan` (what one round sends and how its answer is
 //!   read), `busy` (which keys were found busy lately: whether a request tries first),
+//!   `relay` (the handle's own tasks waiting for a key behind one another, and the
+//!   hand-over of the held lock between them without a round trip),
 //!   `messages` (the text of every lock message: a round's settings and lock
 //!   calls, clean-ups, releases), and the guard's half: `held` (a connection of its own)
 //!   or `mux` (shared connections: a lane per connection batching its requests and

@@ -352,6 +352,14 @@ impl Link {
         fd.as_ref().map(std::os::fd::OwnedFd::try_clone)
     }
 
+    /// Whether the connection's socket was shared with a child (see [`Link::export`]).
+    pub(crate) fn is_exported(&self) -> bool {
+        self.exported
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some()
+    }
+
     /// Ends a connection shared with a child for every copy of its socket
     /// (`shutdown(2)`), once; whether it was shared.
     pub(crate) fn shut_down_exported(&self) -> bool {

@@ -12,6 +12,7 @@ use tokio::time::Instant;
 use super::held::Pinned;
 use super::mux;
 use super::plan::{Answer, Plan, Round, Server, Slice, WAIT_SLICE_MS, What};
+use super::relay;
 use crate::error::{Error, WaitingFor};
 use crate::key::Key;
 use crate::postgres::backend::{PgBackend, Source};
@@ -181,12 +182,12 @@ impl PgBackend {
         if self.must_check() {
             Box::pin(self.trust(req.scope)).await?;
         }
+        // A reference into the handle (set once): what every request's future keeps.
         let fence = match req.fenced {
             true => Some(
                 Box::pin(self.fence_table())
                     .await
-                    .map_err(|e| self.fencing_permission(e))?
-                    .clone(),
+                    .map_err(|e| self.fencing_permission(e))?,
             ),
             false => None,
         };
@@ -201,9 +202,36 @@ impl PgBackend {
                 mux::Attempt::NotFree | mux::Attempt::HeldHere => {}
             }
         }
-        let bounds = Bounds::of(req.wait, self.pooler.0);
-        let on = Server {
-            fence: fence.as_deref().map(|t| (t, epoch)),
+        // Computed where used rather than kept: every request's future stays smaller.
+        let bounds = || Bounds::of(req.wait, self.pooler.0);
+        // Behind a task of this handle that holds or asks for the key, wait for it to
+        // hand over the lock, or its turn to ask (`relay.rs`).
+        let mut claim = None;
+        if let (What::One, None, true) = (what, &self.mux, relay::takes_part(req)) {
+            let relay = self.relays.of(req.scope);
+            match relay.enter(req.key) {
+                Ok(turn) => claim = Some(turn),
+                // Boxed: inline, the wait in line would make every request's future larger.
+                Err(line) => match Box::pin(relay::wait(line, bounds().deadline)).await {
+                    None => return Ok(None),
+                    Some(Ok(relay::Turn::Held(held))) => {
+                        return Ok(Some((
+                            0,
+                            Grant {
+                                held: crate::raw::Held::boxed(held),
+                                fence: None,
+                            },
+                        )));
+                    }
+                    Some(Ok(relay::Turn::Ask(turn))) => claim = Some(turn.into_claim(relay)),
+                    // Never (the relay outlives its lines): ask the server without a turn.
+                    Some(Err(_)) => {}
+                },
+            }
+        }
+        // Made for each round rather than kept, like the bounds.
+        let on = || Server {
+            fence: fence.map(|t| (&**t, epoch)),
             check_disconnect: self.check_disconnect,
             chain: self.version >= 120_000,
             session_slice: matches!(self.source, Source::Native(_))
@@ -215,19 +243,23 @@ impl PgBackend {
             if round.out_of_time(req.wait) {
                 return Ok(None);
             }
-            let Some(mut conn) = self.connection(&bounds).await? else {
+            let Some(mut conn) = self.connection(bounds()).await? else {
                 return Ok(None);
             };
             let slice = Slice::of_round(req, what, &round);
             // A whole slice is set once as the session's own lock_timeout, so that the
             // rounds that wait one (a name taken in turn, a long wait) send none.
-            let session_slice =
-                on.session_slice && slice.is_whole() && conn.set_session_slice(WAIT_SLICE_MS);
-            let mut plan = Plan::build_in(req, what, &round, &on, slice, session_slice);
-            let Some((conn, reply)) = exchange(Armed::new(conn), &plan, &bounds).await else {
-                return bounds.unanswered();
+            let mut plan = {
+                let on = on();
+                let session_slice =
+                    on.session_slice && slice.is_whole() && conn.set_session_slice(WAIT_SLICE_MS);
+                Plan::build_in(req, what, &round, &on, slice, session_slice)
             };
-            match self.after(conn, req, &mut plan, reply, fence.as_ref())? {
+            let by = bounds().answer_by();
+            let Some((conn, reply)) = exchange(Armed::new(conn), &plan, by).await else {
+                return bounds().unanswered();
+            };
+            match self.after(conn, req, &mut plan, reply, fence, &mut claim)? {
                 Then::Done(granted) => return Ok(granted),
                 Then::Again { busy } => round.next(what, busy),
             }
@@ -251,7 +283,7 @@ impl PgBackend {
 
     /// A connection for the next round; `None` if the deadline passed while it sat in a
     /// pooler's queue.
-    async fn connection(&self, bounds: &Bounds) -> Result<Option<Conn>, Error> {
+    async fn connection(&self, bounds: Bounds) -> Result<Option<Conn>, Error> {
         // The timed wait (behind a pooler, with a deadline) boxed: inline, its timer and
         // the connection's future would make every request's future larger.
         match bounds.queued {
@@ -279,6 +311,7 @@ impl PgBackend {
         plan: &mut Plan<'_>,
         reply: Reply,
         fence: Option<&Arc<str>>,
+        claim: &mut Option<relay::Claim<'_, Pinned>>,
     ) -> Result<Then, Error> {
         let answer = match reply {
             Ok(firsts) => plan.read(&firsts),
@@ -299,12 +332,13 @@ impl PgBackend {
         };
         match answer {
             Ok(Answer::Granted { slot, token }) => {
-                let held = Pinned::new(
+                let mut held = Pinned::new(
                     conn,
                     plan.release(slot),
                     plan.check_sql(),
                     self.check_timeout,
                 );
+                held.baton = claim.take().and_then(relay::Claim::granted);
                 let fence = token.zip(fence.cloned()).map(|(token, table)| Token {
                     token,
                     table,
@@ -346,13 +380,18 @@ impl PgBackend {
     }
 }
 
-/// Sends `plan`'s message on `conn` and reads its reply, within `bounds`; `None` if the
+/// Sends `plan`'s message on `conn` and reads its reply by `answer_by` (see
+/// [`Bounds::answer_by`]); `None` if the
 /// server did not answer in time (the connection is then abandoned: cancelled on the
 /// server, closed). Cancelled, the connection is abandoned too.
-async fn exchange(armed: Armed, plan: &Plan<'_>, bounds: &Bounds) -> Option<(Conn, Reply)> {
+async fn exchange(
+    armed: Armed,
+    plan: &Plan<'_>,
+    answer_by: Option<Instant>,
+) -> Option<(Conn, Reply)> {
     // A reply awaited with a deadline is boxed: inline, its timer made every request's
     // future larger (a lock without a deadline, or a try, has none).
-    let reply = match bounds.answer_by() {
+    let reply = match answer_by {
         Some(by) => {
             let reply = armed.conn().first_values(&plan.sql, plan.wanted());
             Box::pin(tokio::time::timeout_at(by, reply)).await.ok()?

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::messages::Release;
+use super::relay::{Baton, Relayed};
 use crate::error::{Error, LossReason};
 use crate::postgres::conn::wire::{CheckSql, Link, QueryError};
 use crate::postgres::conn::{Armed, Conn};
@@ -23,6 +24,9 @@ pub(crate) struct Pinned {
     release: Release,
     /// How long a release may go unanswered before the connection is given up.
     release_timeout: Duration,
+    /// This process's turn at the key, when the request stood in its line (`relay.rs`):
+    /// dropped, the lock goes to the next task in line as it is, or the turn to ask.
+    pub(crate) baton: Option<Baton<Pinned>>,
 }
 
 impl Pinned {
@@ -45,6 +49,7 @@ impl Pinned {
             conn: Some(conn),
             release,
             release_timeout,
+            baton: None,
         }
     }
 
@@ -203,6 +208,47 @@ impl Pinned {
 
 impl Drop for Pinned {
     fn drop(&mut self) {
+        // A task of this process waits for the lock: it is handed over as it is, still
+        // held on the server, while its connection is healthy and within the window.
+        if let Some(baton) = self.baton.take() {
+            match self.conn.take() {
+                Some(conn)
+                    if baton.may_hand_over()
+                        && self.link.loss().is_none()
+                        && !self.link.is_exported() =>
+                {
+                    let next = Pinned {
+                        conn: Some(conn),
+                        link: self.link.clone(),
+                        release: std::mem::replace(
+                            &mut self.release,
+                            Release::of_all(Scope::Transaction, false),
+                        ),
+                        release_timeout: self.release_timeout,
+                        baton: None,
+                    };
+                    // Nobody in line after all: released below, as without a line.
+                    if let Some(mut back) = baton.hand_over(next) {
+                        self.conn = back.conn.take();
+                        std::mem::swap(&mut self.release, &mut back.release);
+                    }
+                }
+                conn => {
+                    self.conn = conn;
+                    // The release is queued first, then the next task asks the server.
+                    self.release_conn();
+                    drop(baton);
+                }
+            }
+        }
+        self.release_conn();
+    }
+}
+
+impl Pinned {
+    /// Releases the lock on the server when the guard drops: deferred to the
+    /// connection, which goes back to its pool.
+    fn release_conn(&mut self) {
         if let Some(conn) = self.conn.take() {
             conn.link().set_watched(false);
             // Shared with a child: ending the connection for every copy releases the
@@ -217,6 +263,12 @@ impl Drop for Pinned {
                 conn.abandon();
             }
         }
+    }
+}
+
+impl Relayed for Pinned {
+    fn baton(&mut self) -> &mut Option<Baton<Pinned>> {
+        &mut self.baton
     }
 }
 
