@@ -13,7 +13,9 @@
 //!   holder's next message, `ROLLBACK AND CHAIN; SELECT pg_advisory_xact_lock(k)`
 //!   (one message per hand-off, as `dblock bench`'s `hot` floor);
 //! - dblock: `lock(name)` and drop the guard, transaction scope (the default) and
-//!   session scope;
+//!   session scope, on one handle (its tasks hand the lock to one another inside the
+//!   process while the server's grant is fresh: `postgres/lock/relay.rs`); and on a
+//!   handle per worker, as separate processes would (every hand-off through the server);
 //! - sqlx: `PgAdvisoryLock::acquire` (`pg_advisory_lock`) on a connection of the task's
 //!   own, then `release_now` (`pg_advisory_unlock`, awaited);
 //! - pgbench: `-c 8 -j 2 -f` a script of `BEGIN; SELECT pg_advisory_xact_lock(k);
@@ -212,6 +214,20 @@ async fn main() {
             async move { drop(locks.lock(name).await.unwrap()) }
         }
     };
+    // A handle per worker, as eight processes would have: no hand-over inside the
+    // process, every hand-off through the server.
+    let mut apart = Vec::new();
+    for _ in 0..WORKERS {
+        apart.push(Locks::builder().url(&url).build().await.unwrap());
+    }
+    let apart = Arc::new(apart);
+    let apart_cycle = {
+        let apart = apart.clone();
+        move |w: usize| {
+            let locks = apart[w].clone();
+            async move { drop(locks.lock(name).await.unwrap()) }
+        }
+    };
 
     // sqlx: a connection of each task's own, held for the run.
     let pool = sqlx::postgres::PgPoolOptions::new()
@@ -254,6 +270,7 @@ async fn main() {
         "floor: one message per hand-off (raw)",
         "dblock: lock + drop (transaction scope)",
         "dblock: lock + drop (session scope)",
+        "dblock: a handle per worker (transaction)",
         "sqlx PgAdvisoryLock: acquire + release_now",
         "pgbench -M simple: BEGIN; lock; COMMIT",
         "pgbench -M prepared: BEGIN; lock; COMMIT",
@@ -267,13 +284,15 @@ async fn main() {
             0.0,
             0.0,
             0.0,
+            0.0,
         ];
         r[1] = run(slice, dblock_cycle(xact.clone())).await;
         r[2] = run(slice, dblock_cycle(session.clone())).await;
-        r[3] = run(slice, sqlx_cycle.clone()).await;
+        r[3] = run(slice, apart_cycle.clone()).await;
+        r[4] = run(slice, sqlx_cycle.clone()).await;
         if let Some(bin) = &bin {
-            r[4] = run_pgbench(bin, &url, &script, "simple", pg_secs).await;
-            r[5] = run_pgbench(bin, &url, &script, "prepared", pg_secs).await;
+            r[5] = run_pgbench(bin, &url, &script, "simple", pg_secs).await;
+            r[6] = run_pgbench(bin, &url, &script, "prepared", pg_secs).await;
         }
         if round > 0 {
             for (t, v) in totals.iter_mut().zip(r) {
@@ -283,7 +302,7 @@ async fn main() {
     }
     let mean = |v: &Vec<f64>| v.iter().sum::<f64>() / v.len().max(1) as f64;
     let rates: Vec<f64> = totals.iter().map(mean).collect();
-    let pg_best = rates[4].max(rates[5]);
+    let pg_best = rates[5].max(rates[6]);
     println!(
         "PostgreSQL hot name, {WORKERS} workers ({rounds} rounds of {slice} s slices, alternating; same server, same run)"
     );
@@ -292,7 +311,7 @@ async fn main() {
         "", "cycles/s", "÷ floor", "÷ sqlx", "÷ pgbench"
     );
     for (i, label) in labels.iter().enumerate() {
-        if i >= 4 && bin.is_none() {
+        if i >= 5 && bin.is_none() {
             println!("{label:<44} (no pgbench found; set PGBENCH)");
             continue;
         }
@@ -301,9 +320,28 @@ async fn main() {
             "{label:<44} {:>10.0} {:>9.2} {:>9.2} {:>11.2}   {}",
             rates[i],
             rates[i] / rates[0],
-            rates[i] / rates[3],
+            rates[i] / rates[4],
             rates[i] / pg_best,
             per.join(" ")
+        );
+    }
+    // Round by round: the "in at least 4 of 5 side-by-side runs".
+    let ahead = |i: usize| {
+        (0..totals[i].len())
+            .filter(|&r| {
+                let best = totals[5]
+                    .get(r)
+                    .copied()
+                    .unwrap_or(0.0)
+                    .max(totals[6].get(r).copied().unwrap_or(0.0));
+                totals[i][r] >= totals[4][r] && totals[i][r] >= best
+            })
+            .count()
+    };
+    for (i, label) in labels.iter().enumerate().take(4).skip(1) {
+        println!(
+            "{label}: ahead of sqlx and pgbench in {} of {rounds} rounds",
+            ahead(i)
         );
     }
     println!("(÷ pgbench: against the faster of its two protocols)");
