@@ -158,7 +158,7 @@ mod sys;
 mod table;
 mod tokens;
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -319,30 +319,7 @@ impl Table {
 
 /// A map by file offset. Offsets come from SHA-256 digests, so they need no keyed hash
 /// against chosen collisions; SipHash cost as much as a third of an uncontended cycle.
-pub(crate) type OffsetMap<V> = HashMap<u64, V, std::hash::BuildHasherDefault<OffsetHasher>>;
-
-/// The hash of an offset: its bits mixed by one multiplication, the high half (which
-/// every input bit reaches) brought down to the low bits the map indexes by — the low
-/// bits of an offset itself are alike within one part of the table.
-#[derive(Default)]
-pub(crate) struct OffsetHasher(u64);
-
-impl std::hash::Hasher for OffsetHasher {
-    fn finish(&self) -> u64 {
-        self.0.wrapping_mul(0x9E37_79B9_7F4A_7C15).rotate_left(32)
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        // Only u64 keys are hashed; any other input still hashes, byte by byte.
-        for &b in bytes {
-            self.0 = self.0.rotate_left(8) ^ u64::from(b);
-        }
-    }
-
-    fn write_u64(&mut self, n: u64) {
-        self.0 ^= n;
-    }
-}
+pub(crate) type OffsetMap<V> = crate::key::DigestMap<u64, V>;
 
 impl SqliteBackend {
     /// Resolves `db_path` to its file and opens (creating if needed) the lock file

@@ -25,15 +25,15 @@
 //! task in line leaves it at once when its deadline passes or it is cancelled; a turn
 //! or a lock handed to a task that left meanwhile goes to the next one in line, or back.
 
+use std::collections::VecDeque;
 use std::collections::hash_map::Entry;
-use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-use crate::key::Key;
+use crate::key::{DigestMap, Key};
 use crate::raw::{Mode, Req, Scope, Wait};
 use crate::sync::Mutex;
 
@@ -73,12 +73,12 @@ pub(crate) struct Relay<H: Relayed> {
 }
 
 /// One part's lines: per key, the tasks in line, first first.
-type Lines<H> = HashMap<Key, VecDeque<oneshot::Sender<Turn<H>>>>;
+type Lines<H> = DigestMap<Key, VecDeque<oneshot::Sender<Turn<H>>>>;
 
 impl<H: Relayed> Default for Relay<H> {
     fn default() -> Self {
         Relay {
-            parts: std::array::from_fn(|_| Mutex::new(HashMap::new())),
+            parts: std::array::from_fn(|_| Mutex::new(DigestMap::default())),
         }
     }
 }
@@ -144,13 +144,14 @@ impl<H: Relayed> Relay<H> {
         loop {
             let next = {
                 let mut lines = crate::sync::lock(self.part(key));
-                let Some(line) = lines.get_mut(&key) else {
+                // One look-up, whether the line goes on or closes.
+                let Entry::Occupied(mut line) = lines.entry(key) else {
                     return Some(turn);
                 };
-                match line.pop_front() {
+                match line.get_mut().pop_front() {
                     Some(next) => next,
                     None => {
-                        lines.remove(&key);
+                        line.remove();
                         return Some(turn);
                     }
                 }
