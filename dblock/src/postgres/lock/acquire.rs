@@ -381,9 +381,9 @@ impl PgBackend {
 }
 
 /// Sends `plan`'s message on `conn` and reads its reply by `answer_by` (see
-/// [`Bounds::answer_by`]); `None` if the
-/// server did not answer in time (the connection is then abandoned: cancelled on the
-/// server, closed). Cancelled, the connection is abandoned too.
+/// [`Bounds::answer_by`]); `None` if the server did not answer in time (the connection
+/// is then abandoned: cancelled on the server, closed). Cancelled, the connection is
+/// abandoned too.
 async fn exchange(
     armed: Armed,
     plan: &Plan<'_>,

@@ -5,8 +5,8 @@
 //! connection of its own, and every hand-off between them went through the server: the
 //! holder's release, then the server waking the next session and answering it — a
 //! round trip on the path of every hand-off, and a connection per waiting task. Instead,
-//! the first task asking for a name (per key and scope) takes the *turn*, a [`Baton`],
-//! and asks the server; the others line up behind it here, in arrival order, on a
+//! the first task asking for a name (per key and scope) takes the *turn* (a [`Claim`]
+//! while it asks, kept as the lock's [`Baton`] once granted) and asks the server; the others line up behind it here, in arrival order, on a
 //! one-shot channel each. When the holder lets go and a task of this process is in
 //! line, the lock is handed to that task as it is — the same connection, the server's
 //! lock never let go — provided it is still healthy and the server granted it less than
