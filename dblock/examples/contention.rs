@@ -3,13 +3,17 @@
 //!
 //! ```text
 //! cargo run --release -p dblock --example contention -- [--procs 16] [--sections 300]
-//!     [--hold-us 200] [--readers 0] [--url URL]
+//!     [--hold-us 200] [--readers 0] [--tasks 1] [--url URL]
 //! ```
 //!
 //! Without `--url` it uses an SQLite file in a fresh temporary directory. `--readers N`
 //! makes N of the processes take the lock shared, so a writer's wait behind a stream of
 //! readers shows. It prints the wait percentiles and the worst wait, for writers and
-//! readers apart: a fair lock keeps the worst wait near `procs × (hold + handover)`. Figures, not assertions: this measures, it does not test.
+//! readers apart: a fair lock keeps the worst wait near `procs × (hold + handover)`.
+//! `--tasks N` runs N tasks in each process, on one handle, each taking the lock
+//! `--sections` times: tasks of one process hand the lock to one another there (the
+//! embedded file's table, PostgreSQL's relay), and the waits show what that does to the
+//! other processes. Figures, not assertions: this measures, it does not test.
 
 use std::process::Stdio;
 use std::time::{Duration, Instant};
@@ -32,18 +36,25 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         })
     };
     if args.first().map(String::as_str) == Some("--worker") {
-        return worker(
-            &args[1],
-            num("--sections", 300)?,
-            num("--hold-us", 200)?,
-            args.iter().any(|a| a == "--shared"),
-        )
-        .await;
+        let (url, sections, hold_us) = (&args[1], num("--sections", 300)?, num("--hold-us", 200)?);
+        let shared = args.iter().any(|a| a == "--shared");
+        let locks = dblock::Locks::connect(url).await?;
+        let mut tasks = tokio::task::JoinSet::new();
+        for _ in 0..num("--tasks", 1)? {
+            tasks.spawn(worker(locks.clone(), sections, hold_us, shared));
+        }
+        let mut out = String::new();
+        while let Some(waits) = tasks.join_next().await {
+            out.push_str(&waits??);
+        }
+        print!("{out}");
+        return Ok(());
     }
     let procs = num("--procs", 16)?;
     let sections = num("--sections", 300)?;
     let hold_us = num("--hold-us", 200)?;
     let readers = num("--readers", 0)?;
+    let tasks = num("--tasks", 1)?;
     let dir = tempfile::tempdir()?;
     let url = match opt("--url") {
         Some(u) => u,
@@ -58,6 +69,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         let mut cmd = tokio::process::Command::new(&exe);
         cmd.args(["--worker", &url, "--sections", &sections.to_string()])
             .args(["--hold-us", &hold_us.to_string()])
+            .args(["--tasks", &tasks.to_string()])
             .stdout(Stdio::piped())
             .kill_on_drop(true);
         if p < readers {
@@ -82,7 +94,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let total = started.elapsed();
     println!(
-        "{} on {}: {procs} processes ({readers} shared) x {sections} sections, hold {hold_us} µs, {:.2} s in all",
+        "{} on {}: {procs} processes ({readers} shared) x {tasks} task(s) x {sections} sections, hold {hold_us} µs, {:.2} s in all",
         dblock::Locks::connect(&url).await?.backend_name(),
         if url.starts_with("sqlite:") {
             "a fresh file"
@@ -109,15 +121,15 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-/// One process: `sections` times take the lock, note how long that waited, hold it for
+/// One task: `sections` times take the lock, note how long that waited, hold it for
 /// `hold_us` (a busy wait, so the holder stays on the CPU like real work), release.
+/// Returns the waits, a line each, in microseconds.
 async fn worker(
-    url: &str,
+    locks: dblock::Locks,
     sections: u64,
     hold_us: u64,
     shared: bool,
-) -> Result<(), Box<dyn std::error::Error>> {
-    let locks = dblock::Locks::connect(url).await?;
+) -> Result<String, dblock::Error> {
     let hold = Duration::from_micros(hold_us);
     let mut out = String::new();
     for _ in 0..sections {
@@ -133,7 +145,8 @@ async fn worker(
         }
         drop(guard);
         out.push_str(&format!("{}\n", waited.as_micros()));
+        // Let the process's other tasks run (the runtime has one thread).
+        tokio::task::yield_now().await;
     }
-    print!("{out}");
-    Ok(())
+    Ok(out)
 }
