@@ -182,22 +182,19 @@ impl<H: Relayed> Relay<H> {
     }
 }
 
-impl<H: Relayed> std::fmt::Debug for Relay<H> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Relay")
-    }
-}
-
 /// Spends a turn that came back from a closed line: nothing of it passes on.
 fn spend<H: Relayed>(turn: Option<Turn<H>>) {
     match turn {
         Some(Turn::Ask(mut b)) => b.relay = None,
-        Some(Turn::Held(mut h)) => {
-            if let Some(b) = h.baton().as_mut() {
-                b.relay = None;
-            }
-        }
+        Some(Turn::Held(mut h)) => disarm(&mut h),
         None => {}
+    }
+}
+
+/// Spends the turn a held lock keeps: released as if it had stood in no line.
+fn disarm<H: Relayed>(held: &mut H) {
+    if let Some(b) = held.baton().as_mut() {
+        b.relay = None;
     }
 }
 
@@ -290,9 +287,7 @@ impl<H: Relayed> Baton<H> {
         match relay.pass(key, Turn::Held(held)) {
             None => None,
             Some(Turn::Held(mut back)) => {
-                if let Some(b) = back.baton().as_mut() {
-                    b.relay = None;
-                }
+                disarm(&mut back);
                 Some(back)
             }
             // Not what was passed; spent as it is.
