@@ -25,6 +25,16 @@
 //! The contenders run in alternating slices of `SLICE_SECS` (1 s unless set) for
 //! `ROUNDS` rounds (5 unless set), after one warm-up slice each, so a drifting machine
 //! slows every contender alike; the report gives rates and dblock's ratios.
+//!
+//! Each contender runs on a runtime of its own (a thread per core, as `dblock bench`'s),
+//! and each round starts one contender further on, so that none inherits another's
+//! threads or always follows the same neighbour. On a 2-core machine a hand-off loop
+//! run on worker threads that had just been busy with something else (the one-handle
+//! rows, 1.8M in-process hand-offs a second) ran at about 12,000 a second for the next
+//! 0.2–1.2 s instead of about 19,000, raw clients and dblock alike, and less often so on
+//! threads of their own (`docs/performance.md`, thirteenth session): with one runtime
+//! for all and a fixed order, the row after the one-handle rows was measured in that
+//! state every round.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
 
@@ -107,6 +117,14 @@ fn pgbench() -> Option<std::path::PathBuf> {
     found.pop()
 }
 
+/// A multi-thread runtime of a thread per core: one for each contender.
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
 /// pgbench's tps over `secs` (whole seconds, at least 1) with `script`.
 async fn run_pgbench(
     bin: &std::path::Path,
@@ -149,8 +167,7 @@ fn plain(url: &str) -> String {
     format!("{url}{sep}sslmode=disable")
 }
 
-#[tokio::main]
-async fn main() {
+fn main() {
     if !std::env::args().any(|a| a == "--bench") {
         return;
     }
@@ -163,16 +180,23 @@ async fn main() {
     let name = "bench:hot:side-by-side";
     let key = dblock::Key::new("public", name).unwrap().as_i64();
 
+    // Each contender: its label and one slice's run, on its own runtime.
+    type Slice = Box<dyn FnMut() -> f64>;
+    let mut contenders: Vec<(&str, Slice)> = Vec::new();
+
     // The floor's connections, one per worker, each remembering whether it holds.
-    let mut floor_conns = Vec::new();
-    for _ in 0..WORKERS {
-        let (c, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
-            .await
-            .unwrap();
-        tokio::spawn(conn);
-        floor_conns.push(Arc::new((c, std::sync::atomic::AtomicBool::new(false))));
-    }
-    let floor_conns = Arc::new(floor_conns);
+    let rt = runtime();
+    let floor_conns = rt.block_on(async {
+        let mut conns = Vec::new();
+        for _ in 0..WORKERS {
+            let (c, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+                .await
+                .unwrap();
+            tokio::spawn(conn);
+            conns.push(Arc::new((c, std::sync::atomic::AtomicBool::new(false))));
+        }
+        Arc::new(conns)
+    });
     let floor = {
         let conns = floor_conns.clone();
         move |w: usize| {
@@ -188,73 +212,94 @@ async fn main() {
         }
     };
     // Each floor task releases what it still holds when it stops.
-    let settle_floor = {
+    let settle_floor = move |w: usize| {
         let conns = floor_conns.clone();
-        move |w: usize| {
-            let conns = conns.clone();
-            async move {
-                let (c, holding) = &*conns[w];
-                if holding.swap(false, Ordering::Relaxed) {
-                    drain(c, "ROLLBACK").await;
-                }
+        async move {
+            let (c, holding) = &*conns[w];
+            if holding.swap(false, Ordering::Relaxed) {
+                drain(c, "ROLLBACK").await;
             }
         }
     };
+    contenders.push((
+        "floor: one message per hand-off (raw)",
+        Box::new(move || rt.block_on(run_then(slice, floor.clone(), settle_floor.clone()))),
+    ));
 
-    let xact = Locks::builder().url(&url).build().await.unwrap();
-    let session = Locks::builder()
-        .url(&url)
-        .scope(Scope::Session)
-        .build()
-        .await
-        .unwrap();
     let dblock_cycle = |locks: Locks| {
         move |_w: usize| {
             let locks = locks.clone();
             async move { drop(locks.lock(name).await.unwrap()) }
         }
     };
+    for (label, scope) in [
+        (
+            "dblock: lock + drop (transaction scope)",
+            Scope::Transaction,
+        ),
+        ("dblock: lock + drop (session scope)", Scope::Session),
+    ] {
+        let rt = runtime();
+        let locks = rt
+            .block_on(Locks::builder().url(&url).scope(scope).build())
+            .unwrap();
+        let cycle = dblock_cycle(locks);
+        contenders.push((
+            label,
+            Box::new(move || rt.block_on(run(slice, cycle.clone()))),
+        ));
+    }
+
     // A handle per worker, as eight processes would have: no hand-over inside the
     // process, every hand-off through the server.
-    let mut apart = Vec::new();
-    for _ in 0..WORKERS {
-        apart.push(Locks::builder().url(&url).build().await.unwrap());
-    }
-    let apart = Arc::new(apart);
-    let apart_cycle = {
-        let apart = apart.clone();
-        move |w: usize| {
-            let locks = apart[w].clone();
-            async move { drop(locks.lock(name).await.unwrap()) }
+    let rt = runtime();
+    let apart = rt.block_on(async {
+        let mut apart = Vec::new();
+        for _ in 0..WORKERS {
+            apart.push(Locks::builder().url(&url).build().await.unwrap());
         }
+        Arc::new(apart)
+    });
+    let apart_cycle = move |w: usize| {
+        let locks = apart[w].clone();
+        async move { drop(locks.lock(name).await.unwrap()) }
     };
+    contenders.push((
+        "dblock: a handle per worker (transaction)",
+        Box::new(move || rt.block_on(run(slice, apart_cycle.clone()))),
+    ));
 
     // sqlx: a connection of each task's own, held for the run.
-    let pool = sqlx::postgres::PgPoolOptions::new()
-        .max_connections(WORKERS as u32)
-        .connect(&url)
-        .await
-        .unwrap();
-    let mut sqlx_conns = Vec::new();
-    for _ in 0..WORKERS {
-        sqlx_conns.push(Arc::new(tokio::sync::Mutex::new(Some(
-            pool.acquire().await.unwrap(),
-        ))));
-    }
-    let sqlx_conns = Arc::new(sqlx_conns);
+    let sqlx_rt = Arc::new(runtime());
+    let rt = sqlx_rt.clone();
+    let sqlx_conns = rt.block_on(async {
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(WORKERS as u32)
+            .connect(&url)
+            .await
+            .unwrap();
+        let mut conns = Vec::new();
+        for _ in 0..WORKERS {
+            conns.push(Arc::new(tokio::sync::Mutex::new(Some(
+                pool.acquire().await.unwrap(),
+            ))));
+        }
+        Arc::new(conns)
+    });
     let sqlx_lock = Arc::new(sqlx::postgres::PgAdvisoryLock::new(name));
-    let sqlx_cycle = {
-        let conns = sqlx_conns.clone();
-        move |w: usize| {
-            let (conns, lock) = (conns.clone(), sqlx_lock.clone());
-            async move {
-                let mut slot = conns[w].lock().await;
-                let conn = slot.take().unwrap();
-                let guard = lock.acquire(conn).await.unwrap();
-                *slot = Some(guard.release_now().await.unwrap());
-            }
+    let sqlx_cycle = move |w: usize| {
+        let (conns, lock) = (sqlx_conns.clone(), sqlx_lock.clone());
+        async move {
+            let mut slot = conns[w].lock().await;
+            let conn = slot.take().unwrap();
+            let guard = lock.acquire(conn).await.unwrap();
+            *slot = Some(guard.release_now().await.unwrap());
         }
     };
+    contenders.push((
+        "sqlx PgAdvisoryLock: acquire + release_now",
+        Box::new(move || rt.block_on(run(slice, sqlx_cycle.clone()))),
+    ));
 
     let bin = pgbench();
     let dir = tempfile::tempdir().unwrap();
@@ -265,34 +310,27 @@ async fn main() {
     )
     .unwrap();
     let pg_secs = slice.round().max(1.0) as u64;
+    for (label, mode) in [
+        ("pgbench -M simple: BEGIN; lock; COMMIT", "simple"),
+        ("pgbench -M prepared: BEGIN; lock; COMMIT", "prepared"),
+    ] {
+        let (rt, bin, url, script) = (runtime(), bin.clone(), url.clone(), script.clone());
+        contenders.push((
+            label,
+            Box::new(move || match &bin {
+                Some(bin) => rt.block_on(run_pgbench(bin, &url, &script, mode, pg_secs)),
+                None => 0.0,
+            }),
+        ));
+    }
 
-    let labels = [
-        "floor: one message per hand-off (raw)",
-        "dblock: lock + drop (transaction scope)",
-        "dblock: lock + drop (session scope)",
-        "dblock: a handle per worker (transaction)",
-        "sqlx PgAdvisoryLock: acquire + release_now",
-        "pgbench -M simple: BEGIN; lock; COMMIT",
-        "pgbench -M prepared: BEGIN; lock; COMMIT",
-    ];
-    let mut totals = vec![Vec::new(); labels.len()];
+    // Round 0 warms every contender up; each round starts one contender further on.
+    let n = contenders.len();
+    let mut totals = vec![Vec::new(); n];
     for round in 0..=rounds {
-        let mut r = vec![
-            run_then(slice, floor.clone(), settle_floor.clone()).await,
-            0.0,
-            0.0,
-            0.0,
-            0.0,
-            0.0,
-            0.0,
-        ];
-        r[1] = run(slice, dblock_cycle(xact.clone())).await;
-        r[2] = run(slice, dblock_cycle(session.clone())).await;
-        r[3] = run(slice, apart_cycle.clone()).await;
-        r[4] = run(slice, sqlx_cycle.clone()).await;
-        if let Some(bin) = &bin {
-            r[5] = run_pgbench(bin, &url, &script, "simple", pg_secs).await;
-            r[6] = run_pgbench(bin, &url, &script, "prepared", pg_secs).await;
+        let mut r = vec![0.0; n];
+        for i in (0..n).map(|i| (i + round) % n) {
+            r[i] = (contenders[i].1)();
         }
         if round > 0 {
             for (t, v) in totals.iter_mut().zip(r) {
@@ -300,6 +338,7 @@ async fn main() {
             }
         }
     }
+    let labels: Vec<&str> = contenders.iter().map(|c| c.0).collect();
     let mean = |v: &Vec<f64>| v.iter().sum::<f64>() / v.len().max(1) as f64;
     let rates: Vec<f64> = totals.iter().map(mean).collect();
     let pg_best = rates[5].max(rates[6]);
@@ -345,4 +384,8 @@ async fn main() {
         );
     }
     println!("(÷ pgbench: against the faster of its two protocols)");
+    // sqlx's pooled connections go back to their pool on a task: drop them inside
+    // their runtime.
+    let _inside = sqlx_rt.enter();
+    drop(contenders);
 }
