@@ -322,6 +322,32 @@ impl Builder {
         self
     }
 
+    /// How long after PostgreSQL grants a lock this handle may hand it straight to another
+    /// of its own tasks waiting for the same name, with no round trip, before it lets the
+    /// server give it to another process's waiter: 5 ms unless set. Longer favours this
+    /// process's throughput on a hot name; [`Duration::ZERO`] sends every hand-off through
+    /// the server, in the server's order among all processes (`docs/how-it-works.md`).
+    /// Plain requests only (one name, exclusive, with a wait, unfenced, no lease, not
+    /// multiplexed); the embedded file and MySQL/MariaDB ignore it.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), dblock::Error> {
+    /// use std::time::Duration;
+    /// let locks = dblock::Locks::builder()
+    ///     .url("postgres://postgres@localhost/app")
+    ///     .hand_over(Duration::ZERO) // strict server order between all waiters
+    ///     .build()
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    #[cfg(feature = "postgres")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+    pub fn hand_over(mut self, window: Duration) -> Self {
+        let micros = u64::try_from(window.as_micros()).unwrap_or(u64::MAX);
+        self.opts.set("hand_over", micros.to_string());
+        self
+    }
+
     /// Lets the embedded backend use a lock file on a network or FUSE file system,
     /// where byte-range locks may not exclude across hosts. Off unless set: such file
     /// systems are refused with [`Error::UnsupportedFilesystem`].

@@ -1314,6 +1314,130 @@ async fn a_handle_that_keeps_handing_a_lock_over_still_lets_another_process_in()
     }
 }
 
+/// `Builder::hand_over` sets the window: with a long one, a lock goes from task to task
+/// of a handle without ever being let go on the server — another process's waiter,
+/// queued on the server ahead of all of them, never gets it meanwhile. Control: with
+/// `Duration::ZERO` every hand-off goes through the server, so that waiter gets it
+/// first, ahead of the handle's own tasks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_hand_over_window_decides_whether_a_lock_is_let_go_between_a_handles_tasks() {
+    let s = PgSchema::new("relaywindow").await;
+    let other = s.locks().await;
+    for (window, kept) in [(Duration::from_secs(600), true), (Duration::ZERO, false)] {
+        let locks = Locks::builder()
+            .url(&s.url)
+            .hand_over(window)
+            .build()
+            .await
+            .unwrap();
+        let key = locks.key("window").unwrap();
+        let first = locks.lock("window").await.unwrap();
+        let waiter = tokio::spawn({
+            let other = other.clone();
+            async move { other.lock("window").await.unwrap() }
+        });
+        until_waiting(s.admin(), key, 1).await;
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        for _ in 0..3 {
+            let (locks, tx) = (locks.clone(), tx.clone());
+            tokio::spawn(async move { tx.send(locks.lock("window").await.unwrap()) });
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        drop(first);
+        if kept {
+            for _ in 0..3 {
+                let g = timeout(Duration::from_secs(20), rx.recv())
+                    .await
+                    .expect("handed over")
+                    .unwrap();
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                assert!(
+                    !waiter.is_finished(),
+                    "never let go on the server between the handle's tasks"
+                );
+                drop(g);
+            }
+            let g = timeout(Duration::from_secs(20), waiter)
+                .await
+                .expect("the other process next")
+                .unwrap();
+            drop(g);
+        } else {
+            let g = timeout(Duration::from_secs(20), waiter)
+                .await
+                .expect("the other process first, in the server's order")
+                .unwrap();
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            assert!(rx.try_recv().is_err(), "excluded while the other holds");
+            drop(g);
+            for _ in 0..3 {
+                let g = timeout(Duration::from_secs(20), rx.recv())
+                    .await
+                    .expect("each task in turn")
+                    .unwrap();
+                drop(g);
+            }
+        }
+        let mut free = || async { holder_pid(&s, key).await.is_none() };
+        assert!(eventually(10, &mut free).await, "nothing left held");
+    }
+}
+
+/// Control for the test above: with a window that never ends, another process starves
+/// while a handle's tasks keep asking — what the 5-ms default prevents.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_window_that_never_ends_starves_another_process() {
+    let s = PgSchema::new("relaystarve").await;
+    let busy = Locks::builder()
+        .url(&s.url)
+        .hand_over(Duration::from_secs(600))
+        .build()
+        .await
+        .unwrap();
+    let other = s.locks().await;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let handed = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..4 {
+        let (busy, stop, handed) = (busy.clone(), stop.clone(), handed.clone());
+        tasks.push(tokio::spawn(async move {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let g = busy.lock("starve").await.unwrap();
+                handed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                tokio::time::sleep(Duration::from_micros(200)).await;
+                drop(g);
+            }
+        }));
+    }
+    let mut going = || async { handed.load(std::sync::atomic::Ordering::Relaxed) > 20 };
+    assert!(eventually(10, &mut going).await);
+    let g = other
+        .try_lock_for("starve", Duration::from_millis(500))
+        .await
+        .unwrap();
+    assert!(
+        g.is_none(),
+        "the handle's tasks kept the lock to themselves"
+    );
+    let before = handed.load(std::sync::atomic::Ordering::Relaxed);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert!(
+        handed.load(std::sync::atomic::Ordering::Relaxed) > 20,
+        "they went on meanwhile ({before} hand-overs before the other gave up)"
+    );
+    // Once they stop, the other process gets in.
+    assert!(
+        other
+            .try_lock_for("starve", Duration::from_secs(20))
+            .await
+            .unwrap()
+            .is_some()
+    );
+}
+
 /// A task waiting in line behind its own handle's holder: a deadline ends its wait, a
 /// cancelled one leaves at once, and neither leaves anything held — the holder's drop
 /// releases the lock on the server. A holder whose connection was lost hands nothing

@@ -139,6 +139,7 @@ impl PgBackend {
             _ => b.engine.clone(),
         };
         b.set_engine(engine, pg.self_test);
+        b.relays = super::lock::relay::Relays::new(pg.hand_over);
         if mux.is_some() {
             // A multiplexing handle keeps to its shared connections until it must wait.
             pool.close_idle();
@@ -170,6 +171,7 @@ impl PgBackend {
         let (mut b, ns) = PgBackend::finish_open(source, true, opts).await?;
         let engine = b.engine.clone();
         b.set_engine(engine, pg.self_test);
+        b.relays = super::lock::relay::Relays::new(pg.hand_over);
         if pg.pooler != Pooler::Detect {
             b.set_pooler((pg.pooler, pg.pooler_known));
         } else if b.server_port.is_some_and(|p| Some(p) != b.sqlx_port()) {

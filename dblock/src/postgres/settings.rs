@@ -1,5 +1,5 @@
 //! PostgreSQL's own settings of a handle — the builder's `pooler`, `multiplex`,
-//! `self_test` and `application_name` — read by name from the handle's options, which carry them for this
+//! `hand_over`, `self_test` and `application_name` — read by name from the handle's options, which carry them for this
 //! backend without knowing what they mean.
 
 use super::conn::pooler::{Known, Pooler};
@@ -9,6 +9,8 @@ use crate::raw::Options;
 
 /// The builder's `multiplex(n)`, as the options carry it.
 pub(crate) const MULTIPLEX: &str = "multiplex";
+/// The builder's `hand_over(window)`, in microseconds, as the options carry it.
+pub(crate) const HAND_OVER: &str = "hand_over";
 /// The builder's `pooler(p)` (or the URL's `pooler=`), as the options carry it.
 pub(crate) const POOLER: &str = "pooler";
 /// Set (to `host`) when [`POOLER`] was implied by a managed service's host rather than
@@ -30,6 +32,9 @@ pub(crate) struct PgSettings {
     pub(crate) multiplex: usize,
     /// When the engine's advisory locks are checked before the handle's first grant.
     pub(crate) self_test: SelfTest,
+    /// How long after the server's grant a lock may go to another task of the handle
+    /// without a round trip (`lock/relay.rs`).
+    pub(crate) hand_over: std::time::Duration,
 }
 
 impl PgSettings {
@@ -56,11 +61,19 @@ impl PgSettings {
             Some(v) => SelfTest::parse(v).map_err(|why| invalid(SELF_TEST, v, why))?,
             None => SelfTest::Auto,
         };
+        let hand_over = match opts.setting(HAND_OVER) {
+            Some(v) => std::time::Duration::from_micros(
+                v.parse()
+                    .map_err(|e| invalid(HAND_OVER, v, format!("{e}")))?,
+            ),
+            None => super::lock::relay::WINDOW,
+        };
         Ok(PgSettings {
             pooler,
             pooler_known,
             multiplex,
             self_test,
+            hand_over,
         })
     }
 }

@@ -38,7 +38,8 @@ use crate::raw::{Mode, Req, Scope, Wait};
 use crate::sync::Mutex;
 
 /// How long after the server granted a lock this process may keep handing it to its own
-/// waiting tasks before it lets the server give it to another process's waiter.
+/// waiting tasks before it lets the server give it to another process's waiter, unless
+/// the handle was built with another (`Builder::hand_over`).
 pub(crate) const WINDOW: Duration = Duration::from_millis(5);
 
 /// Parts of a scope's table, by key, each under its own mutex.
@@ -70,6 +71,9 @@ pub(crate) enum Turn<H: Relayed> {
 /// relay per scope, see [`Relays`].)
 pub(crate) struct Relay<H: Relayed> {
     parts: [Mutex<Lines<H>>; PARTS],
+    /// How long after the server's grant a lock may still be handed over ([`WINDOW`]
+    /// unless the handle was built with another; zero: never).
+    window: Duration,
 }
 
 /// One part's lines: per key, the tasks in line, first first.
@@ -77,9 +81,7 @@ type Lines<H> = DigestMap<Key, VecDeque<oneshot::Sender<Turn<H>>>>;
 
 impl<H: Relayed> Default for Relay<H> {
     fn default() -> Self {
-        Relay {
-            parts: std::array::from_fn(|_| Mutex::new(DigestMap::default())),
-        }
+        Relay::new(WINDOW)
     }
 }
 
@@ -91,14 +93,19 @@ pub(crate) struct Relays<H: Relayed> {
 
 impl<H: Relayed> Default for Relays<H> {
     fn default() -> Self {
-        Relays {
-            transaction: Arc::default(),
-            session: Arc::default(),
-        }
+        Relays::new(WINDOW)
     }
 }
 
 impl<H: Relayed> Relays<H> {
+    /// A handle's relays, handing a lock over up to `window` after the server's grant.
+    pub(crate) fn new(window: Duration) -> Self {
+        Relays {
+            transaction: Arc::new(Relay::new(window)),
+            session: Arc::new(Relay::new(window)),
+        }
+    }
+
     /// The relay of `scope`'s locks.
     pub(crate) fn of(&self, scope: Scope) -> &Arc<Relay<H>> {
         match scope {
@@ -109,6 +116,14 @@ impl<H: Relayed> Relays<H> {
 }
 
 impl<H: Relayed> Relay<H> {
+    /// A relay handing a lock over up to `window` after the server's grant.
+    fn new(window: Duration) -> Self {
+        Relay {
+            parts: std::array::from_fn(|_| Mutex::new(DigestMap::default())),
+            window,
+        }
+    }
+
     fn part(&self, key: Key) -> &Mutex<Lines<H>> {
         let h = (key.as_i64() as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 60;
         &self.parts[h as usize % PARTS]
@@ -267,9 +282,12 @@ impl<H: Relayed> Baton<H> {
     }
 
     /// Whether the lock may go to a task in line as it is: granted by the server less
-    /// than [`WINDOW`] ago.
+    /// than the relay's window ([`WINDOW`] unless set) ago.
     pub(crate) fn may_hand_over(&self) -> bool {
-        self.since.is_some_and(|t| t.elapsed() < WINDOW)
+        match (&self.relay, self.since) {
+            (Some(relay), Some(t)) => t.elapsed() < relay.window,
+            _ => false,
+        }
     }
 
     /// Hands `held` (whose baton this is, taken out of it) to the first task in line;
