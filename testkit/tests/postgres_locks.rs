@@ -1272,22 +1272,7 @@ async fn a_handle_that_keeps_handing_a_lock_over_still_lets_another_process_in()
     let s = PgSchema::new("relayfair").await;
     let busy = s.locks().await;
     let other = s.locks().await;
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let handed = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
-    let mut tasks = Vec::new();
-    for _ in 0..4 {
-        let (busy, stop, handed) = (busy.clone(), stop.clone(), handed.clone());
-        tasks.push(tokio::spawn(async move {
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                let g = busy.lock("fair").await.unwrap();
-                handed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                tokio::time::sleep(Duration::from_micros(200)).await;
-                drop(g);
-            }
-        }));
-    }
-    let mut going = || async { handed.load(std::sync::atomic::Ordering::Relaxed) > 20 };
-    assert!(dblock_testkit::eventually(10, &mut going).await);
+    let askers = Askers::start(&busy, "fair").await;
     // The other process gets in while the four tasks never stop asking.
     for _ in 0..3 {
         let g = other
@@ -1298,19 +1283,63 @@ async fn a_handle_that_keeps_handing_a_lock_over_still_lets_another_process_in()
             g.is_some(),
             "another process starved behind a handle's own tasks"
         );
-        let before = handed.load(std::sync::atomic::Ordering::Relaxed);
+        let before = askers.handed();
         tokio::time::sleep(Duration::from_millis(20)).await;
         assert_eq!(
-            handed.load(std::sync::atomic::Ordering::Relaxed),
+            askers.handed(),
             before,
             "excluded while the other process holds"
         );
         drop(g);
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    for t in tasks {
-        t.await.unwrap();
+    askers.stop().await;
+}
+
+/// Four tasks of one handle that keep taking a name, holding it 200 µs each time.
+struct Askers {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    handed: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Askers {
+    /// Starts them on `locks`, and returns once they have had `name` 20 times.
+    async fn start(locks: &Locks, name: &'static str) -> Askers {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let handed = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let mut tasks = Vec::new();
+        for _ in 0..4 {
+            let (locks, stop, handed) = (locks.clone(), stop.clone(), handed.clone());
+            tasks.push(tokio::spawn(async move {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let g = locks.lock(name).await.unwrap();
+                    handed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    tokio::time::sleep(Duration::from_micros(200)).await;
+                    drop(g);
+                }
+            }));
+        }
+        let askers = Askers {
+            stop,
+            handed,
+            tasks,
+        };
+        let mut going = || async { askers.handed() > 20 };
+        assert!(eventually(10, &mut going).await);
+        askers
+    }
+
+    /// How many times they have had it.
+    fn handed(&self) -> u64 {
+        self.handed.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    async fn stop(self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for t in self.tasks {
+            t.await.unwrap();
+        }
     }
 }
 
@@ -1395,22 +1424,8 @@ async fn a_window_that_never_ends_starves_another_process() {
         .await
         .unwrap();
     let other = s.locks().await;
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let handed = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
-    let mut tasks = Vec::new();
-    for _ in 0..4 {
-        let (busy, stop, handed) = (busy.clone(), stop.clone(), handed.clone());
-        tasks.push(tokio::spawn(async move {
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                let g = busy.lock("starve").await.unwrap();
-                handed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                tokio::time::sleep(Duration::from_micros(200)).await;
-                drop(g);
-            }
-        }));
-    }
-    let mut going = || async { handed.load(std::sync::atomic::Ordering::Relaxed) > 20 };
-    assert!(eventually(10, &mut going).await);
+    let askers = Askers::start(&busy, "starve").await;
+    let before = askers.handed();
     let g = other
         .try_lock_for("starve", Duration::from_millis(500))
         .await
@@ -1419,15 +1434,12 @@ async fn a_window_that_never_ends_starves_another_process() {
         g.is_none(),
         "the handle's tasks kept the lock to themselves"
     );
-    let before = handed.load(std::sync::atomic::Ordering::Relaxed);
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    for t in tasks {
-        t.await.unwrap();
-    }
     assert!(
-        handed.load(std::sync::atomic::Ordering::Relaxed) > 20,
-        "they went on meanwhile ({before} hand-overs before the other gave up)"
+        askers.handed() > before,
+        "they went on meanwhile (from {before} to {})",
+        askers.handed()
     );
+    askers.stop().await;
     // Once they stop, the other process gets in.
     assert!(
         other
