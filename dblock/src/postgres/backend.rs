@@ -130,7 +130,8 @@ impl PgBackend {
             (pg.pooler, pg.pooler_known),
         );
         let mux = (pg.multiplex > 0).then(|| mux::Mux::new(pool.clone(), pg.multiplex));
-        let (mut b, ns) = PgBackend::finish_open(Source::Native(pool.clone()), false, opts).await?;
+        let (mut b, ns) =
+            PgBackend::finish_open(Source::Native(pool.clone()), false, opts, pg.hand_over).await?;
         // The start-up parameters name the engine where they tell; `version()`, read in
         // the opening query anyway, where they do not, or where it contradicts a claim to
         // be PostgreSQL (a server that copies PostgreSQL's parameters).
@@ -139,7 +140,6 @@ impl PgBackend {
             _ => b.engine.clone(),
         };
         b.set_engine(engine, pg.self_test);
-        b.relays = super::lock::relay::Relays::new(pg.hand_over);
         if mux.is_some() {
             // A multiplexing handle keeps to its shared connections until it must wait.
             pool.close_idle();
@@ -168,10 +168,9 @@ impl PgBackend {
                 "multiplexing needs dblock's own connections (a postgres:// URL), not an sqlx pool",
             ));
         }
-        let (mut b, ns) = PgBackend::finish_open(source, true, opts).await?;
+        let (mut b, ns) = PgBackend::finish_open(source, true, opts, pg.hand_over).await?;
         let engine = b.engine.clone();
         b.set_engine(engine, pg.self_test);
-        b.relays = super::lock::relay::Relays::new(pg.hand_over);
         if pg.pooler != Pooler::Detect {
             b.set_pooler((pg.pooler, pg.pooler_known));
         } else if b.server_port.is_some_and(|p| Some(p) != b.sqlx_port()) {
@@ -234,6 +233,7 @@ impl PgBackend {
         source: Source,
         sqlx: bool,
         opts: &Options,
+        hand_over: Duration,
     ) -> Result<(PgBackend, String), Error> {
         let armed = Armed::new(source.get().await?);
         let rows = armed
@@ -268,7 +268,7 @@ impl PgBackend {
                 mux: None,
                 check_disconnect: sqlx && version >= 140_000,
                 busy: Default::default(),
-                relays: Default::default(),
+                relays: super::lock::relay::Relays::new(hand_over),
                 version,
                 check_interval: opts.check_interval,
                 check_timeout: opts.check_timeout,

@@ -79,22 +79,10 @@ pub(crate) struct Relay<H: Relayed> {
 /// One part's lines: per key, the tasks in line, first first.
 type Lines<H> = DigestMap<Key, VecDeque<oneshot::Sender<Turn<H>>>>;
 
-impl<H: Relayed> Default for Relay<H> {
-    fn default() -> Self {
-        Relay::new(WINDOW)
-    }
-}
-
 /// A handle's relays, one per scope.
 pub(crate) struct Relays<H: Relayed> {
     transaction: Arc<Relay<H>>,
     session: Arc<Relay<H>>,
-}
-
-impl<H: Relayed> Default for Relays<H> {
-    fn default() -> Self {
-        Relays::new(WINDOW)
-    }
 }
 
 impl<H: Relayed> Relays<H> {
@@ -344,7 +332,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_turn_passes_in_arrival_order_skipping_tasks_that_left_and_then_closes() {
-        let relays = Relays::<Held>::default();
+        let relays = Relays::<Held>::new(WINDOW);
         let relay = relays.of(Scope::Transaction);
         let k = key("relay:a");
         let first = relay.enter(k).ok().expect("the first task takes the turn");
@@ -384,7 +372,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_place_in_line_is_given_up_at_its_deadline() {
-        let relays = Relays::<Held>::default();
+        let relays = Relays::<Held>::new(WINDOW);
         let relay = relays.of(Scope::Transaction);
         let k = key("relay:deadline");
         let first = relay.enter(k).ok();
