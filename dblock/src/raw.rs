@@ -523,6 +523,14 @@ impl Entry {
     }
 }
 
+impl Entry {
+    /// Keeps the drop from releasing the lock: for a lock handed to a task that had
+    /// gone, which the table then releases itself.
+    pub(crate) fn disarm(&mut self) {
+        self.released = true;
+    }
+}
+
 impl Drop for Entry {
     fn drop(&mut self) {
         if !self.released {

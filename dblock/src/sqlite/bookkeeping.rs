@@ -6,10 +6,11 @@ use sqlx::pool::PoolConnection;
 use sqlx::sqlite::SqliteRow;
 use sqlx::{Row, Sqlite};
 
-use super::{SqliteBackend, SqliteHeld};
+use super::SqliteBackend;
 use crate::error::{Error, ServerCode};
 use crate::key::Key;
 use crate::migrate::plan::{MIGRATION_LOCK_KEY, Record, RecordState};
+use crate::raw::Entry;
 
 pub(crate) const CREATE_TABLE: &str = "CREATE TABLE IF NOT EXISTS dblock_migrations (\
      version INTEGER PRIMARY KEY, \
@@ -56,7 +57,7 @@ pub(crate) fn code_of(e: &sqlx::Error) -> ServerCode {
 /// Waits for the migration lock: the byte at the key's offset, as for any lock, but
 /// taken by its raw key rather than derived from a name. Polled, so cancellable; the
 /// kernel drops it if the process dies.
-pub(crate) async fn lock(b: &SqliteBackend) -> Result<SqliteHeld, Error> {
+pub(crate) async fn lock(b: &SqliteBackend) -> Result<Entry, Error> {
     b.lock_key(Key::from_i64(MIGRATION_LOCK_KEY)).await
 }
 

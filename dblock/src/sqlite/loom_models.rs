@@ -21,7 +21,8 @@ use loom::thread;
 
 use super::file::LockFile;
 use super::table::Step;
-use super::{Shared, Slot, SqliteBackend, SqliteHeld, queue, sys};
+use super::{Shared, Slot, SqliteBackend, queue, sys};
+use crate::raw::Entry;
 use crate::raw::{Mode, Options};
 
 /// The lock's byte in the lock file.
@@ -29,7 +30,7 @@ const KEY: u64 = 4242;
 
 /// Holds `held` as the only holder of the key in the process, then drops it (which
 /// releases it, or hands it over).
-fn hold(holders: &AtomicUsize, held: SqliteHeld) {
+fn hold(holders: &AtomicUsize, held: Entry) {
     assert_eq!(
         holders.fetch_add(1, Ordering::AcqRel),
         0,
@@ -103,7 +104,7 @@ fn a_waiter_cancelled_during_the_hand_over(staying: usize) {
         let shared = backend.shared.clone();
         let holders = Arc::new(AtomicUsize::new(0));
         assert!(shared.take_now(KEY, Mode::Exclusive).unwrap());
-        let held = SqliteHeld::new(&shared, KEY, Mode::Exclusive);
+        let held = shared.entry(KEY, Mode::Exclusive);
         let spawn = |cancelled: bool| {
             let (shared, holders) = (shared.clone(), holders.clone());
             let handed = handed_in_model.clone();
@@ -187,12 +188,7 @@ fn kernel_grants(lf: &LockFile, deliver: Deliver) {
 
 /// Holds `held` as the only holder of the key in the process, with the byte locked in
 /// the file (seen through a descriptor of its own, `other`), then drops it.
-fn hold_in_file(
-    holders: &AtomicUsize,
-    other: &std::fs::File,
-    flavor: sys::Flavor,
-    held: SqliteHeld,
-) {
+fn hold_in_file(holders: &AtomicUsize, other: &std::fs::File, flavor: sys::Flavor, held: Entry) {
     let seen = sys::probe(other, flavor, KEY, 1, Mode::Exclusive).unwrap();
     assert!(
         matches!(seen, sys::Attempt::Busy),
@@ -404,9 +400,9 @@ fn deliver_without_asking_whether_the_receiver_lives(
     match (outcome, taker) {
         (Ok(Some(desc)), Some(taker)) => {
             table.held.insert(offset, Slot::new(mode, Some(desc)));
-            let held = SqliteHeld::new(&taker.shared, offset, mode);
+            let held = taker.shared.entry(offset, mode);
             if let Err(Ok(mut undelivered)) = taker.tx.send(Ok(held)) {
-                undelivered.released = true;
+                undelivered.disarm();
             }
         }
         (Ok(Some(desc)), None) => {
@@ -429,7 +425,7 @@ fn deliver_without_recording_the_holder(
     let mut undelivered = None;
     match (outcome, taker) {
         (Ok(Some(_)), Some(taker)) => {
-            let held = SqliteHeld::new(&taker.shared, offset, mode);
+            let held = taker.shared.entry(offset, mode);
             undelivered = taker.tx.send(Ok(held)).err();
         }
         (Ok(Some(desc)), None) => {

@@ -15,11 +15,11 @@ use std::time::{Duration, Instant};
 use sqlx::pool::PoolConnection;
 use sqlx::{AssertSqlSafe, Connection, Sqlite};
 
+use super::SqliteBackend;
 use super::bookkeeping::{
     ADD_STATE_COLUMNS, CREATE_TABLE, STATE_COLUMNS, connection, lock, map, read_records,
     table_exists,
 };
-use super::{SqliteBackend, SqliteHeld};
 use crate::error::Error;
 use crate::key::Key;
 use crate::migrate::adopt::History;
@@ -57,7 +57,7 @@ impl MigrationStore for SqliteBackend {
         Box::pin(std::future::ready(
             match self.shared.take_now(offset, Mode::Exclusive) {
                 Ok(true) => {
-                    SqliteHeld::new(&self.shared, offset, Mode::Exclusive).release();
+                    drop(self.shared.entry(offset, Mode::Exclusive));
                     Ok(false)
                 }
                 Ok(false) => Ok(true),
@@ -72,7 +72,7 @@ impl MigrationStore for SqliteBackend {
         _what: &'static str,
     ) -> BoxFuture<'a, Result<Box<dyn Session + 'a>, Error>> {
         Box::pin(async move {
-            let held = lock(self).await?.into_held();
+            let held = Held::Entry(lock(self).await?);
             let conn = connection(self).await?;
             let s: Box<dyn Session + 'a> = Box::new(SqliteSession {
                 conn: Some(conn),

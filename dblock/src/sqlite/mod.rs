@@ -281,7 +281,7 @@ struct Behind {
     id: u64,
     mode: Mode,
     shared: Arc<Shared>,
-    tx: tokio::sync::oneshot::Sender<SqliteHeld>,
+    tx: tokio::sync::oneshot::Sender<Entry>,
 }
 
 /// One part of the table (see [`Shard`](super::file::Shard)).
@@ -344,7 +344,7 @@ impl SqliteBackend {
         // statements) are large, and an uncontended, unfenced cycle would otherwise copy
         // them whole when the request's future is boxed — a fifth of its time.
         let held = match self.shared.take_now(offset, req.mode)? {
-            true => SqliteHeld::new(&self.shared, offset, req.mode),
+            true => self.shared.entry(offset, req.mode),
             false => match Box::pin(self.wait(offset, req.mode, req.wait)).await? {
                 Some(h) => h,
                 None => return Ok(None),
@@ -361,12 +361,12 @@ impl SqliteBackend {
             false => None,
         };
         Ok(Some(Grant {
-            held: held.into_held(),
+            held: Held::Entry(held),
             fence,
         }))
     }
 
-    async fn wait(&self, offset: u64, mode: Mode, wait: Wait) -> Result<Option<SqliteHeld>, Error> {
+    async fn wait(&self, offset: u64, mode: Mode, wait: Wait) -> Result<Option<Entry>, Error> {
         let deadline = match wait {
             Wait::Try => return Ok(None),
             w => w.deadline(),
@@ -436,10 +436,10 @@ impl SqliteBackend {
 
     /// Waits for the exclusive lock on a raw key, not derived from a name (the
     /// migration lock): held until the returned value is dropped.
-    pub(crate) async fn lock_key(&self, key: crate::Key) -> Result<SqliteHeld, Error> {
+    pub(crate) async fn lock_key(&self, key: crate::Key) -> Result<Entry, Error> {
         let (offset, mode) = (key.file_offset(), Mode::Exclusive);
         if self.shared.take_now(offset, mode)? {
-            return Ok(SqliteHeld::new(&self.shared, offset, mode));
+            return Ok(self.shared.entry(offset, mode));
         }
         // A wait without a deadline returns only with the lock (or an error).
         loop {
@@ -560,7 +560,7 @@ impl RawLocks for SqliteBackend {
         match self.shared.take_now(offset, req.mode) {
             Err(e) => Some(Err(e)),
             Ok(true) => Some(Ok(Some(Grant {
-                held: Held::Entry(Entry::new(self.shared.clone(), offset, req.mode)),
+                held: Held::Entry(self.shared.entry(offset, req.mode)),
                 fence: None,
             }))),
             Ok(false) if matches!(req.wait, Wait::Try) => Some(Ok(None)),
@@ -573,33 +573,12 @@ impl RawLocks for SqliteBackend {
     }
 }
 
-/// The embedded half of a guard.
-pub(crate) struct SqliteHeld {
-    shared: Arc<Shared>,
-    offset: u64,
-    mode: Mode,
-    released: bool,
-}
-
-impl SqliteHeld {
-    fn new(shared: &Arc<Shared>, offset: u64, mode: Mode) -> SqliteHeld {
-        SqliteHeld {
-            shared: shared.clone(),
-            offset,
-            mode,
-            released: false,
-        }
-    }
-
-    fn release(mut self) {
-        self.released = true;
-        self.shared.release(self.offset, self.mode);
-    }
-
-    /// The same lock, as a guard keeps it: an entry of the handle's table.
-    pub(crate) fn into_held(mut self) -> Held {
-        self.released = true;
-        Held::Entry(Entry::new(self.shared.clone(), self.offset, self.mode))
+impl Shared {
+    /// The lock at `offset`, just granted in `mode`, as an entry of this table: what a
+    /// guard keeps, and what one task hands another (behind a holder, from the line);
+    /// dropped, it releases the lock (unless [`Entry::disarm`]ed).
+    pub(crate) fn entry(self: &Arc<Self>, offset: u64, mode: Mode) -> Entry {
+        Entry::new(self.clone(), offset, mode)
     }
 }
 
@@ -673,14 +652,6 @@ impl RawTable for Shared {
 
     fn share(&self, entry: u64) -> Result<Vec<std::os::fd::OwnedFd>, Error> {
         self.share_entry(entry).map(|fd| vec![fd])
-    }
-}
-
-impl Drop for SqliteHeld {
-    fn drop(&mut self) {
-        if !self.released {
-            self.shared.release(self.offset, self.mode);
-        }
     }
 }
 

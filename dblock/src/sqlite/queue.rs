@@ -12,7 +12,7 @@ use crate::raw::Mode;
 
 use super::file::{Desc, LockFile};
 use super::sys;
-use super::{Shared, Slot, SqliteHeld};
+use super::{Entry, Shared, Slot};
 
 /// The gate byte of the lock byte at `offset`: its neighbour in an aligned pair, so that
 /// one system call can try both.
@@ -40,7 +40,7 @@ pub(crate) struct Queued {
 pub(super) struct Taker {
     id: u64,
     pub(super) shared: Arc<Shared>,
-    pub(super) tx: oneshot::Sender<Result<SqliteHeld, Error>>,
+    pub(super) tx: oneshot::Sender<Result<Entry, Error>>,
 }
 
 impl Taker {
@@ -70,7 +70,7 @@ impl Queued {
     }
 }
 
-pub(crate) type Receiver = oneshot::Receiver<Result<SqliteHeld, Error>>;
+pub(crate) type Receiver = oneshot::Receiver<Result<Entry, Error>>;
 
 static IDS: AtomicU64 = AtomicU64::new(1);
 
@@ -287,7 +287,7 @@ pub(super) fn deliver(lf: &LockFile, offset: u64, mode: Mode, outcome: Outcome) 
     match (outcome, taker) {
         (Ok(Some(desc)), Some(taker)) => {
             table.held.insert(offset, Slot::new(mode, Some(desc)));
-            let held = SqliteHeld::new(&taker.shared, offset, mode);
+            let held = taker.shared.entry(offset, mode);
             undelivered = taker.tx.send(Ok(held)).err();
         }
         (Ok(Some(desc)), None) => {

@@ -13,16 +13,17 @@ use crate::raw::Mode;
 
 use super::file::Desc;
 use super::sys::{self, Attempt};
-use super::{Behind, Shared, Slot, SqliteHeld, Table, queue};
+use super::{Behind, Shared, Slot, Table, queue};
+use crate::raw::Entry;
 
 /// What a waiting request does next.
 pub(super) enum Step {
-    Granted(SqliteHeld),
+    Granted(Entry),
     /// Wait for the place in line to deliver.
     InLine(u64, queue::Receiver),
     /// Wait behind this process's holder: the lock comes on the channel, or the channel
     /// closes when there is something new to look at.
-    Behind(u64, oneshot::Receiver<SqliteHeld>),
+    Behind(u64, oneshot::Receiver<Entry>),
     /// Wait for something in this process to change (a place in line freed).
     Local,
 }
@@ -161,7 +162,7 @@ impl Shared {
             .lock()
             .unwrap_or_else(|p| p.into_inner());
         if self.take_locked(&mut table, offset, mode)? {
-            return Ok(Step::Granted(SqliteHeld::new(self, offset, mode)));
+            return Ok(Step::Granted(self.entry(offset, mode)));
         }
         if let Some(slot) = table.held.get_mut(&offset) {
             // Held in this process: its release hands the lock over or wakes us.
@@ -244,14 +245,14 @@ impl Shared {
                     break;
                 };
                 slot.writer = true;
-                match next.tx.send(SqliteHeld::new(&next.shared, offset, mode)) {
+                match next.tx.send(next.shared.entry(offset, mode)) {
                     Ok(()) => {
                         drop(guard);
                         return;
                     }
                     // Gone (cancelled) meanwhile: the next one.
                     Err(mut held) => {
-                        held.released = true;
+                        held.disarm();
                         undelivered.push(held);
                         slot.writer = false;
                     }
