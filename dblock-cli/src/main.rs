@@ -341,7 +341,7 @@ async fn bench(args: BenchArgs) -> u8 {
         }
     } else {
         outln!(
-            "{:<9} {:<12} {:>7} {:>11} {:>9} {:>9} {:>13} {:>7}",
+            "{:<9} {:<12} {:>7} {:>11} {:>9} {:>9} {:>13} {:>7} {:>13} {:>13}",
             "backend",
             "workload",
             "workers",
@@ -349,11 +349,13 @@ async fn bench(args: BenchArgs) -> u8 {
             "p50 µs",
             "p99 µs",
             "floor ops/s",
-            "ratio"
+            "ratio",
+            "cpu µs u+s",
+            "floor u+s"
         );
         for r in &rows {
             outln!(
-                "{:<9} {:<12} {:>7} {:>11.0} {:>9.1} {:>9.1} {:>13.0} {:>7.2}",
+                "{:<9} {:<12} {:>7} {:>11.0} {:>9.1} {:>9.1} {:>13.0} {:>7.2} {:>13} {:>13}",
                 r.backend,
                 r.workload,
                 r.workers,
@@ -361,7 +363,9 @@ async fn bench(args: BenchArgs) -> u8 {
                 r.p50_us,
                 r.p99_us,
                 r.floor_ops_per_sec,
-                r.ratio()
+                r.ratio(),
+                cpu_cell(r.cpu_us),
+                cpu_cell(r.floor_cpu_us)
             );
         }
         // Floor and dblock reach the server alike (checked on both): say how.
@@ -373,8 +377,20 @@ async fn bench(args: BenchArgs) -> u8 {
             let s = if n == 1 { "" } else { "s" };
             outln!("(measured in a process of {n} thread{s})");
         }
+        if rows.iter().any(|r| r.cpu_us.is_some()) {
+            outln!("(cpu: this process's time a cycle, user + kernel, µs; a server's is its own)");
+        }
     }
     0
+}
+
+/// A cycle's CPU time in `dblock bench`'s table: user + system microseconds, or `-`
+/// where the platform does not tell.
+fn cpu_cell(cpu: Option<dblock::bench::CpuPerCycle>) -> String {
+    match cpu {
+        Some(c) => format!("{:.2}+{:.2}", c.user, c.system),
+        None => "-".into(),
+    }
 }
 
 /// An error as one line, whatever the server put in its detail, and without a

@@ -584,6 +584,12 @@ async fn bench_one_thread_runs_in_a_process_of_one_thread() {
                 false => assert!(threads > 1, "{r}"),
             }
             assert!(r["floor_ops_per_sec"].as_f64().unwrap() > 0.0, "{r}");
+            // Both sides' CPU a cycle: each ran flat out for the slice, so it took some.
+            for side in ["cpu_us", "floor_cpu_us"] {
+                let (u, s) = (&r[side]["user"], &r[side]["system"]);
+                let (u, s) = (u.as_f64().unwrap(), s.as_f64().unwrap());
+                assert!(u >= 0.0 && s >= 0.0 && u + s > 0.0, "{side}: {r}");
+            }
         }
     }
     // The table says how many threads the process had.
@@ -595,6 +601,7 @@ async fn bench_one_thread_runs_in_a_process_of_one_thread() {
     assert_eq!(code(&out), 0, "{out:?}");
     let text = String::from_utf8(out.stdout).unwrap();
     assert!(text.contains("a process of 1 thread"), "{text}");
+    assert!(text.contains("cpu µs u+s"), "{text}");
 }
 
 /// `run`, `key` and `bench` with a mysql:// URL: the run holds the lock `key` names (as

@@ -61,6 +61,33 @@ pub struct Measurement {
     /// to an open file per system call, so the embedded floor is then exactly a C loop
     /// of `F_OFD_SETLK`; with more, every `fcntl` pays an atomic count on both sides.
     pub process_threads: Option<u64>,
+    /// This process's CPU time a dblock cycle, microseconds, in user space and in the
+    /// kernel (`/proc/self/stat`, Linux; `None` elsewhere). The whole process's, all
+    /// workers together, divided by the cycles: what a cycle costs the client, not the
+    /// server (a PostgreSQL or MySQL server is another process).
+    pub cpu_us: Option<CpuPerCycle>,
+    /// The same for the floor.
+    pub floor_cpu_us: Option<CpuPerCycle>,
+}
+
+/// CPU time a cycle, microseconds: in user space and in the kernel (system calls).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CpuPerCycle {
+    /// In user space (dblock, the runtime, the driver).
+    pub user: f64,
+    /// In the kernel, on the process's behalf.
+    pub system: f64,
+}
+
+#[cfg(feature = "serde")]
+impl serde::Serialize for CpuPerCycle {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct as _;
+        let mut m = s.serialize_struct("CpuPerCycle", 2)?;
+        m.serialize_field("user", &self.user)?;
+        m.serialize_field("system", &self.system)?;
+        m.end()
+    }
 }
 
 impl Measurement {
@@ -80,7 +107,7 @@ impl Measurement {
 impl serde::Serialize for Measurement {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeStruct as _;
-        let mut m = s.serialize_struct("Measurement", 11)?;
+        let mut m = s.serialize_struct("Measurement", 13)?;
         m.serialize_field("backend", self.backend)?;
         m.serialize_field("workload", self.workload)?;
         m.serialize_field("workers", &self.workers)?;
@@ -92,15 +119,26 @@ impl serde::Serialize for Measurement {
         m.serialize_field("ratio", &self.ratio())?;
         m.serialize_field("transport", &self.transport)?;
         m.serialize_field("process_threads", &self.process_threads)?;
+        m.serialize_field("cpu_us", &self.cpu_us)?;
+        m.serialize_field("floor_cpu_us", &self.floor_cpu_us)?;
         m.end()
     }
 }
 
-/// Cycles and the timed ones' latencies from one timed run.
+/// Cycles and the timed ones' latencies from one timed run, and the process's CPU
+/// time meanwhile (`None` where the platform does not tell).
 struct Sample {
     ops: u64,
     elapsed: Duration,
     latencies_us: Vec<f64>,
+    cpu: Option<Cpu>,
+}
+
+/// CPU time of this process: user, system.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Cpu {
+    user: Duration,
+    system: Duration,
 }
 
 impl Sample {
@@ -109,6 +147,10 @@ impl Sample {
             ops: 0,
             elapsed: Duration::ZERO,
             latencies_us: Vec::new(),
+            cpu: Some(Cpu {
+                user: Duration::ZERO,
+                system: Duration::ZERO,
+            }),
         }
     }
 
@@ -116,6 +158,23 @@ impl Sample {
         self.ops += other.ops;
         self.elapsed += other.elapsed;
         self.latencies_us.extend(other.latencies_us);
+        // Unknown once any slice's is.
+        self.cpu = match (self.cpu, other.cpu) {
+            (Some(a), Some(b)) => Some(Cpu {
+                user: a.user + b.user,
+                system: a.system + b.system,
+            }),
+            _ => None,
+        };
+    }
+
+    /// CPU time a cycle, microseconds.
+    fn cpu_per_cycle(&self) -> Option<CpuPerCycle> {
+        let (cpu, ops) = (self.cpu?, self.ops.max(1) as f64);
+        Some(CpuPerCycle {
+            user: cpu.user.as_secs_f64() * 1e6 / ops,
+            system: cpu.system.as_secs_f64() * 1e6 / ops,
+        })
     }
 
     fn rate(&self) -> f64 {
@@ -193,6 +252,7 @@ where
         yield_every,
     };
     let start = Instant::now();
+    let cpu_before = process_cpu();
     let mut tasks = Vec::new();
     for w in 0..workers {
         let worker = work(w, run);
@@ -214,10 +274,19 @@ where
         ops += done.cycles;
         latencies_us.extend(done.latencies_us);
     }
+    let elapsed = start.elapsed();
+    let cpu = match (cpu_before, process_cpu()) {
+        (Some(a), Some(b)) => Some(Cpu {
+            user: b.user.saturating_sub(a.user),
+            system: b.system.saturating_sub(a.system),
+        }),
+        _ => None,
+    };
     Ok(Sample {
         ops,
-        elapsed: start.elapsed(),
+        elapsed,
         latencies_us,
+        cpu,
     })
 }
 
@@ -308,6 +377,8 @@ pub async fn run(
             floor_p50_us: f.percentile(0.5),
             transport: transport.clone(),
             process_threads: threads_before.max(process_threads()),
+            cpu_us: d.cpu_per_cycle(),
+            floor_cpu_us: f.cpu_per_cycle(),
         });
     }
     Ok(out)
@@ -321,6 +392,32 @@ fn process_threads() -> Option<u64> {
     }
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
     threads_of_status(&status)
+}
+
+/// This process's CPU time so far, from `/proc/self/stat` (Linux); `None` where the
+/// platform does not say or the file cannot be read.
+fn process_cpu() -> Option<Cpu> {
+    if !cfg!(target_os = "linux") {
+        return None;
+    }
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    cpu_of_stat(&stat)
+}
+
+/// The `utime` and `stime` fields (14 and 15) of a `/proc/PID/stat` text, in the
+/// kernel's user-visible clock ticks (`USER_HZ`, 100 a second on Linux whatever the
+/// kernel's own tick). The command name (field 2) is in parentheses and may hold
+/// spaces and parentheses itself: fields are counted after its last `)`.
+fn cpu_of_stat(stat: &str) -> Option<Cpu> {
+    const TICK: Duration = Duration::from_millis(10);
+    let (_, rest) = stat.rsplit_once(')')?;
+    let mut fields = rest.split_whitespace().skip(11);
+    let mut ticks = || fields.next()?.parse::<u32>().ok();
+    let (user, system) = (ticks()?, ticks()?);
+    Some(Cpu {
+        user: TICK * user,
+        system: TICK * system,
+    })
 }
 
 /// The `Threads:` field of a `/proc/PID/status` text.
@@ -409,6 +506,11 @@ mod tests {
             floor_p50_us: 1.0,
             transport: None,
             process_threads: Some(1),
+            cpu_us: Some(CpuPerCycle {
+                user: 0.25,
+                system: 0.5,
+            }),
+            floor_cpu_us: None,
         };
         let text = serde_json::to_string(&[m]).unwrap();
         let v: serde_json::Value = serde_json::from_str(&text).unwrap();
@@ -426,6 +528,8 @@ mod tests {
             "ratio",
             "transport",
             "process_threads",
+            "cpu_us",
+            "floor_cpu_us",
         ];
         // serde_json's map is sorted by key unless told to keep order: compare as sets,
         // and the text for the order.
@@ -441,6 +545,9 @@ mod tests {
         assert_eq!(v[0]["workers"], 8);
         assert!(v[0]["transport"].is_null());
         assert_eq!(v[0]["process_threads"], 1);
+        assert_eq!(v[0]["cpu_us"]["user"], 0.25);
+        assert_eq!(v[0]["cpu_us"]["system"], 0.5);
+        assert!(v[0]["floor_cpu_us"].is_null());
         let page = std::fs::read_to_string(concat!(
             env!("CARGO_MANIFEST_DIR"),
             "/../docs/performance.md"
@@ -468,6 +575,43 @@ mod threads {
         assert_eq!(threads_of_status(status), Some(3));
         assert_eq!(threads_of_status("Name:\tdblock\n"), None);
         assert_eq!(threads_of_status("Threads:\tmany\n"), None);
+    }
+
+    /// User and system time are fields 14 and 15, counted after the command name's last
+    /// `)` however many spaces and parentheses it holds; a short or garbled text gives
+    /// none.
+    #[test]
+    fn the_cpu_time_is_read_from_the_stat_text() {
+        let tail = "S 1 2 3 0 -1 4194560 100 0 0 0 250 75 0 0 20 0 3 0 99 1000 200";
+        let ms = Duration::from_millis;
+        for comm in ["dblock", "a b) c (d", ")"] {
+            let stat = format!("4242 ({comm}) {tail}");
+            assert_eq!(
+                cpu_of_stat(&stat),
+                Some(Cpu {
+                    user: ms(2500),
+                    system: ms(750)
+                }),
+                "{stat}"
+            );
+        }
+        assert_eq!(cpu_of_stat("4242 (dblock) S 1 2 3"), None);
+        assert_eq!(cpu_of_stat("4242 dblock S"), None);
+        assert_eq!(
+            cpu_of_stat("4242 (dblock) S 1 2 3 0 -1 4194560 100 0 0 0 x 75"),
+            None
+        );
+        // This process's own, on Linux: read, and moving forward with work done.
+        if cfg!(target_os = "linux") {
+            let before = process_cpu().unwrap();
+            let start = std::time::Instant::now();
+            let mut x = 0u64;
+            while start.elapsed() < Duration::from_millis(100) {
+                x = std::hint::black_box(x.wrapping_add(1));
+            }
+            let after = process_cpu().unwrap();
+            assert!(after.user + after.system > before.user + before.system);
+        }
     }
 }
 
