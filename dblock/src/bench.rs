@@ -409,14 +409,13 @@ fn process_cpu() -> Option<Cpu> {
 /// kernel's own tick). The command name (field 2) is in parentheses and may hold
 /// spaces and parentheses itself: fields are counted after its last `)`.
 fn cpu_of_stat(stat: &str) -> Option<Cpu> {
-    const TICK: Duration = Duration::from_millis(10);
     let (_, rest) = stat.rsplit_once(')')?;
     let mut fields = rest.split_whitespace().skip(11);
-    let mut ticks = || fields.next()?.parse::<u32>().ok();
+    let mut ticks = || fields.next()?.parse::<u64>().ok();
     let (user, system) = (ticks()?, ticks()?);
     Some(Cpu {
-        user: TICK * user,
-        system: TICK * system,
+        user: Duration::from_millis(user.saturating_mul(10)),
+        system: Duration::from_millis(system.saturating_mul(10)),
     })
 }
 
@@ -600,6 +599,12 @@ mod threads {
         assert_eq!(
             cpu_of_stat("4242 (dblock) S 1 2 3 0 -1 4194560 100 0 0 0 x 75"),
             None
+        );
+        // A process older than a 32-bit count of ticks (497 days of CPU) still reads.
+        let long = "4242 (dblock) S 1 2 3 0 -1 4194560 100 0 0 0 5000000000 1 0";
+        assert_eq!(
+            cpu_of_stat(long).map(|c| c.user),
+            Some(Duration::from_secs(50_000_000))
         );
         // This process's own, on Linux: read, and moving forward with work done.
         if cfg!(target_os = "linux") {

@@ -161,8 +161,8 @@ impl Key {
     /// unsigned number, reduced modulo 2^63 − 1 so the offset fits a signed file offset.
     pub const fn file_offset(self) -> u64 {
         // The bits are below 2^64 = 2 × (2^63 − 1) + 2: at most two subtractions reduce
-        // them, where `%` was a 64-bit division on every lock and release (and the
-        // benchmark floor's every cycle).
+        // them, where `%` by the constant compiled to 11 instructions of multiplying and
+        // shifting on every lock and release (and the benchmark floor's every cycle).
         const M: u64 = i64::MAX as u64;
         let k = self.0 as u64;
         let k = if k >= M { k - M } else { k };

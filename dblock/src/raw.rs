@@ -521,9 +521,7 @@ impl Entry {
             released: false,
         }
     }
-}
 
-impl Entry {
     /// Keeps the drop from releasing the lock: for a lock handed to a task that had
     /// gone, which the table then releases itself.
     pub(crate) fn disarm(&mut self) {
