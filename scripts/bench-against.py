@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Never slower than before: `dblock bench` of an earlier commit against this checkout's, interleaved.
 
-    scripts/bench-against.py [--rev 680537d] [--rounds 5] [--seconds 3] [--db URL ...]
+    scripts/bench-against.py [--rev 680537d] [--rounds 5] [--seconds 3] [--db URL ...] [--loop]
 
 Builds the `dblock` program of REV (in a throwaway git worktree, with a target directory of
 its own under target/bench-against/ so later runs reuse it) and of the working tree, both
@@ -15,6 +15,14 @@ With no --db: the embedded backend on a fresh file in a temporary directory, and
 at $DATABASE_URL (else postgres://postgres@127.0.0.1:5432/test) with sslmode=disable, as the
 figures in docs/performance.md are taken. Give --db more than once for several backends
 (e.g. a mysql:// URL, or a PostgreSQL URL with sslmode=require).
+
+With --loop it compares the libraries alone: `dblock bench`'s harness (its timing, its
+floor's slices, its runtime) has changed along with dblock, so its figures for an earlier
+commit are of that commit's harness too. `--loop` builds this checkout's
+`dblock/examples/lock_loop.rs` — a plain loop that uses only `Locks::connect` and
+`Locks::lock` — against REV's library and against the working tree's, and runs the two in
+turn for 1 worker, 8 workers and 8 workers on one name (`--hot`), printing the rates, the
+ratio and each side's CPU a cycle (user + kernel, µs; medians).
 
 Exit status 0 when every run succeeded; the ratios are printed, never judged here.
 """
@@ -41,13 +49,23 @@ SAME_SETTINGS = ["--config", 'profile.release.lto="fat"',
                  "--config", "profile.release.codegen-units=1"]
 
 
-def build_rev(rev):
-    """The release `dblock` of `rev`, built once into target/bench-against/<sha>-lto/."""
+LOOP = os.path.join(ROOT, "dblock", "examples", "lock_loop.rs")
+
+
+def build_rev(rev, loop=False):
+    """The release `dblock` of `rev` (with `loop`: this checkout's `lock_loop` example
+    built against `rev`'s library), built once into target/bench-against/<sha>-lto/."""
     sha = subprocess.run(["git", "-C", ROOT, "rev-parse", "--verify", rev + "^{commit}"],
                          check=True, capture_output=True, text=True).stdout.strip()
     out = os.path.join(ROOT, "target", "bench-against", sha[:12] + "-lto")
-    binary = os.path.join(out, "target", "release", "dblock")
-    if os.path.exists(binary):
+    release = os.path.join(out, "target", "release")
+    binary = os.path.join(release, "examples", "lock_loop") if loop else os.path.join(release, "dblock")
+    # The loop's source as it was built: a changed loop is built again.
+    built_from = os.path.join(out, "lock_loop.rs")
+    with open(LOOP) as f:
+        loop_src = f.read()
+    if os.path.exists(binary) and (not loop or (os.path.exists(built_from)
+                                                and open(built_from).read() == loop_src)):
         return binary, sha
     src = os.path.join(out, "src")
     if os.path.exists(src):
@@ -57,14 +75,31 @@ def build_rev(rev):
     sh(["git", "-C", ROOT, "worktree", "add", "--detach", src, sha], stdout=subprocess.DEVNULL)
     try:
         env = dict(os.environ, CARGO_TARGET_DIR=os.path.join(out, "target"))
-        sh(["cargo", "build", "--release", "--locked", "-q", "-p", "dblock-cli"] + SAME_SETTINGS,
-           cwd=src, env=env)
+        if loop:
+            shutil.copy(LOOP, os.path.join(src, "dblock", "examples", "lock_loop.rs"))
+            manifest = os.path.join(src, "dblock", "Cargo.toml")
+            with open(manifest) as f:
+                declared = 'name = "lock_loop"' in f.read()
+            if not declared:
+                with open(manifest, "a") as f:
+                    f.write('\n[[example]]\nname = "lock_loop"\n')
+            sh(["cargo", "build", "--release", "--locked", "-q", "-p", "dblock", "--example",
+                "lock_loop"] + SAME_SETTINGS, cwd=src, env=env)
+            with open(built_from, "w") as f:
+                f.write(loop_src)
+        else:
+            sh(["cargo", "build", "--release", "--locked", "-q", "-p", "dblock-cli"]
+               + SAME_SETTINGS, cwd=src, env=env)
     finally:
         subprocess.run(["git", "-C", ROOT, "worktree", "remove", "--force", src])
     return binary, sha
 
 
-def build_head():
+def build_head(loop=False):
+    if loop:
+        sh(["cargo", "build", "--release", "--locked", "-q", "-p", "dblock", "--example",
+            "lock_loop"] + SAME_SETTINGS, cwd=ROOT)
+        return os.path.join(ROOT, "target", "release", "examples", "lock_loop")
     sh(["cargo", "build", "--release", "--locked", "-q", "-p", "dblock-cli"] + SAME_SETTINGS,
        cwd=ROOT)
     return os.path.join(ROOT, "target", "release", "dblock")
@@ -85,6 +120,27 @@ def bench(binary, url, seconds):
     return {(m["workload"], m["workers"]): m["ops_per_sec"] for m in rows}
 
 
+# The loop's workloads: `dblock bench`'s three, named as it names them.
+LOOP_WORKLOADS = [(("uncontended", 1), ["--workers", "1"]),
+                  (("uncontended", 8), ["--workers", "8"]),
+                  (("hot", 8), ["--workers", "8", "--hot"])]
+
+
+def run_loop(binary, url, seconds):
+    """`lock_loop` of each workload: {(workload, workers): (ops/s, user µs, kernel µs)}."""
+    out = {}
+    for w, flags in LOOP_WORKLOADS:
+        r = subprocess.run([binary, url, "--seconds", str(seconds)] + flags,
+                           capture_output=True, text=True)
+        if r.returncode != 0:
+            if "unknown scheme" in r.stderr or "unsupported" in r.stderr.lower():
+                raise Unsupported(r.stderr.strip())
+            sys.exit(f"{binary} {url} {' '.join(flags)} failed ({r.returncode}):\n{r.stderr}")
+        m = json.loads(r.stdout.strip().splitlines()[-1])
+        out[w] = (m["ops_per_sec"], m["user_us"], m["system_us"])
+    return out
+
+
 def load():
     with open("/proc/loadavg") as f:
         return f.read().split()[0]
@@ -96,6 +152,8 @@ def main():
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--seconds", type=float, default=3.0)
     ap.add_argument("--db", action="append", help="database URL (repeatable)")
+    ap.add_argument("--loop", action="store_true",
+                    help="compare the libraries with one harness (examples/lock_loop.rs)")
     args = ap.parse_args()
 
     tmp = tempfile.mkdtemp(prefix="dblock-bench-against-")
@@ -104,10 +162,13 @@ def main():
         os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test")
         + ("&" if "?" in os.environ.get("DATABASE_URL", "") else "?") + "sslmode=disable",
     ]
-    old, sha = build_rev(args.rev)
-    new = build_head()
+    old, sha = build_rev(args.rev, args.loop)
+    new = build_head(args.loop)
+    measure = run_loop if args.loop else (lambda b, u, s: {w: (r, None, None) for w, r in
+                                                           bench(b, u, s).items()})
     print(f"old: {args.rev} ({sha[:12]})  new: working tree  rounds: {args.rounds}  "
-          f"seconds: {args.seconds}")
+          f"seconds: {args.seconds}  "
+          + ("harness: examples/lock_loop.rs on both" if args.loop else "harness: each side's dblock bench"))
     for url in urls:
         shown = url.split("@")[-1] if "://" in url else url.replace(tmp, "$TMP").replace("{side}", "old|new")
         before = load()
@@ -117,22 +178,32 @@ def main():
                 order = [("old", old), ("new", new)] if i % 2 == 0 else [("new", new), ("old", old)]
                 for side, binary in order:
                     # The embedded backend: a file per side, so neither reads the other's tables.
-                    rates[side].append(bench(binary, url.replace("{side}", side), args.seconds))
+                    rates[side].append(measure(binary, url.replace("{side}", side), args.seconds))
         except Unsupported as e:
             # Nothing to compare with: say so, and go on with the other URLs.
             print(f"\n{shown}: {args.rev} has no such backend, nothing to compare ({e})")
             continue
         print(f"\n{shown}  (load {before} → {load()})")
-        print(f"  {'workload':<20} {'old ops/s':>12} {'new ops/s':>12} {'new÷old':>8}  range")
+        cpu_head = f"  {'old cpu u+s':>13} {'new cpu u+s':>13}" if args.loop else ""
+        print(f"  {'workload':<20} {'old ops/s':>12} {'new ops/s':>12} {'new÷old':>8}  {'range':<11}"
+              + cpu_head)
         for w in rates["new"][0]:
             if w not in rates["old"][0]:
                 continue
-            o = [r[w] for r in rates["old"]]
-            n = [r[w] for r in rates["new"]]
+            o = [r[w][0] for r in rates["old"]]
+            n = [r[w][0] for r in rates["new"]]
             ratios = [b / a for a, b in zip(o, n) if a > 0]
             label = f"{w[0]} x{w[1]}"
-            print(f"  {label:<20} {statistics.median(o):>12.0f} {statistics.median(n):>12.0f} "
-                  f"{statistics.median(ratios):>8.2f}  {min(ratios):.2f}–{max(ratios):.2f}")
+            line = (f"  {label:<20} {statistics.median(o):>12.0f} {statistics.median(n):>12.0f} "
+                    f"{statistics.median(ratios):>8.2f}  {min(ratios):.2f}–{max(ratios):.2f}")
+            if args.loop:
+                for side in ("old", "new"):
+                    user = [r[w][1] for r in rates[side] if r[w][1] is not None]
+                    system = [r[w][2] for r in rates[side] if r[w][2] is not None]
+                    cpu = (f"{statistics.median(user):.2f}+{statistics.median(system):.2f}"
+                           if user and system else "—")
+                    line += f" {cpu:>13}"
+            print(line)
     shutil.rmtree(tmp, ignore_errors=True)
 
 
