@@ -4,7 +4,10 @@
 //! Each runs the real concurrent core — the [`Outbox`] a dropped guard's release waits in,
 //! the multiplexer's [`Claims`] — against a connection of the model's own: the messages
 //! in the order they were queued, which is the order the server runs them in. What the
-//! server then does is read back from that order.
+//! server then does is read back from that order. The relay's models run the real
+//! [`Relay`] (its lines, its one-shot places in line as `crate::sync::oneshot` gives them
+//! under loom) with a held lock whose drop makes `held.rs`'s `Pinned`'s choice, against a
+//! server lock of the model's own.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -18,6 +21,8 @@ use loom::thread;
 use super::conn::outbox::Outbox;
 use super::conn::wire::{Deferred, Message};
 use super::lock::mux::{Claims, Unlock};
+use super::lock::relay::{Baton, Relay, Relayed, Relays, Turn};
+use crate::raw::Scope;
 
 /// A connection as the server reads it: every message, in the order it was queued.
 #[derive(Default)]
@@ -282,4 +287,211 @@ fn loom_two_tasks_on_a_multiplexed_connection_one_cut_off() {
 #[should_panic(expected = "an unlock the session did not hold")]
 fn loom_control_a_cut_off_release_that_still_owes_its_unlock_sends_it_twice() {
     tasks_share_a_connection(&[End::ReleaseCutOffUnsettled, End::Drop]);
+}
+
+// The relay (`lock/relay.rs`): a held lock handed between a handle's own tasks, or the
+// turn to ask the server passed on, while a task in line leaves.
+
+/// What the model sees of the lock and of the turn at its one key.
+struct Probe {
+    /// The key's lock held on the server by a session of this process.
+    server: AtomicBool,
+    /// Tasks of the process holding the turn (asking the server, or holding the lock).
+    turns: AtomicUsize,
+}
+
+impl Probe {
+    /// A task takes the turn: never while another has it.
+    fn take_turn(&self) {
+        assert_eq!(
+            self.turns.fetch_add(1, Ordering::AcqRel),
+            0,
+            "two tasks of the process hold the turn at one key"
+        );
+    }
+
+    fn give_turn(&self) {
+        self.turns.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    /// The server grants the lock once no session holds it.
+    fn ask_server(&self) {
+        while self
+            .server
+            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+            .is_err()
+        {
+            thread::yield_now();
+        }
+    }
+}
+
+/// A lock held on a connection of its own, as the relay sees `held.rs`'s `Pinned`: its
+/// drop makes `Pinned`'s choice — hand the lock over as it is while the relay's window
+/// allows, else release it on the server and then pass the turn on.
+struct Pinned {
+    /// Holds the server's lock (`Pinned`'s connection).
+    conn: bool,
+    baton: Option<Baton<Pinned>>,
+    probe: Arc<Probe>,
+    /// The control: drop the turn without passing it on.
+    forget_turn: bool,
+}
+
+impl Relayed for Pinned {
+    fn baton(&mut self) -> &mut Option<Baton<Pinned>> {
+        &mut self.baton
+    }
+}
+
+impl Pinned {
+    fn release(&mut self) {
+        if std::mem::take(&mut self.conn) {
+            self.probe.server.store(false, Ordering::Release);
+        }
+    }
+}
+
+impl Drop for Pinned {
+    fn drop(&mut self) {
+        if let Some(baton) = self.baton.take() {
+            if self.forget_turn {
+                std::mem::forget(baton);
+            } else if self.conn && baton.may_hand_over() {
+                self.conn = false;
+                let next = Pinned {
+                    conn: true,
+                    baton: None,
+                    probe: self.probe.clone(),
+                    forget_turn: false,
+                };
+                if let Some(mut back) = baton.hand_over(next) {
+                    self.conn = std::mem::take(&mut back.conn);
+                }
+            } else {
+                self.release();
+                drop(baton);
+            }
+        }
+        self.release();
+    }
+}
+
+/// Whether some run of a model handed the held lock itself to a task in line.
+static HANDED_OVER: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// A plain request, as `acquire.rs` makes it: the turn at once (`Relay::enter`) or a place
+/// in line until the lock or the turn comes (`relay::wait`, no deadline); with the turn it
+/// asks the server (`Claim::granted` on the grant); then it holds the lock and lets go.
+fn request(relay: &std::sync::Arc<Relay<Pinned>>, probe: &Arc<Probe>, forget_turn: bool) {
+    let claim = match relay.enter(relay_key()) {
+        Ok(claim) => claim,
+        Err(place) => match loom::future::block_on(place) {
+            Ok(Turn::Held(held)) => {
+                HANDED_OVER.store(true, std::sync::atomic::Ordering::Relaxed);
+                probe.take_turn();
+                assert!(held.conn && probe.server.load(Ordering::Acquire));
+                probe.give_turn();
+                drop(held);
+                return;
+            }
+            Ok(Turn::Ask(baton)) => baton.into_claim(relay),
+            Err(_) => panic!("a place in line lost its turn"),
+        },
+    };
+    probe.take_turn();
+    probe.ask_server();
+    let held = Pinned {
+        conn: true,
+        baton: claim.granted(),
+        probe: probe.clone(),
+        forget_turn,
+    };
+    probe.give_turn();
+    drop(held);
+}
+
+/// A request that leaves: cancelled in line, or with the turn at once but not granted (a
+/// failed round), which passes the turn on.
+fn leave(relay: &std::sync::Arc<Relay<Pinned>>, probe: &Probe) {
+    match relay.enter(relay_key()) {
+        Ok(claim) => {
+            probe.take_turn();
+            probe.give_turn();
+            drop(claim);
+        }
+        Err(place) => drop(place),
+    }
+}
+
+fn relay_key() -> crate::key::Key {
+    crate::key::Key::derive("public", "relay:model")
+}
+
+/// A holder lets go while one task waits in line for the key and another comes and
+/// leaves (cancelled in line, or a round that failed with the turn), on a relay handing
+/// locks over for `window` after the server's grant.
+///
+/// Invariants: never two tasks of the process with the turn; the task that stays gets
+/// the lock, handed over or from the server (a lost turn leaves it waiting for ever,
+/// which loom reports); at the end no line is left open and the server's lock is free.
+fn a_holder_lets_go_while_tasks_wait_and_leave(window: std::time::Duration, forget_turn: bool) {
+    loom::model(move || {
+        let relays = Relays::<Pinned>::new(window);
+        let relay = relays.of(Scope::Transaction).clone();
+        let probe = Arc::new(Probe {
+            server: AtomicBool::new(false),
+            turns: AtomicUsize::new(0),
+        });
+        let claim = relay
+            .enter(relay_key())
+            .ok()
+            .expect("the first takes the turn");
+        probe.take_turn();
+        probe.ask_server();
+        let held = Pinned {
+            conn: true,
+            baton: claim.granted(),
+            probe: probe.clone(),
+            forget_turn,
+        };
+        let stays = {
+            let (relay, probe) = (relay.clone(), probe.clone());
+            thread::spawn(move || request(&relay, &probe, false))
+        };
+        let leaves = {
+            let (relay, probe) = (relay.clone(), probe.clone());
+            thread::spawn(move || leave(&relay, &probe))
+        };
+        probe.give_turn();
+        drop(held);
+        stays.join().unwrap();
+        leaves.join().unwrap();
+        assert!(
+            !probe.server.load(Ordering::Acquire),
+            "the lock left held on the server"
+        );
+        assert_eq!(relay.open_lines(), 0, "a line left open");
+    });
+}
+
+#[test]
+fn loom_a_held_lock_handed_over_while_a_task_in_line_leaves() {
+    HANDED_OVER.store(false, std::sync::atomic::Ordering::Relaxed);
+    a_holder_lets_go_while_tasks_wait_and_leave(std::time::Duration::from_secs(3600), false);
+    assert!(
+        HANDED_OVER.load(std::sync::atomic::Ordering::Relaxed),
+        "no run handed the lock over"
+    );
+}
+
+#[test]
+fn loom_the_turn_to_ask_passed_on_while_a_task_in_line_leaves() {
+    a_holder_lets_go_while_tasks_wait_and_leave(std::time::Duration::ZERO, false);
+}
+
+#[test]
+#[should_panic(expected = "deadlock")]
+fn loom_control_a_held_lock_that_drops_its_turn_leaves_the_line_waiting() {
+    a_holder_lets_go_while_tasks_wait_and_leave(std::time::Duration::from_secs(3600), true);
 }

@@ -45,8 +45,8 @@
 //!   or `mux` (shared connections: a lane per connection batching its requests and
 //!   releases into one message; its `Claims`, the keys claimed on them and the unlock
 //!   each owes).
-//! - `loom_models` (tests, under `--cfg dblock_loom`): the outbox's and the claims'
-//!   hand-offs under every interleaving (docs/testing.md).
+//! - `loom_models` (tests, under `--cfg dblock_loom`): the outbox's, the claims' and the
+//!   relay's hand-offs under every interleaving (docs/testing.md).
 //! - `conn/`, the connection layer, which knows nothing of locks — messages, statements
 //!   sent or deferred, results, health checks: `mod` (a connection and its operations,
 //!   `Armed`), dblock's own connections (`native`, `pool`, `outbox`, `driver`), one

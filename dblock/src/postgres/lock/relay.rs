@@ -30,12 +30,11 @@ use std::collections::hash_map::Entry;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use crate::key::{DigestMap, Key};
 use crate::raw::{Mode, Req, Scope, Wait};
-use crate::sync::Mutex;
+use crate::sync::{Mutex, oneshot};
 
 /// How long after the server granted a lock this process may keep handing it to its own
 /// waiting tasks before it lets the server give it to another process's waiter, unless
