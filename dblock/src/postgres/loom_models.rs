@@ -21,7 +21,7 @@ use loom::thread;
 use super::conn::outbox::Outbox;
 use super::conn::wire::{Deferred, Message};
 use super::lock::mux::{Claims, Unlock};
-use super::lock::relay::{Baton, Relay, Relayed, Relays, Turn};
+use super::lock::relay::{Baton, Claim, Relay, Relayed, Relays, Turn};
 use crate::raw::Scope;
 
 /// A connection as the server reads it: every message, in the order it was queued.
@@ -399,16 +399,21 @@ fn request(relay: &std::sync::Arc<Relay<Pinned>>, probe: &Arc<Probe>, forget_tur
             Err(_) => panic!("a place in line lost its turn"),
         },
     };
+    let held = granted(claim, probe, forget_turn);
+    probe.give_turn();
+    drop(held);
+}
+
+/// The turn taken (`claim`) and the server asked: the lock held, its baton kept.
+fn granted(claim: Claim<'_, Pinned>, probe: &Arc<Probe>, forget_turn: bool) -> Pinned {
     probe.take_turn();
     probe.ask_server();
-    let held = Pinned {
+    Pinned {
         conn: true,
         baton: claim.granted(),
         probe: probe.clone(),
         forget_turn,
-    };
-    probe.give_turn();
-    drop(held);
+    }
 }
 
 /// A request that leaves: cancelled in line, or with the turn at once but not granted (a
@@ -447,14 +452,7 @@ fn a_holder_lets_go_while_tasks_wait_and_leave(window: std::time::Duration, forg
             .enter(relay_key())
             .ok()
             .expect("the first takes the turn");
-        probe.take_turn();
-        probe.ask_server();
-        let held = Pinned {
-            conn: true,
-            baton: claim.granted(),
-            probe: probe.clone(),
-            forget_turn,
-        };
+        let held = granted(claim, &probe, forget_turn);
         let stays = {
             let (relay, probe) = (relay.clone(), probe.clone());
             thread::spawn(move || request(&relay, &probe, false))
