@@ -52,6 +52,15 @@ SAME_SETTINGS = ["--config", 'profile.release.lto="fat"',
 LOOP = os.path.join(ROOT, "dblock", "examples", "lock_loop.rs")
 
 
+def read(path):
+    """The text of `path`; None if there is no such file."""
+    try:
+        with open(path) as f:
+            return f.read()
+    except FileNotFoundError:
+        return None
+
+
 def build_rev(rev, loop=False):
     """The release `dblock` of `rev` (with `loop`: this checkout's `lock_loop` example
     built against `rev`'s library), built once into target/bench-against/<sha>-lto/."""
@@ -62,10 +71,8 @@ def build_rev(rev, loop=False):
     binary = os.path.join(release, "examples", "lock_loop") if loop else os.path.join(release, "dblock")
     # The loop's source as it was built: a changed loop is built again.
     built_from = os.path.join(out, "lock_loop.rs")
-    with open(LOOP) as f:
-        loop_src = f.read()
-    if os.path.exists(binary) and (not loop or (os.path.exists(built_from)
-                                                and open(built_from).read() == loop_src)):
+    loop_src = read(LOOP)
+    if os.path.exists(binary) and (not loop or read(built_from) == loop_src):
         return binary, sha
     src = os.path.join(out, "src")
     if os.path.exists(src):

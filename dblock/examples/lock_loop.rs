@@ -18,7 +18,9 @@
 use std::time::{Duration, Instant};
 
 /// This process's user and kernel CPU time so far, in ticks of 10 ms (`/proc/self/stat`'s
-/// fields 14 and 15, counted after the command name's last `)`); `None` off Linux.
+/// fields 14 and 15, counted after the command name's last `)`); `None` off Linux. The
+/// same parse as `dblock bench`'s (`bench.rs`), written again: this loop must build
+/// against earlier commits' libraries, which do not have it.
 fn cpu_ticks() -> Option<(u64, u64)> {
     let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
     let (_, rest) = stat.rsplit_once(')')?;
