@@ -22,7 +22,11 @@ commit are of that commit's harness too. `--loop` builds this checkout's
 `dblock/examples/lock_loop.rs` — a plain loop that uses only `Locks::connect` and
 `Locks::lock` — against REV's library and against the working tree's, and runs the two in
 turn for 1 worker, 8 workers and 8 workers on one name (`--hot`), printing the rates, the
-ratio and each side's CPU a cycle (user + kernel, µs; medians).
+ratio and each side's CPU a cycle (user + kernel, µs; medians). For a PostgreSQL server on
+this machine (its postmaster found by the URL's port, through the socket lock file
+/var/run/postgresql/.s.PGSQL.PORT.lock), it also prints the server's CPU a cycle: what the
+postmaster's reaped children (the loop's backends, which exit when it does) used over
+the run, divided by all the run's cycles — nothing else should use that server meanwhile.
 
 Exit status 0 when every run succeeded; the ratios are printed, never judged here.
 """
@@ -35,6 +39,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -133,10 +138,39 @@ LOOP_WORKLOADS = [(("uncontended", 1), ["--workers", "1"]),
                   (("hot", 8), ["--workers", "8", "--hot"])]
 
 
+def postmaster(url):
+    """The pid of the PostgreSQL server `url` reaches on this machine, from its socket's
+    lock file (first line); None for another backend, a remote host or no such file."""
+    if not url.startswith(("postgres://", "postgresql://")):
+        return None
+    hostport = url.split("://", 1)[1].split("/", 1)[0].rsplit("@", 1)[-1]
+    host, _, port = hostport.partition(":")
+    if host not in ("127.0.0.1", "localhost", "[::1]", ""):
+        return None
+    text = read(f"/var/run/postgresql/.s.PGSQL.{port or '5432'}.lock")
+    try:
+        return int(text.splitlines()[0]) if text else None
+    except (ValueError, IndexError):
+        return None
+
+
+def reaped_ticks(pid):
+    """CPU ticks (10 ms) of `pid`'s children it has waited for: `/proc/PID/stat`'s
+    cutime + cstime (fields 16 and 17, counted after the command's last `)`)."""
+    text = read(f"/proc/{pid}/stat") if pid else None
+    if not text:
+        return None
+    fields = text.rsplit(")", 1)[1].split()
+    return int(fields[13]) + int(fields[14])
+
+
 def run_loop(binary, url, seconds):
-    """`lock_loop` of each workload: {(workload, workers): (ops/s, user µs, kernel µs)}."""
+    """`lock_loop` of each workload: {(workload, workers): (ops/s, user µs, kernel µs,
+    server µs or None)}."""
     out = {}
+    pm = postmaster(url)
     for w, flags in LOOP_WORKLOADS:
+        before = reaped_ticks(pm)
         r = subprocess.run([binary, url, "--seconds", str(seconds)] + flags,
                            capture_output=True, text=True)
         if r.returncode != 0:
@@ -144,7 +178,15 @@ def run_loop(binary, url, seconds):
                 raise Unsupported(r.stderr.strip())
             sys.exit(f"{binary} {url} {' '.join(flags)} failed ({r.returncode}):\n{r.stderr}")
         m = json.loads(r.stdout.strip().splitlines()[-1])
-        out[w] = (m["ops_per_sec"], m["user_us"], m["system_us"])
+        server = None
+        if before is not None and m.get("all_cycles"):
+            # The loop's backends exit once it closes its connections; the postmaster
+            # reaps them a moment later.
+            time.sleep(0.3)
+            after = reaped_ticks(pm)
+            if after is not None:
+                server = (after - before) * 10_000 / m["all_cycles"]
+        out[w] = (m["ops_per_sec"], m["user_us"], m["system_us"], server)
     return out
 
 
@@ -171,7 +213,7 @@ def main():
     ]
     old, sha = build_rev(args.rev, args.loop)
     new = build_head(args.loop)
-    measure = run_loop if args.loop else (lambda b, u, s: {w: (r, None, None) for w, r in
+    measure = run_loop if args.loop else (lambda b, u, s: {w: (r, None, None, None) for w, r in
                                                            bench(b, u, s).items()})
     print(f"old: {args.rev} ({sha[:12]})  new: working tree  rounds: {args.rounds}  "
           f"seconds: {args.seconds}  "
@@ -191,7 +233,8 @@ def main():
             print(f"\n{shown}: {args.rev} has no such backend, nothing to compare ({e})")
             continue
         print(f"\n{shown}  (load {before} → {load()})")
-        cpu_head = f"  {'old cpu u+s':>13} {'new cpu u+s':>13}" if args.loop else ""
+        cpu_head = (f"  {'old cpu u+s':>13} {'new cpu u+s':>13} {'old server':>10} {'new server':>10}"
+                    if args.loop else "")
         print(f"  {'workload':<20} {'old ops/s':>12} {'new ops/s':>12} {'new÷old':>8}  {'range':<11}"
               + cpu_head)
         for w in rates["new"][0]:
@@ -210,6 +253,9 @@ def main():
                     cpu = (f"{statistics.median(user):.2f}+{statistics.median(system):.2f}"
                            if user and system else "—")
                     line += f" {cpu:>13}"
+                for side in ("old", "new"):
+                    server = [r[w][3] for r in rates[side] if r[w][3] is not None]
+                    line += f" {statistics.median(server):>10.2f}" if server else f" {'—':>10}"
             print(line)
     shutil.rmtree(tmp, ignore_errors=True)
 

@@ -1,6 +1,7 @@
 //! A plain lock loop on one handle: `--workers` tasks take and drop locks for
 //! `--seconds`, and one JSON line reports the cycles a second and this process's CPU a
-//! cycle (user and kernel, Linux).
+//! cycle (user and kernel, Linux), and the cycles of the whole run with its warm-up
+//! (`all_cycles`: what a server's CPU over the run is divided by).
 //!
 //! ```text
 //! cargo run --release -p dblock --example lock_loop -- URL [--workers 8] [--seconds 3] [--hot]
@@ -101,8 +102,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             ),
             _ => ("null".to_string(), "null".to_string()),
         };
+        let all_cycles: u64 = counts.iter().map(|c| c.0).sum();
         println!(
-            "{{\"workload\": \"{}\", \"workers\": {workers}, \"ops_per_sec\": {:.1}, \"user_us\": {user}, \"system_us\": {system}}}",
+            "{{\"workload\": \"{}\", \"workers\": {workers}, \"ops_per_sec\": {:.1}, \"user_us\": {user}, \"system_us\": {system}, \"all_cycles\": {all_cycles}}}",
             if hot { "hot" } else { "uncontended" },
             cycles as f64 / elapsed.as_secs_f64(),
         );
