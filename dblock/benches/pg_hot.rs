@@ -15,7 +15,8 @@
 //! - dblock: `lock(name)` and drop the guard, transaction scope (the default) and
 //!   session scope, on one handle (its tasks hand the lock to one another inside the
 //!   process while the server's grant is fresh: `postgres/lock/relay.rs`); and on a
-//!   handle per worker, as separate processes would (every hand-off through the server);
+//!   handle per worker, as separate processes would (every hand-off through the server),
+//!   in each scope;
 //! - sqlx: `PgAdvisoryLock::acquire` (`pg_advisory_lock`) on a connection of the task's
 //!   own, then `release_now` (`pg_advisory_unlock`, awaited);
 //! - pgbench: `-c 8 -j 2 -f` a script of `BEGIN; SELECT pg_advisory_xact_lock(k);
@@ -251,23 +252,41 @@ fn main() {
     }
 
     // A handle per worker, as eight processes would have: no hand-over inside the
-    // process, every hand-off through the server.
-    let rt = runtime();
-    let apart = rt.block_on(async {
-        let mut apart = Vec::new();
-        for _ in 0..WORKERS {
-            apart.push(Locks::builder().url(&url).build().await.unwrap());
-        }
-        Arc::new(apart)
-    });
-    let apart_cycle = move |w: usize| {
-        let locks = apart[w].clone();
-        async move { drop(locks.lock(name).await.unwrap()) }
-    };
-    contenders.push((
-        "dblock: a handle per worker (transaction)",
-        Box::new(move || rt.block_on(run(slice, apart_cycle.clone()))),
-    ));
+    // process, every hand-off through the server. Transaction scope's release is the
+    // transaction's end; session scope's is `pg_advisory_unlock`, as sqlx's.
+    for (label, scope) in [
+        (
+            "dblock: a handle per worker (transaction)",
+            Scope::Transaction,
+        ),
+        ("dblock: a handle per worker (session)", Scope::Session),
+    ] {
+        let rt = runtime();
+        let apart = rt.block_on(async {
+            let mut apart = Vec::new();
+            for _ in 0..WORKERS {
+                apart.push(
+                    Locks::builder()
+                        .url(&url)
+                        .scope(scope)
+                        .build()
+                        .await
+                        .unwrap(),
+                );
+            }
+            Arc::new(apart)
+        });
+        let apart_cycle = move |w: usize| {
+            let locks = apart[w].clone();
+            async move { drop(locks.lock(name).await.unwrap()) }
+        };
+        contenders.push((
+            label,
+            Box::new(move || rt.block_on(run(slice, apart_cycle.clone()))),
+        ));
+    }
+    // Where the peers' rows start: sqlx, then pgbench's two protocols.
+    let (sqlx_row, pgbench_rows) = (contenders.len(), contenders.len() + 1);
 
     // sqlx: a connection of each task's own, held for the run.
     let sqlx_rt = Arc::new(runtime());
@@ -341,7 +360,7 @@ fn main() {
     let labels: Vec<&str> = contenders.iter().map(|c| c.0).collect();
     let mean = |v: &Vec<f64>| v.iter().sum::<f64>() / v.len().max(1) as f64;
     let rates: Vec<f64> = totals.iter().map(mean).collect();
-    let pg_best = rates[5].max(rates[6]);
+    let pg_best = rates[pgbench_rows].max(rates[pgbench_rows + 1]);
     println!(
         "PostgreSQL hot name, {WORKERS} workers ({rounds} rounds of {slice} s slices, alternating; same server, same run)"
     );
@@ -350,7 +369,7 @@ fn main() {
         "", "cycles/s", "÷ floor", "÷ sqlx", "÷ pgbench"
     );
     for (i, label) in labels.iter().enumerate() {
-        if i >= 5 && bin.is_none() {
+        if i >= pgbench_rows && bin.is_none() {
             println!("{label:<44} (no pgbench found; set PGBENCH)");
             continue;
         }
@@ -359,7 +378,7 @@ fn main() {
             "{label:<44} {:>10.0} {:>9.2} {:>9.2} {:>11.2}   {}",
             rates[i],
             rates[i] / rates[0],
-            rates[i] / rates[4],
+            rates[i] / rates[sqlx_row],
             rates[i] / pg_best,
             per.join(" ")
         );
@@ -368,16 +387,16 @@ fn main() {
     let ahead = |i: usize| {
         (0..totals[i].len())
             .filter(|&r| {
-                let best = totals[5]
+                let best = totals[pgbench_rows]
                     .get(r)
                     .copied()
                     .unwrap_or(0.0)
-                    .max(totals[6].get(r).copied().unwrap_or(0.0));
-                totals[i][r] >= totals[4][r] && totals[i][r] >= best
+                    .max(totals[pgbench_rows + 1].get(r).copied().unwrap_or(0.0));
+                totals[i][r] >= totals[sqlx_row][r] && totals[i][r] >= best
             })
             .count()
     };
-    for (i, label) in labels.iter().enumerate().take(4).skip(1) {
+    for (i, label) in labels.iter().enumerate().take(sqlx_row).skip(1) {
         println!(
             "{label}: ahead of sqlx and pgbench in {} of {rounds} rounds",
             ahead(i)
