@@ -27,6 +27,7 @@ this machine (its postmaster found by the URL's port, through the socket lock fi
 /var/run/postgresql/.s.PGSQL.PORT.lock), it also prints the server's CPU a cycle: what the
 postmaster's reaped children (the loop's backends, which exit when it does) used over
 the run, divided by all the run's cycles — nothing else should use that server meanwhile.
+The lock file is the server owner's (mode 0600): as another user the column prints "—".
 
 Exit status 0 when every run succeeded; the ratios are printed, never judged here.
 """
@@ -58,11 +59,12 @@ LOOP = os.path.join(ROOT, "dblock", "examples", "lock_loop.rs")
 
 
 def read(path):
-    """The text of `path`; None if there is no such file."""
+    """The text of `path`; None if it cannot be read (no such file, or not this user's to
+    read)."""
     try:
         with open(path) as f:
             return f.read()
-    except FileNotFoundError:
+    except OSError:
         return None
 
 

@@ -286,7 +286,8 @@ fn main() {
         ));
     }
     // Where the peers' rows start: sqlx, then pgbench's two protocols.
-    let (sqlx_row, pgbench_rows) = (contenders.len(), contenders.len() + 1);
+    let sqlx_row = contenders.len();
+    let pgbench_rows = sqlx_row + 1;
 
     // sqlx: a connection of each task's own, held for the run.
     let sqlx_rt = Arc::new(runtime());
