@@ -1508,3 +1508,132 @@ async fn leaving_the_line_or_losing_the_holder_leaves_nothing_held() {
     assert!(other.try_lock("leave").await.unwrap().is_none());
     drop(g2);
 }
+
+/// A hot name's transaction-scoped wait runs prepared (`conn/prepared.rs`): its first
+/// round waits at once
+/// (the name was found busy lately) with no time in its comment, so its statement is the
+/// same each time; the session prepares it the second time and from then on binds and
+/// executes it, its `BEGIN` (or the last grant's `ROLLBACK AND CHAIN`) ahead of it as a
+/// message of its own. What must not change: the waiter is shown waiting and named, is
+/// granted when the holder lets go, holds the lock (in a transaction, for transaction
+/// scope: another handle's try fails) and lets it go on release. The control: the first
+/// such waits on the connection are simple queries, the head and the statement together.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hot_names_wait_runs_prepared_and_is_held_named_and_let_go_as_before() {
+    let s = PgSchema::new("prepwait").await;
+    let locks = Locks::builder()
+        .url(&s.url)
+        .max_connections(1)
+        .build()
+        .await
+        .unwrap();
+    let other = s.locks().await;
+    // Transaction scope: a session-scoped wait is never prepared (its message's head is
+    // the previous lock's unlock, parsed all the same; see the plan's unit test).
+    for (scope, name) in [(Scope::Transaction, "hot")] {
+        let mut simple = 0;
+        let mut prepared = None;
+        for _ in 0..20 {
+            let held = other.lock(name).await.unwrap();
+            let key = held.key();
+            let waiter = {
+                let locks = locks.clone();
+                let name = name.to_string();
+                tokio::spawn(async move { locks.request(&name).scope(scope).lock().await })
+            };
+            assert!(
+                s.eventually(10, || async { s.advisory(key).await.iter().any(|r| !r.2) })
+                    .await,
+                "{scope:?}: the request never waited on the server"
+            );
+            let pid = s.advisory(key).await.iter().find(|r| !r.2).unwrap().0;
+            let sent = last_query(&s, pid).await;
+            // Asked on the other handle, as an operator's `dblock status` would be: the
+            // waiter's handle has its one connection busy waiting.
+            let st = other.status(&[name]).await.unwrap();
+            assert_eq!(st[0].name.as_deref(), Some(name), "{scope:?}: {st:?}");
+            assert_eq!(
+                (st[0].holders.len(), st[0].waiters.len()),
+                (1, 1),
+                "{scope:?}: {st:?}; the waiter sent {sent}"
+            );
+            drop(held);
+            let g = timeout(Duration::from_secs(10), waiter)
+                .await
+                .unwrap()
+                .unwrap()
+                .unwrap();
+            if sent.starts_with("SELECT pg_catalog.pg_advisory_") {
+                prepared = Some((g, pid, sent));
+                break;
+            }
+            simple += 1;
+            drop(g);
+        }
+        let (g, pid, sent) = prepared.unwrap_or_else(|| {
+            panic!("{scope:?}: the hot name's wait never ran prepared in 20 waits")
+        });
+        assert!(
+            simple >= 1,
+            "{scope:?}: the first wait ran prepared: nothing was seen before it"
+        );
+        assert!(sent.contains(&format!("name={name} ")), "{sent}");
+        assert!(!sent.contains(" since="), "{sent}");
+        assert!(
+            !sent.contains("BEGIN") && !sent.contains("ROLLBACK"),
+            "{sent}"
+        );
+        // Granted, held by the waiter's session.
+        let rows = s.advisory(g.key()).await;
+        assert_eq!(rows.len(), 1, "{scope:?}: {rows:?}");
+        assert_eq!((rows[0].0, rows[0].2), (pid, true), "{scope:?}: {rows:?}");
+        assert!(
+            other.try_lock(name).await.unwrap().is_none(),
+            "{scope:?}: another handle took a name held through a prepared wait"
+        );
+        if scope == Scope::Transaction {
+            // In a transaction of its own, not the statement's implicit one.
+            let state: String = s
+                .admin()
+                .query_one("SELECT state FROM pg_stat_activity WHERE pid = $1", &[&pid])
+                .await
+                .unwrap()
+                .get(0);
+            assert_eq!(state, "idle in transaction", "{sent}");
+        }
+        g.release().await.unwrap();
+        assert!(
+            other.try_lock(name).await.unwrap().is_some(),
+            "{scope:?}: not let go on release"
+        );
+    }
+}
+
+/// A try is never prepared: the uncontended path stays one simple message (its head and
+/// its statement under one reply), which eight workers on two cores run faster than a
+/// prepared statement's two replies (docs/performance.md, seventeenth session). The
+/// control is the test above: a wait taken as often is prepared.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_try_taken_again_and_again_stays_one_simple_message() {
+    let s = PgSchema::new("trysimple").await;
+    let locks = Locks::builder()
+        .url(&s.url)
+        .max_connections(1)
+        .build()
+        .await
+        .unwrap();
+    for _ in 0..8 {
+        let g = locks.lock("free").await.unwrap();
+        let pid = s.advisory(g.key()).await[0].0;
+        let sent = last_query(&s, pid).await;
+        assert!(
+            sent.starts_with("BEGIN") || sent.starts_with("ROLLBACK AND CHAIN; "),
+            "{sent}"
+        );
+        assert!(
+            sent.contains("pg_catalog.pg_try_advisory_xact_lock("),
+            "{sent}"
+        );
+        drop(g);
+    }
+}

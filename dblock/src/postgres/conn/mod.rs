@@ -20,6 +20,7 @@ pub(crate) mod native;
 pub(crate) mod outbox;
 pub(crate) mod pool;
 pub mod pooler;
+pub(crate) mod prepared;
 pub(crate) mod tls;
 pub(crate) mod wire;
 
@@ -91,6 +92,11 @@ impl Conn {
         want: &[Option<u32>; N],
     ) -> Result<[Option<Value>; N], QueryError> {
         match self {
+            // Boxed, as the borrowed connection's query below: inline, it made every
+            // request's future larger.
+            Conn::Native(c) if c.runs_prepared(message) => {
+                Box::pin(c.first_values_prepared(message, want)).await
+            }
             Conn::Native(c) => c.first_values(message, want).await,
             Conn::Sqlx(c) => {
                 // Boxed: inline, a borrowed connection's query made every request's future

@@ -10,6 +10,7 @@
 //! with one reply (see `Outbox`). sqlx can only send when the connection is next
 //! awaited.
 
+use std::future::Future;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -18,6 +19,7 @@ use tokio::sync::OwnedSemaphorePermit;
 use tokio_postgres::{Client, SimpleQueryMessage, SimpleQueryStream};
 
 use super::outbox::{Outbox, send, start};
+use super::prepared::NO_SUCH_STATEMENT;
 use super::tls::Connector;
 use super::wire::{Deferred, Link, Message, QueryError, Results, Value};
 use crate::error::LossReason;
@@ -163,6 +165,11 @@ impl NativeConn {
         want: &[Option<u32>; N],
     ) -> Result<[Option<Value>; N], QueryError> {
         let (stream, carried) = self.outbox.carry(message, |text| start(&self.client, text));
+        if message.preparable() {
+            self.outbox
+                .prepared()
+                .saw(&self.client, message.last_statement());
+        }
         let stream = std::pin::pin!(stream?);
         let mut out: [Option<Value>; N] = std::array::from_fn(|_| None);
         let mut seen = [false; N];
@@ -178,6 +185,106 @@ impl NativeConn {
             }
         })
         .await?;
+        Ok(out)
+    }
+
+    /// Whether `message`'s last statement is prepared on this session: it may run
+    /// prepared, and its `Parse` has been answered (see `prepared.rs`).
+    ///
+    /// A `bool`, not the statement: a value with a destructor taken where every lock
+    /// request's future awaits kept room for itself there.
+    pub(crate) fn runs_prepared(&self, message: &Message) -> bool {
+        message.preparable()
+            && self
+                .outbox
+                .prepared()
+                .ready(message.last_statement())
+                .is_some()
+    }
+
+    /// [`NativeConn::first_values`] of a message whose last statement is prepared on the
+    /// session as `statement`: the statements before it (with those deferred on the
+    /// connection at their head) as a simple query, then `statement` bound and executed,
+    /// both queued at once, so that they leave in one write. The simple query's reply is
+    /// read first: if it failed, the round failed, as the one message would have (the
+    /// statement then ran in a transaction of its own, which ended with it, and let go
+    /// of whatever it took).
+    pub(crate) async fn first_values_prepared<const N: usize>(
+        &self,
+        message: &Message,
+        want: &[Option<u32>; N],
+    ) -> Result<[Option<Value>; N], QueryError> {
+        let Some(statement) = self.outbox.prepared().ready(message.last_statement()) else {
+            // Never after `runs_prepared` said yes (nothing else uses the connection
+            // meanwhile); sent as a simple query all the same.
+            return self.first_values(message, want).await;
+        };
+        let head = message.without_last();
+        let mut execute = std::pin::pin!(self.client.query_raw(
+            &statement,
+            std::iter::empty::<&(dyn tokio_postgres::types::ToSql + Sync)>()
+        ));
+        let head_reply = {
+            let mut waiting = self.outbox.waiting();
+            let text = match waiting.take() {
+                Some(deferred) => deferred.carried_by(&head).0,
+                None => std::borrow::Cow::Borrowed(head.alone()),
+            };
+            let head_reply = match text.is_empty() {
+                true => None,
+                false => Some(start(&self.client, &text)),
+            };
+            // The first poll queues the Bind and Execute (tokio-postgres sends a request
+            // before it awaits its reply), behind the head, before the outbox is let go.
+            let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+            if let std::task::Poll::Ready(Err(e)) = execute.as_mut().poll(&mut cx) {
+                return Err(QueryError::from_driver(e));
+            }
+            head_reply
+        };
+        if let Some(reply) = head_reply {
+            read(std::pin::pin!(reply?), |_, _| {}).await?;
+        }
+        let rows = match execute.await {
+            Ok(rows) => rows,
+            Err(e) => {
+                let e = QueryError::from_driver(e);
+                if let QueryError::Db { code, .. } = &e
+                    && code == NO_SUCH_STATEMENT
+                {
+                    // The session is not the one the statement was prepared on (an
+                    // undeclared, undetected transaction pooler): the round failed, as
+                    // any failed round, and nothing is prepared on this connection again.
+                    self.outbox.prepared().turn_off();
+                }
+                return Err(e);
+            }
+        };
+        let mut rows = std::pin::pin!(rows);
+        let mut value = None;
+        while let Some(row) = rows.next().await {
+            let row = row.map_err(QueryError::from_driver)?;
+            if value.is_none() {
+                value = Some(match row.columns().first().map(|c| c.type_()) {
+                    Some(&tokio_postgres::types::Type::BOOL) => {
+                        match row.try_get::<_, Option<bool>>(0) {
+                            Ok(Some(true)) => Some(Value::new("t")),
+                            Ok(Some(false)) => Some(Value::new("f")),
+                            _ => None,
+                        }
+                    }
+                    // A wait's `void`, as a simple query shows it.
+                    _ => Some(Value::new("")),
+                });
+            }
+        }
+        let last = message.statements().saturating_sub(1);
+        let mut out: [Option<Value>; N] = std::array::from_fn(|_| None);
+        for (w, out) in want.iter().zip(&mut out) {
+            if w.map(|w| w as usize) == Some(last) {
+                *out = value.clone().flatten();
+            }
+        }
         Ok(out)
     }
 

@@ -8,6 +8,7 @@ use std::task::{Context, Poll};
 use futures_util::FutureExt;
 use tokio_postgres::{Client, SimpleQueryStream};
 
+use super::prepared::Prepared;
 use super::wire::{Deferred, Message, QueryError};
 use crate::error::LossReason;
 use crate::sync::{AtomicBool, AtomicWaker, Mutex, MutexGuard, Ordering};
@@ -36,6 +37,10 @@ pub(crate) struct Outbox {
     pub(crate) closing: AtomicBool,
     /// The connection's task, woken when there is something to send or to close.
     pub(crate) task: AtomicWaker,
+    /// The lock statements the session has prepared (kept here, with what else the
+    /// connection's users share, rather than in the connection itself: a held lock
+    /// carries the connection, and every lock request's future holds it).
+    pub(crate) prepared: Mutex<Prepared>,
 }
 
 /// The outbox's hand-offs take the way a message is queued on the connection as `send`
@@ -44,6 +49,11 @@ pub(crate) struct Outbox {
 impl Outbox {
     pub(crate) fn waiting(&self) -> MutexGuard<'_, Option<Deferred>> {
         crate::sync::lock(&self.waiting)
+    }
+
+    /// The session's prepared statements.
+    pub(crate) fn prepared(&self) -> MutexGuard<'_, Prepared> {
+        crate::sync::lock(&self.prepared)
     }
 
     /// Queues the waiting statements on their own. Returns false if they could not be.

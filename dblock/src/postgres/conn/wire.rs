@@ -111,6 +111,10 @@ pub(crate) struct Message {
     begins: bool,
     /// Where [`Message::annotate`]'s comment starts in `text`, if there is one.
     comment_at: Option<u32>,
+    /// Whether the last statement may run prepared (see [`Message::preparable`]).
+    /// (Where it starts is found when needed: kept here, it made every lock request's
+    /// future larger than the C allocator's per-thread cache takes.)
+    preparable: bool,
 }
 
 /// What a held lock's health checks send, kept as the grant left it: the text of the
@@ -156,6 +160,7 @@ impl Message {
             after_begin: None,
             begins: false,
             comment_at: None,
+            preparable: false,
         }
     }
 
@@ -164,6 +169,7 @@ impl Message {
         if self.statements > 0 {
             self.text.push_str("; ");
         }
+        self.preparable = false;
         self.statements = self.statements.saturating_add(1);
         self.statements as usize - 1
     }
@@ -234,6 +240,61 @@ impl Message {
         if let Some(at) = self.comment_at.take() {
             self.text.truncate(at as usize);
         }
+    }
+
+    /// Marks the last statement as one that may run prepared, apart from the statements
+    /// before it (see `conn/prepared.rs`): its text is the same every time the request
+    /// is made (no time in its comment), its one row a `void` (a wait) or a `bool` (read
+    /// as `t` or `f`, as a simple query shows it). Only after a leading BEGIN: the
+    /// statements before it, sent as a message of their own just ahead of it, then leave
+    /// it in the same transaction.
+    pub(crate) fn mark_preparable(&mut self) {
+        self.preparable = self.begins && self.statements > 1;
+    }
+
+    /// Whether [`Message::mark_preparable`] marked the message (and no statement was
+    /// added since).
+    pub(crate) fn preparable(&self) -> bool {
+        self.preparable
+    }
+
+    /// Where the last statement starts in `text`: after the last `; ` ahead of the
+    /// comment (a statement dblock writes holds none, and the comment's values are
+    /// percent-encoded), which is the carried `ROLLBACK; `'s for a message of one.
+    fn last_at(&self) -> usize {
+        let end = self.comment_at.map_or(self.text.len(), |c| c as usize);
+        self.text
+            .get(..end)
+            .and_then(|t| t.rfind("; "))
+            .map_or(Message::CARRIED.len(), |at| at + "; ".len())
+    }
+
+    /// The last statement's text (with a comment appended to it).
+    pub(crate) fn last_statement(&self) -> &str {
+        self.text.get(self.last_at()..).unwrap_or_default()
+    }
+
+    /// The message without its last statement: what goes ahead of it, as a simple query,
+    /// when it runs prepared.
+    pub(crate) fn without_last(&self) -> Message {
+        let cut = self.last_at().saturating_sub(match self.statements > 1 {
+            true => "; ".len(),
+            false => 0,
+        });
+        let statements = self.statements.saturating_sub(1);
+        Message {
+            text: self.text.get(..cut).unwrap_or_default().to_string(),
+            statements,
+            after_begin: self.after_begin.filter(|a| *a as usize <= cut),
+            begins: self.begins && statements > 0,
+            comment_at: None,
+            preparable: false,
+        }
+    }
+
+    /// How many statements the message has.
+    pub(crate) fn statements(&self) -> usize {
+        self.statements as usize
     }
 
     /// Whether the message opens with a BEGIN.

@@ -156,9 +156,10 @@ pub(crate) struct Server<'a> {
     pub(crate) check_disconnect: bool,
     /// Whether the server has `ROLLBACK AND CHAIN` (PostgreSQL 12).
     pub(crate) chain: bool,
-    /// Whether a whole wait slice may be set as a session's own `lock_timeout` (dblock's
-    /// own connections, straight to the server: a session setting must not reach a
-    /// pooler's next client, nor a caller's sqlx connection).
+    /// Whether the session is dblock's own, straight to the server: a whole wait slice
+    /// may then be set as its own `lock_timeout`, and one key's statement may run
+    /// prepared on it (`conn/prepared.rs`). A session setting or a prepared statement
+    /// must not reach a pooler's next client, nor a caller's sqlx connection.
     pub(crate) session_slice: bool,
 }
 
@@ -313,6 +314,18 @@ impl<'k> Plan<'k> {
             sql.annotate(|text| {
                 write_comment(text, req.namespace, req.name, Some(req.scope), since)
             });
+            // One key's transaction-scoped wait, the same text each time the name is
+            // waited for, on dblock's own session: it may run prepared (see
+            // `conn/prepared.rs`, which says why only a wait, and only in this scope).
+            if on.session_slice
+                && matches!(what, What::One)
+                && req.scope == Scope::Transaction
+                && !req.fenced
+                && !settings.tries()
+                && since.is_none()
+            {
+                sql.mark_preparable();
+            }
         }
         Plan {
             sql,
@@ -580,6 +593,118 @@ mod tests {
             "SELECT pg_catalog.pg_try_advisory_lock_shared(42)"
         );
         assert_eq!(*p.wanted(), [Some(0), None]);
+    }
+
+    /// Which rounds may run prepared (`conn/prepared.rs`), and what goes ahead of the
+    /// prepared statement as a simple query: one key's transaction-scoped wait on
+    /// dblock's own session, its text the same each time; never a try, a later round of
+    /// a wait (its comment has the time), a fenced round, a session-scoped one, another
+    /// kind of request, or a session that is not dblock's own.
+    #[test]
+    fn one_keys_transaction_waits_on_an_own_session_may_run_prepared_and_nothing_else() {
+        let on = |own: bool| Server {
+            fence: None,
+            check_disconnect: true,
+            chain: true,
+            session_slice: own,
+        };
+        let first = Round::first(What::One);
+        // A wait at once (a hot name's): its BEGIN and settings ahead, the wait prepared.
+        let w = req(Scope::Transaction, Mode::Exclusive, Wait::Forever, false);
+        let p = Plan::build(&w, What::One, &first, &on(true));
+        assert!(p.sql.preparable());
+        assert!(
+            p.sql
+                .last_statement()
+                .starts_with("SELECT pg_catalog.pg_advisory_xact_lock(42) /* dblock "),
+            "{}",
+            p.sql.last_statement()
+        );
+        assert!(p.sql.last_statement().ends_with(" */"));
+        let head = p.sql.without_last();
+        assert!(
+            head.alone()
+                .starts_with("BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL "),
+            "{}",
+            head.alone()
+        );
+        assert!(!head.alone().ends_with("; "), "{}", head.alone());
+        assert_eq!(head.statements(), p.sql.statements() - 1);
+        let (chained, _) = Deferred::Rollback { chain: true }.carried_by(&head);
+        assert!(
+            chained.starts_with("ROLLBACK AND CHAIN; SET LOCAL "),
+            "{chained}"
+        );
+        let (rolled, _) = Deferred::Rollback { chain: false }.carried_by(&head);
+        assert!(rolled.starts_with("ROLLBACK; BEGIN ISOLATION LEVEL READ COMMITTED; "));
+        // A wait with nothing to set (its slice and the connection check the session's
+        // own, as on dblock's own sessions): the BEGIN alone ahead.
+        let own = Server {
+            check_disconnect: false,
+            ..on(true)
+        };
+        let mut quiet = Plan::build_in(
+            &w,
+            What::One,
+            &first,
+            &own,
+            Slice::of_round(&w, What::One, &first),
+            true,
+        );
+        let head = quiet.sql.without_last();
+        assert_eq!(head.alone(), "BEGIN ISOLATION LEVEL READ COMMITTED");
+        assert_eq!(
+            Deferred::Rollback { chain: true }.carried_by(&head).0,
+            "ROLLBACK AND CHAIN"
+        );
+        quiet.sql.strip_annotation();
+        assert_eq!(
+            quiet.sql.last_statement(),
+            "SELECT pg_catalog.pg_advisory_xact_lock(42)"
+        );
+        // Never: a try (the uncontended path stays one message), …
+        let t = req(Scope::Transaction, Mode::Exclusive, Wait::Try, false);
+        assert!(
+            !Plan::build(&t, What::One, &first, &on(true))
+                .sql
+                .preparable()
+        );
+        // … a later round of a wait (the time in its comment), …
+        let mut later = Round::first(What::One);
+        later.next(What::One, None);
+        assert!(
+            !Plan::build(&w, What::One, &later, &on(true))
+                .sql
+                .preparable()
+        );
+        // … a fenced round, …
+        let f = req(Scope::Transaction, Mode::Exclusive, Wait::Forever, true);
+        let fenced = Server {
+            fence: Some((TABLE, true)),
+            ..on(true)
+        };
+        assert!(!Plan::build(&f, What::One, &first, &fenced).sql.preparable());
+        // … a session-scoped wait, …
+        let sw = req(Scope::Session, Mode::Exclusive, Wait::Forever, false);
+        assert!(
+            !Plan::build(&sw, What::One, &first, &on(true))
+                .sql
+                .preparable()
+        );
+        // … any of several keys, …
+        let keys = [Key::from_i64(1), Key::from_i64(2)];
+        let any = What::AnyOf(&keys);
+        assert!(
+            !Plan::build(&w, any, &Round::first(any), &on(true))
+                .sql
+                .preparable()
+        );
+        // … or a session that is not dblock's own (a pooler's, a caller's).
+        assert!(
+            !Plan::build(&w, What::One, &first, &on(false))
+                .sql
+                .preparable()
+        );
     }
 
     #[test]
