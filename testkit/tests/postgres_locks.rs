@@ -1637,3 +1637,73 @@ async fn a_try_taken_again_and_again_stays_one_simple_message() {
         drop(g);
     }
 }
+
+/// A connection that prepared a hot name's wait still ends its session when its handle is
+/// dropped: nothing in the connection's shared state keeps its client (a `Parse` awaited
+/// between rounds would have, and with it the session, open until the process exits). The
+/// control: the session is there before the drop.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handle_that_prepared_a_wait_ends_its_session_when_dropped() {
+    let s = PgSchema::new("prepclose").await;
+    let app = format!("{}-waiter", s.app);
+    let url = with_params(
+        &pg_url(),
+        &[
+            (
+                "options",
+                &format!("-c search_path={0} -c dblock.namespace={0}", s.name),
+            ),
+            ("application_name", &app),
+        ],
+    );
+    let locks = Locks::builder()
+        .url(&url)
+        .max_connections(1)
+        .build()
+        .await
+        .unwrap();
+    let other = s.locks().await;
+    // Waited for three times: the first after a try (its comment has the time), then
+    // seen, then prepared (its `Parse` sent) — and not again, so that no later round on
+    // the connection reads the `Parse`'s reply.
+    for _ in 0..3 {
+        let held = other.lock("hot").await.unwrap();
+        let key = held.key();
+        let waiter = {
+            let locks = locks.clone();
+            tokio::spawn(async move { locks.lock("hot").await.map(drop) })
+        };
+        assert!(
+            s.eventually(10, || async { s.advisory(key).await.iter().any(|r| !r.2) })
+                .await
+        );
+        drop(held);
+        timeout(Duration::from_secs(10), waiter)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+    }
+    let sessions = || async {
+        let n: i64 = s
+            .admin()
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE $1 || '%'",
+                &[&app],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        n
+    };
+    assert_eq!(
+        sessions().await,
+        1,
+        "the control: the waiter's session is there"
+    );
+    drop(locks);
+    assert!(
+        s.eventually(10, || async { sessions().await == 0 }).await,
+        "the dropped handle's session is still open"
+    );
+}

@@ -94,8 +94,8 @@ impl Conn {
         match self {
             // Boxed, as the borrowed connection's query below: inline, it made every
             // request's future larger.
-            Conn::Native(c) if c.runs_prepared(message) => {
-                Box::pin(c.first_values_prepared(message, want)).await
+            Conn::Native(c) if c.runs_preparable(message) => {
+                Box::pin(c.first_values_preparable(message, want)).await
             }
             Conn::Native(c) => c.first_values(message, want).await,
             Conn::Sqlx(c) => {

@@ -19,7 +19,7 @@ use tokio::sync::OwnedSemaphorePermit;
 use tokio_postgres::{Client, SimpleQueryMessage, SimpleQueryStream};
 
 use super::outbox::{Outbox, send, start};
-use super::prepared::NO_SUCH_STATEMENT;
+use super::prepared::{NO_SUCH_STATEMENT, Use};
 use super::tls::Connector;
 use super::wire::{Deferred, Link, Message, QueryError, Results, Value};
 use crate::error::LossReason;
@@ -165,11 +165,6 @@ impl NativeConn {
         want: &[Option<u32>; N],
     ) -> Result<[Option<Value>; N], QueryError> {
         let (stream, carried) = self.outbox.carry(message, |text| start(&self.client, text));
-        if message.preparable() {
-            self.outbox
-                .prepared()
-                .saw(&self.client, message.last_statement());
-        }
         let stream = std::pin::pin!(stream?);
         let mut out: [Option<Value>; N] = std::array::from_fn(|_| None);
         let mut seen = [false; N];
@@ -188,18 +183,49 @@ impl NativeConn {
         Ok(out)
     }
 
-    /// Whether `message`'s last statement is prepared on this session: it may run
-    /// prepared, and its `Parse` has been answered (see `prepared.rs`).
+    /// Whether `message` runs as [`NativeConn::first_values_preparable`]: it may run
+    /// prepared and either is prepared on this session or is seen there the second time
+    /// (see `prepared.rs`); a text seen the first time is noted.
     ///
     /// A `bool`, not the statement: a value with a destructor taken where every lock
     /// request's future awaits kept room for itself there.
-    pub(crate) fn runs_prepared(&self, message: &Message) -> bool {
+    pub(crate) fn runs_preparable(&self, message: &Message) -> bool {
         message.preparable()
-            && self
-                .outbox
-                .prepared()
-                .ready(message.last_statement())
-                .is_some()
+            && self.outbox.prepared().use_for(message.last_statement()) != Use::Simple
+    }
+
+    /// [`NativeConn::first_values`] of a message [`NativeConn::runs_preparable`] said yes
+    /// to: prepared if its statement is, else as a simple query with the statement's
+    /// `Parse` queued just ahead of it, its reply read after the round's (no round trip
+    /// of its own), the statement kept for the next time.
+    pub(crate) async fn first_values_preparable<const N: usize>(
+        &self,
+        message: &Message,
+        want: &[Option<u32>; N],
+    ) -> Result<[Option<Value>; N], QueryError> {
+        let text = message.last_statement();
+        let statement = self.outbox.prepared().statement(text);
+        if let Some(statement) = statement {
+            return self.first_values_prepared(message, want, statement).await;
+        }
+        let mut parse = std::pin::pin!(self.client.prepare(text));
+        // The first poll queues the `Parse` (tokio-postgres sends a request before it
+        // awaits its reply), just ahead of the round's message: it changes nothing in a
+        // transaction, and its reply is in by the time the round's is read.
+        let polled = parse
+            .as_mut()
+            .poll(&mut std::task::Context::from_waker(std::task::Waker::noop()));
+        let reply = self.first_values(message, want).await;
+        let parsed = match polled {
+            std::task::Poll::Ready(p) => p,
+            std::task::Poll::Pending => parse.await,
+        };
+        let mut prepared = self.outbox.prepared();
+        match parsed {
+            Ok(statement) => prepared.parsed(text, Ok(statement)),
+            Err(e) => prepared.parsed(text, Err(e.code().map(|c| c.code()))),
+        }
+        reply
     }
 
     /// [`NativeConn::first_values`] of a message whose last statement is prepared on the
@@ -209,16 +235,12 @@ impl NativeConn {
     /// read first: if it failed, the round failed, as the one message would have (the
     /// statement then ran in a transaction of its own, which ended with it, and let go
     /// of whatever it took).
-    pub(crate) async fn first_values_prepared<const N: usize>(
+    async fn first_values_prepared<const N: usize>(
         &self,
         message: &Message,
         want: &[Option<u32>; N],
+        statement: tokio_postgres::Statement,
     ) -> Result<[Option<Value>; N], QueryError> {
-        let Some(statement) = self.outbox.prepared().ready(message.last_statement()) else {
-            // Never after `runs_prepared` said yes (nothing else uses the connection
-            // meanwhile); sent as a simple query all the same.
-            return self.first_values(message, want).await;
-        };
         let head = message.without_last();
         let mut execute = std::pin::pin!(self.client.query_raw(
             &statement,

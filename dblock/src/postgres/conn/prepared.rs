@@ -16,29 +16,28 @@
 //! its own, so a prepared round takes two replies where a simple one takes one. On a hot
 //! name the parse is on every hand-off's path and the CPU is not the limit: there the
 //! transaction-scoped hand-off between handles went from 0.84–0.92× sqlx's
-//! `PgAdvisoryLock` (which prepares its statements too) to 0.97–0.98×. On an uncontended
+//! `PgAdvisoryLock` (which prepares its statements too) to 0.97–1.01×. On an uncontended
 //! try the second reply cost eight workers on two cores more than the parse saved
 //! (0.90–0.96× the build before). A session-scoped wait's head is the previous lock's
 //! `pg_advisory_unlock`, itself parsed and planned: it gained nothing. Figures:
 //! docs/performance.md, seventeenth session.
 //!
-//! When: the second time a text is seen on the session, its `Parse` is queued behind that
-//! round's message, without waiting (its reply is read at a later use); from the third
-//! on, it runs prepared. A name waited for once costs nothing more. At most
-//! [`MAX_PREPARED`] statements a session (the server keeps about 8 KiB each, measured
-//! with `pg_backend_memory_contexts`): past that, texts run as simple queries. A session
+//! When: the second time a text is seen on the session, its `Parse` is queued just ahead
+//! of that round's message and its reply read after the round's (no round trip of its
+//! own); from the third on, it runs prepared. Nothing is kept
+//! waiting for a reply between rounds: a pending `Parse` held in the session's state
+//! would hold its client, and a connection given up must close when it is dropped. A
+//! name waited for once costs nothing more. At most [`MAX_PREPARED`] statements a
+//! session (the server keeps about 8 KiB each, measured with
+//! `pg_backend_memory_contexts`): past that, texts run as simple queries. A session
 //! whose server refuses a `Parse` (but for an aborted transaction, which a wait's ended
 //! slice leaves) or loses a prepared statement prepares nothing more.
 //!
 //! [`Message::mark_preparable`]: super::wire::Message::mark_preparable
 
 use std::collections::{HashMap, HashSet};
-use std::future::Future;
-use std::pin::Pin;
-use std::sync::Arc;
 
-use futures_util::FutureExt;
-use tokio_postgres::{Client, Statement};
+use tokio_postgres::Statement;
 
 /// The most statements one session prepares.
 pub(crate) const MAX_PREPARED: usize = 256;
@@ -46,85 +45,70 @@ pub(crate) const MAX_PREPARED: usize = 256;
 /// The most texts remembered as seen once (then forgotten all at once).
 const MAX_SEEN: usize = 1024;
 
-/// A statement's `Parse` on its way: queued on the connection, its reply read at a later
-/// use.
-type Preparing = Pin<Box<dyn Future<Output = Result<Statement, tokio_postgres::Error>> + Send>>;
+/// The server's code for a statement sent in a transaction already aborted.
+pub(crate) const IN_FAILED_TRANSACTION: &str = "25P02";
 
-/// A text's statement on the session.
-enum Slot {
-    Preparing(Preparing),
-    Ready(Statement),
-}
+/// The server's code for a prepared statement it does not have.
+pub(crate) const NO_SUCH_STATEMENT: &str = "26000";
 
 /// What a session has prepared, and the texts it has seen once.
 #[derive(Default)]
 pub(crate) struct Prepared {
     seen: HashSet<Box<str>>,
-    slots: HashMap<Box<str>, Slot>,
+    statements: HashMap<Box<str>, Statement>,
     /// Set when the session showed it is not one session (a `Parse` refused but for an
     /// aborted transaction, a prepared statement missing: a transaction pooler that was
     /// neither declared nor detected): nothing is prepared on it any more.
     off: bool,
 }
 
-/// The server's code for a statement sent in a transaction already aborted.
-const IN_FAILED_TRANSACTION: &str = "25P02";
-
-/// The server's code for a prepared statement it does not have.
-pub(crate) const NO_SUCH_STATEMENT: &str = "26000";
+/// How a preparable round runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Use {
+    /// As a simple query, its text noted as seen.
+    Simple,
+    /// As a simple query with the statement's `Parse` queued just ahead of it and its
+    /// reply read after the round's: the text's second time on the session.
+    SimpleThenPrepare,
+    /// Prepared.
+    Prepared,
+}
 
 impl Prepared {
-    /// The statement of `text`, if it is prepared and its `Parse` has been answered.
-    pub(crate) fn ready(&mut self, text: &str) -> Option<Statement> {
-        let slot = self.slots.get_mut(text)?;
-        if let Slot::Preparing(p) = slot {
-            match p.now_or_never() {
-                None => return None,
-                Some(Ok(s)) => *slot = Slot::Ready(s),
-                // Not prepared: the text runs as a simple query. Behind a round that
-                // failed (a wait's slice ended), the `Parse` met the aborted transaction
-                // and may be sent again; any other refusal turns preparing off.
-                Some(Err(e)) => {
-                    self.slots.remove(text);
-                    if e.code().map(|c| c.code()) != Some(IN_FAILED_TRANSACTION) {
-                        self.turn_off();
-                    }
-                    return None;
-                }
-            }
+    /// How the round whose last statement is `text` runs; the text is noted as seen.
+    pub(crate) fn use_for(&mut self, text: &str) -> Use {
+        if self.statements.contains_key(text) {
+            return Use::Prepared;
         }
-        match self.slots.get(text) {
-            Some(Slot::Ready(s)) => Some(s.clone()),
-            _ => None,
+        if self.off || self.statements.len() >= MAX_PREPARED {
+            return Use::Simple;
         }
+        if self.seen.contains(text) {
+            return Use::SimpleThenPrepare;
+        }
+        if self.seen.len() >= MAX_SEEN {
+            self.seen.clear();
+        }
+        self.seen.insert(text.into());
+        Use::Simple
     }
 
-    /// Notes that `text` runs as a simple query on `client` now (after its message was
-    /// queued): the second time it is seen, its `Parse` is queued behind it.
-    pub(crate) fn saw(&mut self, client: &Arc<Client>, text: &str) {
-        if self.off || self.slots.len() >= MAX_PREPARED || self.slots.contains_key(text) {
-            return;
-        }
-        if !self.seen.remove(text) {
-            if self.seen.len() >= MAX_SEEN {
-                self.seen.clear();
+    /// The statement prepared for `text`, if there is one.
+    pub(crate) fn statement(&self, text: &str) -> Option<Statement> {
+        self.statements.get(text).cloned()
+    }
+
+    /// Keeps `text`'s statement, or, if its `Parse` was refused with `code`, notes why:
+    /// behind a round that failed (a wait's slice ended) the `Parse` met the aborted
+    /// transaction and may be sent again; any other refusal turns preparing off.
+    pub(crate) fn parsed(&mut self, text: &str, parse: Result<Statement, Option<&str>>) {
+        match parse {
+            Ok(statement) => {
+                self.seen.remove(text);
+                self.statements.insert(text.into(), statement);
             }
-            self.seen.insert(text.into());
-            return;
-        }
-        let (client, owned) = (client.clone(), String::from(text));
-        let mut parse: Preparing = Box::pin(async move { client.prepare(&owned).await });
-        // The first poll queues the `Parse` (and its `Sync`) on the connection; its reply
-        // is read at the next use, when it has long arrived.
-        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-        match parse.as_mut().poll(&mut cx) {
-            std::task::Poll::Ready(Ok(s)) => {
-                self.slots.insert(text.into(), Slot::Ready(s));
-            }
-            std::task::Poll::Ready(Err(_)) => {}
-            std::task::Poll::Pending => {
-                self.slots.insert(text.into(), Slot::Preparing(parse));
-            }
+            Err(Some(IN_FAILED_TRANSACTION)) => {}
+            Err(_) => self.turn_off(),
         }
     }
 
@@ -132,7 +116,49 @@ impl Prepared {
     /// run as simple queries from now on.
     pub(crate) fn turn_off(&mut self) {
         self.off = true;
-        self.slots.clear();
+        self.statements.clear();
         self.seen.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A text runs simple the first time, prepares the second, and runs prepared once a
+    /// statement is kept; a `Parse` refused in an aborted transaction is tried again, any
+    /// other refusal turns preparing off.
+    #[test]
+    fn a_text_is_prepared_the_second_time_and_a_refusal_turns_preparing_off() {
+        let mut p = Prepared::default();
+        assert_eq!(p.use_for("a"), Use::Simple);
+        assert_eq!(p.use_for("a"), Use::SimpleThenPrepare);
+        // Refused behind a failed round: the next time prepares again.
+        p.parsed("a", Err(Some(IN_FAILED_TRANSACTION)));
+        assert_eq!(p.use_for("a"), Use::SimpleThenPrepare);
+        assert_eq!(p.use_for("b"), Use::Simple);
+        // Any other refusal: nothing is prepared on the session any more.
+        p.parsed("a", Err(Some("42P05")));
+        assert_eq!(p.use_for("a"), Use::Simple);
+        assert_eq!(p.use_for("a"), Use::Simple);
+        assert_eq!(p.use_for("b"), Use::Simple);
+        assert!(p.statement("a").is_none());
+    }
+
+    /// The seen texts are bounded: past `MAX_SEEN` they are forgotten all at once.
+    #[test]
+    fn the_texts_seen_once_are_bounded() {
+        let mut p = Prepared::default();
+        for i in 0..MAX_SEEN {
+            assert_eq!(p.use_for(&i.to_string()), Use::Simple);
+        }
+        assert_eq!(p.use_for("0"), Use::SimpleThenPrepare);
+        assert_eq!(p.use_for("new"), Use::Simple);
+        assert!(p.seen.len() <= MAX_SEEN);
+        assert_eq!(
+            p.use_for("0"),
+            Use::Simple,
+            "forgotten when the set was full"
+        );
     }
 }
