@@ -10,7 +10,7 @@
 //! text, so `pg_stat_activity.query` still names the waiter, and the holder after. What
 //! goes ahead of it in its message (`ROLLBACK AND CHAIN` or `BEGIN`, the wait's
 //! settings) is sent as a simple query queued in the same write
-//! (`NativeConn::first_values_prepared`).
+//! (`NativeConn::first_values_preparable`).
 //!
 //! Why only a wait: tokio-postgres ends every extended-protocol request in a `Sync` of
 //! its own, so a prepared round takes two replies where a simple one takes one. On a hot
@@ -24,10 +24,10 @@
 //!
 //! When: the second time a text is seen on the session, its `Parse` is queued just ahead
 //! of that round's message and its reply read after the round's (no round trip of its
-//! own); from the third on, it runs prepared. Nothing is kept
-//! waiting for a reply between rounds: a pending `Parse` held in the session's state
-//! would hold its client, and a connection given up must close when it is dropped. A
-//! name waited for once costs nothing more. At most [`MAX_PREPARED`] statements a
+//! own); from the third on, it runs prepared. Nothing is kept waiting for a reply between
+//! rounds: a pending `Parse` held in the session's state would hold its client, and a
+//! connection given up must close when it is dropped. A name waited for once costs
+//! nothing more. At most [`MAX_PREPARED`] statements a
 //! session (the server keeps about 8 KiB each, measured with
 //! `pg_backend_memory_contexts`): past that, texts run as simple queries. A session
 //! whose server refuses a `Parse` (but for an aborted transaction, which a wait's ended
@@ -46,7 +46,7 @@ pub(crate) const MAX_PREPARED: usize = 256;
 const MAX_SEEN: usize = 1024;
 
 /// The server's code for a statement sent in a transaction already aborted.
-pub(crate) const IN_FAILED_TRANSACTION: &str = "25P02";
+const IN_FAILED_TRANSACTION: &str = "25P02";
 
 /// The server's code for a prepared statement it does not have.
 pub(crate) const NO_SUCH_STATEMENT: &str = "26000";
