@@ -210,12 +210,21 @@ fn refused(r: Result<(), Error>) {
 }
 
 /// The statements a handle's connections sent, as the server logged them
-/// (`log_statement = all`, each line prefixed with the session's `application_name`).
+/// (`log_statement = all`, each line prefixed with the session's `application_name`):
+/// a simple query's text, and each statement the extended protocol executed (`execute
+/// NAME: text`, logged as `execute: text`).
 fn logged(cluster: &TempCluster, app: &str) -> Vec<String> {
     let log = std::fs::read_to_string(cluster.dir.path().join("server.log")).unwrap();
-    let head = format!("{app}|LOG:  statement: ");
+    let simple = format!("{app}|LOG:  statement: ");
+    let extended = format!("{app}|LOG:  execute ");
     log.lines()
-        .filter_map(|l| l.strip_prefix(&head).map(str::to_string))
+        .filter_map(|l| match l.strip_prefix(&simple) {
+            Some(text) => Some(text.to_string()),
+            None => l
+                .strip_prefix(&extended)
+                .and_then(|l| l.split_once(": "))
+                .map(|(_, text)| format!("execute: {text}")),
+        })
         .collect()
 }
 
@@ -271,8 +280,16 @@ async fn postgresql_pays_nothing_for_the_check() {
         per_lock(&forced_all, &forced_first),
         "five cycles sent different messages: {auto_all:#?} {forced_all:#?}"
     );
-    // One message to take, one to release, per cycle.
-    assert_eq!(per_lock(&auto_all, &auto_first), 10, "{auto_all:#?}");
+    // Per cycle: the take, its `BEGIN` and its try executed in one round (the extended
+    // protocol under one `Sync`: the server logs each), and the release.
+    assert_eq!(per_lock(&auto_all, &auto_first), 15, "{auto_all:#?}");
+    let last = &auto_all[auto_all.len() - 3..];
+    assert!(
+        last[0] == "execute: BEGIN ISOLATION LEVEL READ COMMITTED"
+            && last[1].starts_with("execute: SELECT pg_catalog.pg_try_advisory_xact_lock($1)")
+            && last[2] == "ROLLBACK",
+        "{last:#?}"
+    );
 }
 
 /// Through a PgBouncer in statement pooling mode (taken for a transaction pooler: the two

@@ -495,3 +495,123 @@ async fn sqlx_pool_handles_and_xact_helpers_work_through_a_transaction_pooler() 
         bounded(10, tx.commit()).await.unwrap();
     }
 }
+
+/// A transaction pooler dblock was told is not there (`pooler=none`: a proxy that passes
+/// the server's cancel key through unchanged is not detected) moves a connection to
+/// another server session between transactions, where the statements dblock prepared on
+/// the first are missing, and leaves them on the first for the next client (PgBouncer
+/// 1.18 keeps no prepared statement for its clients). Neither costs a lock: the round
+/// that finds a statement missing (`26000`) or already there (`42P05`) runs again as the
+/// simple query it would have been, granted, and that connection prepares nothing more.
+/// The controls: the lock really moved to a server session that never saw the statements
+/// (another backend), and a second handle's connection met the first one's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prepared_statements_a_pooler_loses_or_leaves_behind_cost_no_lock() {
+    let s = PgSchema::new("pgb_prep").await;
+    let (b, url) = bouncer(&s, PoolMode::Transaction, 2);
+    let undeclared = format!("{url}&pooler=none");
+    let handle = || async {
+        bounded(
+            10,
+            dblock::Locks::builder()
+                .url(&undeclared)
+                .namespace(&s.name)
+                .max_connections(1)
+                .build(),
+        )
+        .await
+        .unwrap()
+    };
+    let idle = |pid: i32| {
+        let s = &s;
+        async move {
+            s.eventually(10, || async {
+                let state: Option<String> = s
+                    .admin()
+                    .query_one("SELECT state FROM pg_stat_activity WHERE pid = $1", &[&pid])
+                    .await
+                    .unwrap()
+                    .get(0);
+                state.as_deref() == Some("idle")
+            })
+            .await
+        }
+    };
+    // Another client of the pooler, which holds server sessions in transactions.
+    let other = || async {
+        let (c, conn) = tokio_postgres::connect(&b.test_url(), tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        c
+    };
+    // X: taken by another client's transaction, so that dblock's first round lands on Y.
+    let o1 = other().await;
+    o1.batch_execute("BEGIN").await.unwrap();
+    let x: i32 = o1
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let locks = handle().await;
+    // Taken and let go twice on Y: the statements are prepared there (the first round
+    // prepares the try, the second binds it).
+    let mut y = 0;
+    for name in ["a", "b"] {
+        let g = bounded(10, locks.lock(name)).await.unwrap();
+        y = s.advisory(g.key()).await[0].0;
+        drop(g);
+        assert!(idle(y).await, "the transaction on Y ended");
+    }
+    assert_ne!(x, y);
+    // Y taken by another client (the only free server session), X let go.
+    let o2 = other().await;
+    o2.batch_execute("BEGIN").await.unwrap();
+    let o2_pid: i32 = o2
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(o2_pid, y, "the control: the other client holds Y");
+    o1.batch_execute("COMMIT").await.unwrap();
+    // The next round lands on X, which has none of the statements.
+    let other_handle = s.locks().await;
+    for (i, name) in ["c", "d", "e"].into_iter().enumerate() {
+        let g = bounded(10, locks.lock(name))
+            .await
+            .unwrap_or_else(|e| panic!("lock {i} through the moved connection: {e}"));
+        let rows = s.advisory(g.key()).await;
+        assert_eq!(rows.len(), 1, "{rows:?}");
+        assert_eq!(rows[0].0, x, "the control: the lock moved to X");
+        assert!(
+            bounded(10, other_handle.try_lock(name))
+                .await
+                .unwrap()
+                .is_none(),
+            "held"
+        );
+        drop(g);
+        assert!(idle(x).await, "let go");
+    }
+    // X taken by another client, Y let go: a second handle's connection lands on Y,
+    // where the first one's statements still are, and prepares its own under the same
+    // names.
+    let o3 = other().await;
+    o3.batch_execute("BEGIN").await.unwrap();
+    o2.batch_execute("COMMIT").await.unwrap();
+    let second = handle().await;
+    for name in ["f", "g", "h"] {
+        let g = bounded(10, second.lock(name))
+            .await
+            .unwrap_or_else(|e| panic!("{name} on the session the first handle left: {e}"));
+        let rows = s.advisory(g.key()).await;
+        assert_eq!(rows.len(), 1, "{rows:?}");
+        assert_eq!(
+            rows[0].0, y,
+            "the control: the second handle's lock is on Y"
+        );
+        drop(g);
+        assert!(idle(y).await, "let go");
+    }
+    o3.batch_execute("COMMIT").await.unwrap();
+}

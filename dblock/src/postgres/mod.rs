@@ -49,8 +49,9 @@
 //!   relay's hand-offs under every interleaving (docs/testing.md).
 //! - `conn/`, the connection layer, which knows nothing of locks — messages, statements
 //!   sent or deferred, results, health checks: `mod` (a connection and its operations,
-//!   `Armed`), dblock's own connections (`native`, `pool`, `outbox`, `driver`, and
-//!   `prepared`, the lock statements a session has prepared), one
+//!   `Armed`), dblock's own connections (`native`, `pool`, `outbox`, `driver`,
+//!   `prepared`, the lock statements a session has prepared, and `extended`, a round
+//!   and its prepared statement under one `Sync`), one
 //!   borrowed from an sqlx pool (`borrowed`), `wire` (what they exchange), `tls`,
 //!   `conninfo` (connection strings), `health`, `pooler`.
 //! - `store/`, the backend's other SQL: `fence` (the fencing table and check; `token`, a

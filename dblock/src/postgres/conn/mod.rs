@@ -15,6 +15,7 @@
 pub(crate) mod borrowed;
 pub(crate) mod conninfo;
 pub(crate) mod driver;
+pub(crate) mod extended;
 pub mod health;
 pub(crate) mod native;
 pub(crate) mod outbox;

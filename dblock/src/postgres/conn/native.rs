@@ -10,7 +10,6 @@
 //! with one reply (see `Outbox`). sqlx can only send when the connection is next
 //! awaited.
 
-use std::future::Future;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -19,7 +18,7 @@ use tokio::sync::OwnedSemaphorePermit;
 use tokio_postgres::{Client, SimpleQueryMessage, SimpleQueryStream};
 
 use super::outbox::{Outbox, send, start};
-use super::prepared::{NO_SUCH_STATEMENT, Use};
+use super::prepared::{NO_SUCH_STATEMENT, Parse, Use};
 use super::tls::Connector;
 use super::wire::{Deferred, Link, Message, QueryError, Results, Value};
 use crate::error::LossReason;
@@ -184,130 +183,171 @@ impl NativeConn {
     }
 
     /// Whether `message` runs as [`NativeConn::first_values_preparable`]: it may run
-    /// prepared and either is prepared on this session or is seen there the second time
-    /// (see `prepared.rs`); a text seen the first time is noted.
+    /// prepared and either is prepared on this session or is to be in this round (see
+    /// `prepared.rs`); a text seen the first time is noted.
     ///
     /// A `bool`, not the statement: a value with a destructor taken where every lock
     /// request's future awaits kept room for itself there.
     pub(crate) fn runs_preparable(&self, message: &Message) -> bool {
-        message.preparable()
-            && self.outbox.prepared().use_for(message.last_statement()) != Use::Simple
+        if !message.preparable() {
+            return false;
+        }
+        let (text, at_once) = match message.keyed() {
+            Some((prefix, _, _)) => (prefix, true),
+            None => (message.last_statement(), false),
+        };
+        self.outbox.prepared().use_for(text, at_once) != Use::Simple
     }
 
     /// [`NativeConn::first_values`] of a message [`NativeConn::runs_preparable`] said yes
-    /// to: prepared if its statement is, else as a simple query with the statement's
-    /// `Parse` queued just ahead of it, its reply read after the round's (no round trip
-    /// of its own), the statement kept for the next time.
+    /// to, under one `Sync` (see `extended.rs`): its head (with the statements deferred
+    /// on the connection carried at its head) a statement at a time, then its last
+    /// statement as the session's prepared statement — parsed under its name in this
+    /// same round if it is not yet; a keyed one (see [`Message::keyed`]) with its key
+    /// bound and its comment parsed after it. One write, one reply, as a simple query.
+    ///
+    /// A head that does not split into its statements where a simple query would (never
+    /// the case for the texts dblock writes) runs as [`NativeConn::first_values`].
     pub(crate) async fn first_values_preparable<const N: usize>(
         &self,
         message: &Message,
         want: &[Option<u32>; N],
     ) -> Result<[Option<Value>; N], QueryError> {
-        let text = message.last_statement();
-        let statement = self.outbox.prepared().statement(text);
-        if let Some(statement) = statement {
-            return self.first_values_prepared(message, want, statement).await;
-        }
-        let mut parse = std::pin::pin!(self.client.prepare(text));
-        // The first poll queues the `Parse` (tokio-postgres sends a request before it
-        // awaits its reply), just ahead of the round's message: it changes nothing in a
-        // transaction, and its reply is in by the time the round's is read.
-        let polled = parse
-            .as_mut()
-            .poll(&mut std::task::Context::from_waker(std::task::Waker::noop()));
-        let reply = self.first_values(message, want).await;
-        let parsed = match polled {
-            std::task::Poll::Ready(p) => p,
-            std::task::Poll::Pending => parse.await,
+        let keyed = message.keyed();
+        // The statement's text, as the session's cache knows it.
+        let text = keyed.map_or(message.last_statement(), |(prefix, _, _)| prefix);
+        let sent = {
+            let mut waiting = self.outbox.waiting();
+            let deferred = waiting.take();
+            let without_last = message.without_last();
+            let (head, carried) = match &deferred {
+                Some(d) => d.carried_by(&without_last),
+                None => (std::borrow::Cow::Borrowed(without_last.alone()), 0),
+            };
+            let statements = match head.is_empty() {
+                true => 0,
+                false => head.split("; ").count(),
+            };
+            let (id, parse, fixed) = {
+                let prepared = self.outbox.prepared();
+                let fixed = match prepared.fixed {
+                    true => super::extended::Fixed::Have,
+                    false => super::extended::Fixed::Parse,
+                };
+                match prepared.statement(text) {
+                    Ok(id) => (id, false, fixed),
+                    Err(id) => (id, true, fixed),
+                }
+            };
+            let keyed_text;
+            let last = super::extended::Last {
+                name: super::extended::Name::of(id),
+                parse: match (parse, keyed) {
+                    (false, _) => None,
+                    (true, None) => Some(text),
+                    (true, Some((prefix, _, _))) => {
+                        keyed_text = format!("{prefix}$1)");
+                        Some(keyed_text.as_str())
+                    }
+                },
+                key: keyed.map(|(_, key, _)| key),
+                comment: keyed.map_or("", |(_, _, comment)| comment),
+            };
+            let encoded = match statements == carried + without_last.statements() {
+                true => super::extended::encode(head.split("; "), fixed, &last),
+                false => None,
+            };
+            match encoded {
+                Some(encoded) => Some((
+                    self.client
+                        .send_encoded(encoded)
+                        .map_err(QueryError::from_driver)?,
+                    statements,
+                    carried,
+                    id,
+                    parse,
+                    fixed == super::extended::Fixed::Parse,
+                    deferred,
+                )),
+                None => {
+                    *waiting = deferred;
+                    None
+                }
+            }
         };
-        let mut prepared = self.outbox.prepared();
-        match parsed {
-            Ok(statement) => prepared.parsed(text, Ok(statement)),
-            Err(e) => prepared.parsed(text, Err(e.code().map(|c| c.code()))),
+        let Some((mut responses, head, carried, id, parse, parse_fixed, deferred)) = sent else {
+            return self.first_values(message, want).await;
+        };
+        let mut out: [Option<Value>; N] = std::array::from_fn(|_| None);
+        let mut seen = [false; N];
+        let read = super::extended::read(&mut responses, |i, value| {
+            let Some(i) = i.checked_sub(carried) else {
+                return;
+            };
+            for ((w, seen), out) in want.iter().zip(&mut seen).zip(&mut out) {
+                if w.map(|w| w as usize) == Some(i) && !*seen {
+                    *seen = true;
+                    *out = value.map(Value::new);
+                }
+            }
+        })
+        .await;
+        // Let go of now: what is left of the reply (after an error, its `ReadyForQuery`)
+        // is then dropped by the connection's task, which never waits on this round.
+        drop(responses);
+        if parse || parse_fixed {
+            let outcome = match (&read.error, read.bound(head)) {
+                (_, true) => Parse::Completed,
+                (Some(QueryError::Db { code, .. }), false) if read.failed_between(head) => {
+                    Parse::Refused(Some(code))
+                }
+                (Some(_), false) if read.failed_between(head) => Parse::Refused(None),
+                _ => Parse::NotReached,
+            };
+            self.outbox
+                .prepared()
+                .parsed(parse.then_some(text), id, outcome);
         }
-        reply
+        let between = read.failed_between(head);
+        let first = read.failed_first();
+        match read.error {
+            None => Ok(out),
+            // A prepared statement refused or missing (the server session is not the one
+            // they were prepared on: an undeclared, undetected transaction pooler moved
+            // the connection between transactions, or left another client's statements of
+            // the same name): never the lock statement's own failure. Nothing is prepared
+            // on this connection again, and the round runs as the simple query it would
+            // have been — after a `ROLLBACK` if its head ran (its transaction is aborted;
+            // what the head carried is done), else with what it carried.
+            Some(QueryError::Db { code, .. })
+                if between || (first && code == NO_SUCH_STATEMENT) =>
+            {
+                self.outbox.prepared().turn_off();
+                self.put_back(match between {
+                    true => Some(Deferred::Rollback { chain: false }),
+                    false => deferred,
+                });
+                self.first_values(message, want).await
+            }
+            Some(e) => Err(e),
+        }
     }
 
-    /// [`NativeConn::first_values`] of a message whose last statement is prepared on the
-    /// session as `statement`: the statements before it (with those deferred on the
-    /// connection at their head) as a simple query, then `statement` bound and executed,
-    /// both queued at once, so that they leave in one write. The simple query's reply is
-    /// read first: if it failed, the round failed, as the one message would have (the
-    /// statement then ran in a transaction of its own, which ended with it, and let go
-    /// of whatever it took).
-    async fn first_values_prepared<const N: usize>(
-        &self,
-        message: &Message,
-        want: &[Option<u32>; N],
-        statement: tokio_postgres::Statement,
-    ) -> Result<[Option<Value>; N], QueryError> {
-        let head = message.without_last();
-        let mut execute = std::pin::pin!(self.client.query_raw(
-            &statement,
-            std::iter::empty::<&(dyn tokio_postgres::types::ToSql + Sync)>()
-        ));
-        let head_reply = {
-            let mut waiting = self.outbox.waiting();
-            let text = match waiting.take() {
-                Some(deferred) => deferred.carried_by(&head).0,
-                None => std::borrow::Cow::Borrowed(head.alone()),
-            };
-            let head_reply = match text.is_empty() {
-                true => None,
-                false => Some(start(&self.client, &text)),
-            };
-            // The first poll queues the Bind and Execute (tokio-postgres sends a request
-            // before it awaits its reply), behind the head, before the outbox is let go.
-            let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-            if let std::task::Poll::Ready(Err(e)) = execute.as_mut().poll(&mut cx) {
-                return Err(QueryError::from_driver(e));
-            }
-            head_reply
-        };
-        if let Some(reply) = head_reply {
-            read(std::pin::pin!(reply?), |_, _| {}).await?;
-        }
-        let rows = match execute.await {
-            Ok(rows) => rows,
-            Err(e) => {
-                let e = QueryError::from_driver(e);
-                if let QueryError::Db { code, .. } = &e
-                    && code == NO_SUCH_STATEMENT
-                {
-                    // The session is not the one the statement was prepared on (an
-                    // undeclared, undetected transaction pooler): the round failed, as
-                    // any failed round, and nothing is prepared on this connection again.
-                    self.outbox.prepared().turn_off();
+    /// Puts back statements taken from the outbox for a round that did not run them:
+    /// waiting again, to go with the next message; if others were deferred since, these
+    /// are sent now, ahead of them.
+    fn put_back(&self, deferred: Option<Deferred>) {
+        let Some(deferred) = deferred else { return };
+        let mut waiting = self.outbox.waiting();
+        match waiting.take() {
+            None => *waiting = Some(deferred),
+            Some(later) => {
+                if !send(&self.client, deferred.sql()) {
+                    self.outbox.close_now();
                 }
-                return Err(e);
-            }
-        };
-        let mut rows = std::pin::pin!(rows);
-        let mut value = None;
-        while let Some(row) = rows.next().await {
-            let row = row.map_err(QueryError::from_driver)?;
-            if value.is_none() {
-                value = Some(match row.columns().first().map(|c| c.type_()) {
-                    Some(&tokio_postgres::types::Type::BOOL) => {
-                        match row.try_get::<_, Option<bool>>(0) {
-                            Ok(Some(true)) => Some(Value::new("t")),
-                            Ok(Some(false)) => Some(Value::new("f")),
-                            _ => None,
-                        }
-                    }
-                    // A wait's `void`, as a simple query shows it.
-                    _ => Some(Value::new("")),
-                });
+                *waiting = Some(later);
             }
         }
-        let last = message.statements().saturating_sub(1);
-        let mut out: [Option<Value>; N] = std::array::from_fn(|_| None);
-        for (w, out) in want.iter().zip(&mut out) {
-            if w.map(|w| w as usize) == Some(last) {
-                *out = value.clone().flatten();
-            }
-        }
-        Ok(out)
     }
 
     /// Defers `statements` to the connection's task: they go out the next time that

@@ -1,43 +1,39 @@
 //! The lock statements a session has prepared (`Parse`d once, then run by `Bind` and
-//! `Execute`), so that a hot name's wait skips the server's parse, analysis and planning
-//! of its statement on every hand-off.
+//! `Execute`), so that a lock request skips the server's parse, analysis and planning of
+//! its statement: about a third of the server's work for a lone lock statement (pgbench,
+//! `-M simple` against `-M prepared`).
 //!
 //! Which statements: a round [`Message::mark_preparable`] marked — one key's
-//! transaction-scoped wait, its text the same every time (a name found busy lately waits
-//! at once, with no time in its comment), on dblock's own session straight to the
-//! server (never through a pooler, whose next client would not have the statement, nor
-//! on a caller's sqlx connection). The comment naming the lock is part of the prepared
-//! text, so `pg_stat_activity.query` still names the waiter, and the holder after. What
-//! goes ahead of it in its message (`ROLLBACK AND CHAIN` or `BEGIN`, the wait's
-//! settings) is sent as a simple query queued in the same write
-//! (`NativeConn::first_values_preparable`).
+//! transaction-scoped try or wait, its text the same every time (a name found busy
+//! lately waits at once, with no time in its comment), on dblock's own session straight
+//! to the server (never through a pooler, whose next client would not have the
+//! statement, nor on a caller's sqlx connection). The comment naming the lock is part of
+//! the prepared text, so `pg_stat_activity.query` still names the waiter, and the holder
+//! after. What goes ahead of it in its message (`ROLLBACK AND CHAIN` or `BEGIN`, a wait's
+//! settings) goes in the same round under one `Sync` (`extended.rs`): one write, one
+//! reply, as the simple query.
 //!
-//! Why only a wait: tokio-postgres ends every extended-protocol request in a `Sync` of
-//! its own, so a prepared round takes two replies where a simple one takes one. On a hot
-//! name the parse is on every hand-off's path and the CPU is not the limit: there the
-//! transaction-scoped hand-off between handles went from 0.84–0.92× sqlx's
-//! `PgAdvisoryLock` (which prepares its statements too) to 0.97–1.01×. On an uncontended
-//! try the second reply cost eight workers on two cores more than the parse saved
-//! (0.90–0.96× the build before). A session-scoped wait's head is the previous lock's
-//! `pg_advisory_unlock`, itself parsed and planned: it gained nothing. Figures:
-//! docs/performance.md, seventeenth session.
+//! Why one `Sync`: tokio-postgres's published API ends every extended-protocol request
+//! in a `Sync` of its own, so a prepared round took two replies where a simple one takes
+//! one; on an uncontended try with eight workers on two cores the second reply cost more
+//! than the parse saved (0.90–0.96× the build before), and only a hot name's wait gained
+//! (docs/performance.md, seventeenth session). dblock's copy of tokio-postgres sends a
+//! round's messages as they are (vendor/tokio-postgres/PATCH.md). A session-scoped round
+//! is not prepared: its head is the previous lock's `pg_advisory_unlock`, with a value of
+//! its own every time.
 //!
-//! When: the second time a text is seen on the session, its `Parse` is queued just ahead
-//! of that round's message and its reply read after the round's (no round trip of its
-//! own); from the third on, it runs prepared. Nothing is kept waiting for a reply between
-//! rounds: a pending `Parse` held in the session's state would hold its client, and a
-//! connection given up must close when it is dropped. A name waited for once costs
-//! nothing more. At most [`MAX_PREPARED`] statements a
-//! session (the server keeps about 8 KiB each, measured with
+//! When: the first time a text is seen on the session it runs as a simple query; the
+//! second time its `Parse` goes in the round, after the head, under its name (a head
+//! that fails leaves it unsent: the next time parses again); from then on it is bound
+//! and executed. A name asked for once costs nothing more. At most [`MAX_PREPARED`]
+//! statements a session (the server keeps about 8 KiB each, measured with
 //! `pg_backend_memory_contexts`): past that, texts run as simple queries. A session
-//! whose server refuses a `Parse` (but for an aborted transaction, which a wait's ended
-//! slice leaves) or loses a prepared statement prepares nothing more.
+//! whose server refuses a `Parse` (but for an aborted transaction) or loses a prepared
+//! statement prepares nothing more; that one round fails with the server's error.
 //!
 //! [`Message::mark_preparable`]: super::wire::Message::mark_preparable
 
 use std::collections::{HashMap, HashSet};
-
-use tokio_postgres::Statement;
 
 /// The most statements one session prepares.
 pub(crate) const MAX_PREPARED: usize = 256;
@@ -55,11 +51,27 @@ pub(crate) const NO_SUCH_STATEMENT: &str = "26000";
 #[derive(Default)]
 pub(crate) struct Prepared {
     seen: HashSet<Box<str>>,
-    statements: HashMap<Box<str>, Statement>,
+    /// Each prepared text's statement (named by `extended::Name::of`).
+    statements: HashMap<Box<str>, u32>,
+    /// The id the next statement prepared takes.
+    next: u32,
+    /// Whether the session has the statements that open a round (`extended::FIXED`).
+    pub(crate) fixed: bool,
     /// Set when the session showed it is not one session (a `Parse` refused but for an
     /// aborted transaction, a prepared statement missing: a transaction pooler that was
     /// neither declared nor detected): nothing is prepared on it any more.
     off: bool,
+}
+
+/// How a named `Parse` went (see [`Prepared::parsed`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Parse<'a> {
+    /// The server has the statement.
+    Completed,
+    /// A statement ahead of it failed, and the server skipped it.
+    NotReached,
+    /// Refused, with the server's code if it gave one.
+    Refused(Option<&'a str>),
 }
 
 /// How a preparable round runs.
@@ -67,24 +79,25 @@ pub(crate) struct Prepared {
 pub(crate) enum Use {
     /// As a simple query, its text noted as seen.
     Simple,
-    /// As a simple query with the statement's `Parse` queued just ahead of it and its
-    /// reply read after the round's: the text's second time on the session.
-    SimpleThenPrepare,
+    /// Under one `Sync`, the statement's `Parse` in the round: the text's second time
+    /// on the session.
+    Prepare,
     /// Prepared.
     Prepared,
 }
 
 impl Prepared {
     /// How the round whose last statement is `text` runs; the text is noted as seen.
-    pub(crate) fn use_for(&mut self, text: &str) -> Use {
+    /// `at_once`: prepared the first time it is seen (a statement that serves every key).
+    pub(crate) fn use_for(&mut self, text: &str, at_once: bool) -> Use {
         if self.statements.contains_key(text) {
             return Use::Prepared;
         }
         if self.off || self.statements.len() >= MAX_PREPARED {
             return Use::Simple;
         }
-        if self.seen.contains(text) {
-            return Use::SimpleThenPrepare;
+        if at_once || self.seen.contains(text) {
+            return Use::Prepare;
         }
         if self.seen.len() >= MAX_SEEN {
             self.seen.clear();
@@ -93,29 +106,39 @@ impl Prepared {
         Use::Simple
     }
 
-    /// The statement prepared for `text`, if there is one.
-    pub(crate) fn statement(&self, text: &str) -> Option<Statement> {
-        self.statements.get(text).cloned()
+    /// The statement prepared for `text` (`Ok`), or the id a statement for it is to be
+    /// parsed under (`Err`).
+    pub(crate) fn statement(&self, text: &str) -> Result<u32, u32> {
+        self.statements.get(text).copied().ok_or(self.next)
     }
 
-    /// Keeps `text`'s statement, or, if its `Parse` was refused with `code`, notes why:
-    /// behind a round that failed (a wait's slice ended) the `Parse` met the aborted
-    /// transaction and may be sent again; any other refusal turns preparing off.
-    pub(crate) fn parsed(&mut self, text: &str, parse: Result<Statement, Option<&str>>) {
+    /// Notes how the named `Parse` of `text` as statement `id` went: completed (the
+    /// statement is kept), not reached (a statement ahead of it failed: the next time
+    /// parses again), or refused with `code` — in an aborted transaction it may be sent
+    /// again; any other refusal turns preparing off.
+    ///
+    /// `text` `None`: only the statements that open a round were parsed.
+    pub(crate) fn parsed(&mut self, text: Option<&str>, id: u32, parse: Parse<'_>) {
         match parse {
-            Ok(statement) => {
-                self.seen.remove(text);
-                self.statements.insert(text.into(), statement);
+            Parse::Completed => {
+                self.fixed = true;
+                if let Some(text) = text {
+                    self.seen.remove(text);
+                    self.statements.insert(text.into(), id);
+                    self.next = self.next.wrapping_add(1);
+                }
             }
-            Err(Some(IN_FAILED_TRANSACTION)) => {}
-            Err(_) => self.turn_off(),
+            Parse::NotReached | Parse::Refused(Some(IN_FAILED_TRANSACTION)) => {}
+            Parse::Refused(_) => self.turn_off(),
         }
     }
 
     /// Stops preparing on this session, and forgets what it prepared: its statements
-    /// run as simple queries from now on.
+    /// run as simple queries from now on. (The server keeps those it has, at most
+    /// [`MAX_PREPARED`], until the session ends.)
     pub(crate) fn turn_off(&mut self) {
         self.off = true;
+        self.fixed = false;
         self.statements.clear();
         self.seen.clear();
     }
@@ -131,18 +154,30 @@ mod tests {
     #[test]
     fn a_text_is_prepared_the_second_time_and_a_refusal_turns_preparing_off() {
         let mut p = Prepared::default();
-        assert_eq!(p.use_for("a"), Use::Simple);
-        assert_eq!(p.use_for("a"), Use::SimpleThenPrepare);
-        // Refused behind a failed round: the next time prepares again.
-        p.parsed("a", Err(Some(IN_FAILED_TRANSACTION)));
-        assert_eq!(p.use_for("a"), Use::SimpleThenPrepare);
-        assert_eq!(p.use_for("b"), Use::Simple);
+        // A statement for every key: prepared the first time.
+        assert_eq!(p.use_for("k(", true), Use::Prepare);
+        assert_eq!(p.statement("k("), Err(0));
+        assert_eq!(p.use_for("a", false), Use::Simple);
+        assert_eq!(p.use_for("a", false), Use::Prepare);
+        // Refused in an aborted transaction, or not reached: the next time prepares again.
+        p.parsed(Some("a"), 0, Parse::Refused(Some(IN_FAILED_TRANSACTION)));
+        assert_eq!(p.use_for("a", false), Use::Prepare);
+        p.parsed(Some("a"), 0, Parse::NotReached);
+        assert_eq!(p.use_for("a", false), Use::Prepare);
+        assert_eq!(p.statement("a"), Err(0));
+        // Completed: kept, and the next text takes the next id.
+        p.parsed(Some("a"), 0, Parse::Completed);
+        assert_eq!(p.use_for("a", false), Use::Prepared);
+        assert_eq!(p.statement("a"), Ok(0));
+        assert_eq!(p.statement("b"), Err(1));
+        assert_eq!(p.use_for("b", false), Use::Simple);
         // Any other refusal: nothing is prepared on the session any more.
-        p.parsed("a", Err(Some("42P05")));
-        assert_eq!(p.use_for("a"), Use::Simple);
-        assert_eq!(p.use_for("a"), Use::Simple);
-        assert_eq!(p.use_for("b"), Use::Simple);
-        assert!(p.statement("a").is_none());
+        p.parsed(Some("b"), 1, Parse::Refused(Some("42P05")));
+        assert_eq!(p.use_for("a", false), Use::Simple);
+        assert_eq!(p.use_for("a", false), Use::Simple);
+        assert_eq!(p.use_for("b", false), Use::Simple);
+        assert!(p.statement("a").is_err());
+        assert_eq!(p.use_for("c", true), Use::Simple, "off: not even at once");
     }
 
     /// The seen texts are bounded: past `MAX_SEEN` they are forgotten all at once.
@@ -150,13 +185,13 @@ mod tests {
     fn the_texts_seen_once_are_bounded() {
         let mut p = Prepared::default();
         for i in 0..MAX_SEEN {
-            assert_eq!(p.use_for(&i.to_string()), Use::Simple);
+            assert_eq!(p.use_for(&i.to_string(), false), Use::Simple);
         }
-        assert_eq!(p.use_for("0"), Use::SimpleThenPrepare);
-        assert_eq!(p.use_for("new"), Use::Simple);
+        assert_eq!(p.use_for("0", false), Use::Prepare);
+        assert_eq!(p.use_for("new", false), Use::Simple);
         assert!(p.seen.len() <= MAX_SEEN);
         assert_eq!(
-            p.use_for("0"),
+            p.use_for("0", false),
             Use::Simple,
             "forgotten when the set was full"
         );

@@ -115,6 +115,9 @@ pub(crate) struct Message {
     /// (Where it starts is found when needed: kept here, it made every lock request's
     /// future larger than the C allocator's per-thread cache takes.)
     preparable: bool,
+    /// Whether the prepared form takes the statement's one integer as a parameter, the
+    /// comment sent apart (see [`Message::keyed`]).
+    keyed: bool,
 }
 
 /// What a held lock's health checks send, kept as the grant left it: the text of the
@@ -161,6 +164,7 @@ impl Message {
             begins: false,
             comment_at: None,
             preparable: false,
+            keyed: false,
         }
     }
 
@@ -170,6 +174,7 @@ impl Message {
             self.text.push_str("; ");
         }
         self.preparable = false;
+        self.keyed = false;
         self.statements = self.statements.saturating_add(1);
         self.statements as usize - 1
     }
@@ -246,10 +251,29 @@ impl Message {
     /// before it (see `conn/prepared.rs`): its text is the same every time the request
     /// is made (no time in its comment), its one row a `void` (a wait) or a `bool` (read
     /// as `t` or `f`, as a simple query shows it). Only after a leading BEGIN: the
-    /// statements before it, sent as a message of their own just ahead of it, then leave
-    /// it in the same transaction.
-    pub(crate) fn mark_preparable(&mut self) {
+    /// statements before it, sent in the same round just ahead of it, then leave it in the
+    /// same transaction. If `keyed`, one statement serves every key: its integer is a
+    /// parameter and its comment is sent apart, after it (see [`Message::keyed`]) — for a
+    /// try, whose comment need only show once it is done; a wait's must show while it
+    /// waits, so its whole text is prepared.
+    pub(crate) fn mark_preparable(&mut self, keyed: bool) {
         self.preparable = self.begins && self.statements > 1;
+        self.keyed = self.preparable && keyed && self.keyed_parts().is_some();
+    }
+
+    /// The last statement's parts, if [`Message::mark_preparable`] marked it `keyed`:
+    /// its text up to and with the `(` ahead of its one integer, the integer, and its
+    /// comment (what follows the `)`, trimmed; empty if none).
+    pub(crate) fn keyed(&self) -> Option<(&str, i64, &str)> {
+        self.keyed.then(|| self.keyed_parts()).flatten()
+    }
+
+    fn keyed_parts(&self) -> Option<(&str, i64, &str)> {
+        let last = self.last_statement();
+        let open = last.find('(')? + 1;
+        let close = open + last.get(open..)?.find(')')?;
+        let key = last.get(open..close)?.parse().ok()?;
+        Some((last.get(..open)?, key, last.get(close + 1..)?.trim_start()))
     }
 
     /// Whether [`Message::mark_preparable`] marked the message (and no statement was
@@ -289,6 +313,7 @@ impl Message {
             begins: self.begins && statements > 0,
             comment_at: None,
             preparable: false,
+            keyed: false,
         }
     }
 

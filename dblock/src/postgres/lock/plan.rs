@@ -314,17 +314,18 @@ impl<'k> Plan<'k> {
             sql.annotate(|text| {
                 write_comment(text, req.namespace, req.name, Some(req.scope), since)
             });
-            // One key's transaction-scoped wait, the same text each time the name is
-            // waited for, on dblock's own session: it may run prepared (see
-            // `conn/prepared.rs`, which says why only a wait, and only in this scope).
+            // One key's transaction-scoped try or wait, the same text each time the
+            // name is asked for, on dblock's own session: it may run prepared (see
+            // `conn/prepared.rs`, which says why only in this scope).
             if on.session_slice
                 && matches!(what, What::One)
                 && req.scope == Scope::Transaction
                 && !req.fenced
-                && !settings.tries()
                 && since.is_none()
             {
-                sql.mark_preparable();
+                // A try's statement serves every key (its comment sent apart, shown once
+                // it is done); a wait's comment must show while it waits.
+                sql.mark_preparable(settings.tries());
             }
         }
         Plan {
@@ -601,7 +602,7 @@ mod tests {
     /// a wait (its comment has the time), a fenced round, a session-scoped one, another
     /// kind of request, or a session that is not dblock's own.
     #[test]
-    fn one_keys_transaction_waits_on_an_own_session_may_run_prepared_and_nothing_else() {
+    fn one_keys_transaction_rounds_on_an_own_session_may_run_prepared_and_nothing_else() {
         let on = |own: bool| Server {
             fence: None,
             check_disconnect: true,
@@ -662,14 +663,19 @@ mod tests {
             quiet.sql.last_statement(),
             "SELECT pg_catalog.pg_advisory_xact_lock(42)"
         );
-        // Never: a try (the uncontended path stays one message), …
+        // A try too (the uncontended path: its head and statement under one `Sync`).
         let t = req(Scope::Transaction, Mode::Exclusive, Wait::Try, false);
+        let tried = Plan::build(&t, What::One, &first, &on(true));
+        assert!(tried.sql.preparable());
         assert!(
-            !Plan::build(&t, What::One, &first, &on(true))
+            tried
                 .sql
-                .preparable()
+                .last_statement()
+                .starts_with("SELECT pg_catalog.pg_try_advisory_xact_lock(42) /* dblock "),
+            "{}",
+            tried.sql.last_statement()
         );
-        // … a later round of a wait (the time in its comment), …
+        // Never: a later round of a wait (the time in its comment), …
         let mut later = Round::first(What::One);
         later.next(What::One, None);
         assert!(

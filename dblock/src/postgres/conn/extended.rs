@@ -1,0 +1,279 @@
+//! A round under one `Sync`: its statements in the extended protocol, the last one the
+//! session's prepared statement, written at once and answered with one reply.
+//!
+//! The head (the statements ahead of the last, with those deferred on the connection
+//! carried at their head, as a simple query would have them: `ROLLBACK AND CHAIN`,
+//! `BEGIN …`, a wait's settings) is parsed unnamed, bound and executed a statement at a
+//! time; then, the first time, the last statement is parsed under its name; then it is
+//! bound and executed; then one `Sync`. The server runs them in order as it runs a
+//! simple query's statements, stops at the first error (skipping to the `Sync`), and
+//! flushes its answer once, at the `ReadyForQuery` — one write each way, as a simple
+//! query, without the last statement's parse, analysis and planning.
+//!
+//! tokio-postgres's published API ends every extended-protocol request in a `Sync` of
+//! its own; dblock's copy adds `Client::send_encoded` (vendor/tokio-postgres/PATCH.md).
+
+use bytes::BytesMut;
+use postgres_protocol::message::backend;
+use postgres_protocol::message::frontend;
+use tokio_postgres::EncodedResponses;
+
+use super::wire::QueryError;
+
+/// The name of a session's prepared statement `id`.
+pub(crate) struct Name([u8; 16], usize);
+
+impl Name {
+    pub(crate) fn of(id: u32) -> Name {
+        use std::io::Write;
+        let mut bytes = [0u8; 16];
+        let mut at = &mut bytes[..];
+        // "dblock" and at most ten digits fit in sixteen bytes.
+        let _ = write!(at, "dblock{id}");
+        let len = 16 - at.len();
+        Name(bytes, len)
+    }
+
+    pub(crate) fn as_str(&self) -> &str {
+        std::str::from_utf8(self.0.get(..self.1).unwrap_or_default()).unwrap_or_default()
+    }
+}
+
+/// A round's last statement, as [`encode`] sends it.
+pub(crate) struct Last<'a> {
+    /// The session's statement for it.
+    pub(crate) name: Name,
+    /// Its text, to parse under `name` in this round; `None` if the session has it.
+    pub(crate) parse: Option<&'a str>,
+    /// Its one parameter (an `int8`), for a statement that serves every key.
+    pub(crate) key: Option<i64>,
+    /// The comment naming the lock, parsed unnamed after it (never run), so that
+    /// `pg_stat_activity.query` shows it: for a statement that serves every key, whose
+    /// text has none. Empty: nothing sent.
+    pub(crate) comment: &'a str,
+}
+
+/// The statements that open a round (see `Message`, `Deferred::carried_by`), prepared
+/// once a session: a round's head is then bound and executed, not parsed each time.
+const FIXED: [(&str, &str); 3] = [
+    ("ROLLBACK AND CHAIN", "dblock_chain"),
+    ("BEGIN ISOLATION LEVEL READ COMMITTED", "dblock_begin"),
+    ("ROLLBACK", "dblock_rollback"),
+];
+
+/// Whether a round's head may use the session's [`FIXED`] statements.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Fixed {
+    /// The session has them: bound by name.
+    Have,
+    /// Parsed in this round, after the head (which parses its own).
+    Parse,
+}
+
+/// The type of a [`Last::key`] (`int8`).
+const INT8: u32 = 20;
+
+/// Encodes a round: each statement of `head` parsed unnamed, bound and executed; then the
+/// [`Last`] statement (parsed under its name first if asked), bound and executed, its
+/// portal closed; then its comment, if any, parsed unnamed; then one `Sync`. Results come back as text, as a
+/// simple query's. `None` if a statement cannot be encoded (a NUL in it, which no simple
+/// query could carry either).
+pub(crate) fn encode<'a>(
+    head: impl Iterator<Item = &'a str>,
+    fixed: Fixed,
+    last: &Last<'_>,
+) -> Option<bytes::Bytes> {
+    let mut buf =
+        BytesMut::with_capacity(160 + last.parse.map_or(0, str::len) + last.comment.len());
+    for statement in head {
+        match (fixed, FIXED.iter().position(|f| f.0 == statement)) {
+            (Fixed::Have, Some(at)) => bind(&mut buf, FIXED[at].1, None)?,
+            _ => {
+                frontend::parse("", statement, [], &mut buf).ok()?;
+                bind(&mut buf, "", None)?;
+            }
+        }
+        frontend::execute("", 0, &mut buf).ok()?;
+    }
+    if fixed == Fixed::Parse {
+        for (text, name) in FIXED {
+            frontend::parse(name, text, [], &mut buf).ok()?;
+        }
+    }
+    if let Some(text) = last.parse {
+        let types = last.key.map(|_| INT8);
+        frontend::parse(last.name.as_str(), text, types, &mut buf).ok()?;
+    }
+    bind(&mut buf, last.name.as_str(), last.key)?;
+    frontend::execute("", 0, &mut buf).ok()?;
+    // The portal closed: left open until the next round, it would keep its snapshot, and
+    // a held lock would hold back every other session's `VACUUM` and `CREATE INDEX
+    // CONCURRENTLY` (a simple query drops its portal when its statement ends).
+    frontend::close(b'P', "", &mut buf).ok()?;
+    if !last.comment.is_empty() {
+        frontend::parse("", last.comment, [], &mut buf).ok()?;
+    }
+    frontend::sync(&mut buf);
+    Some(buf.freeze())
+}
+
+/// A `Bind` of `statement` to the unnamed portal: `key` its one parameter (binary), if
+/// any; results as text.
+fn bind(buf: &mut BytesMut, statement: &str, key: Option<i64>) -> Option<()> {
+    frontend::bind(
+        "",
+        statement,
+        key.map(|_| 1),
+        key,
+        |key, buf| {
+            buf.extend_from_slice(&key.to_be_bytes());
+            Ok(postgres_protocol::IsNull::No)
+        },
+        [],
+        buf,
+    )
+    .ok()
+}
+
+/// What the reply to an [`encode`]d round showed.
+pub(crate) struct Read {
+    /// The statements that completed (the head's, then the last).
+    pub(crate) completed: usize,
+    /// The `Bind`s that completed (a statement's comes before its rows).
+    pub(crate) binds: usize,
+    /// The error that ended the round.
+    pub(crate) error: Option<QueryError>,
+}
+
+impl Read {
+    /// Whether the last statement of a round of `head` statements was bound: every
+    /// `Parse` ahead of it completed.
+    pub(crate) fn bound(&self, head: usize) -> bool {
+        self.binds > head
+    }
+
+    /// Whether the error came after a round of `head` statements ran its head and before
+    /// its last statement was bound: a named `Parse` refused, or the `Bind` of a statement
+    /// the session does not have — never the lock statement's own.
+    pub(crate) fn failed_between(&self, head: usize) -> bool {
+        self.error.is_some() && self.completed == head && self.binds == head
+    }
+
+    /// Whether the error came at the round's first `Bind`, before anything ran.
+    pub(crate) fn failed_first(&self) -> bool {
+        self.error.is_some() && self.completed == 0 && self.binds == 0
+    }
+}
+
+/// Reads the reply to an [`encode`]d round: `row(i, value)` for each row of
+/// statement `i` (its first column), to the `ReadyForQuery` or the error that ends it.
+pub(crate) async fn read(
+    responses: &mut EncodedResponses,
+    mut row: impl FnMut(usize, Option<&str>),
+) -> Read {
+    let mut out = Read {
+        completed: 0,
+        binds: 0,
+        error: None,
+    };
+    loop {
+        match responses.next().await {
+            Ok(backend::Message::BindComplete) => out.binds += 1,
+            Ok(backend::Message::DataRow(body)) => {
+                let mut ranges = body.ranges();
+                let value = match fallible_first(&mut ranges) {
+                    Some(Some(range)) => body
+                        .buffer()
+                        .get(range)
+                        .and_then(|b| std::str::from_utf8(b).ok()),
+                    _ => None,
+                };
+                row(out.completed, value);
+            }
+            Ok(backend::Message::CommandComplete(_) | backend::Message::EmptyQueryResponse) => {
+                out.completed += 1;
+            }
+            Ok(backend::Message::ReadyForQuery(_)) => return out,
+            Ok(_) => {}
+            Err(e) => {
+                out.error = Some(QueryError::from_driver(e));
+                return out;
+            }
+        }
+    }
+}
+
+/// The first item of a row's column ranges.
+fn fallible_first(
+    ranges: &mut backend::DataRowRanges<'_>,
+) -> Option<Option<std::ops::Range<usize>>> {
+    use fallible_iterator::FallibleIterator;
+    ranges.next().ok().flatten()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_fit_and_read_back() {
+        assert_eq!(Name::of(0).as_str(), "dblock0");
+        assert_eq!(Name::of(u32::MAX).as_str(), "dblock4294967295");
+    }
+
+    /// A round's messages: per head statement `P`, `B`, `E` (`B`, `E` for one the session
+    /// has prepared); the fixed statements' and the last's `P` only when asked; then `B`,
+    /// `E`, `C` (its portal), the comment's `P` if any, and one `S`.
+    #[test]
+    fn a_round_is_its_statements_then_one_sync() {
+        let kinds = |bytes: &[u8]| {
+            let mut kinds = String::new();
+            let mut at = 0;
+            while at < bytes.len() {
+                kinds.push(char::from(bytes[at]));
+                let len = u32::from_be_bytes([
+                    bytes[at + 1],
+                    bytes[at + 2],
+                    bytes[at + 3],
+                    bytes[at + 4],
+                ]) as usize;
+                at += 1 + len;
+            }
+            kinds
+        };
+        let last = |parse, key, comment| Last {
+            name: Name::of(3),
+            parse,
+            key,
+            comment,
+        };
+        let first = encode(
+            ["ROLLBACK AND CHAIN"].into_iter(),
+            Fixed::Parse,
+            &last(Some("SELECT 1"), None, ""),
+        );
+        // The head parsed, the fixed statements parsed after it, then the last's.
+        assert_eq!(kinds(&first.unwrap_or_default()), "PBEPPPPBECS");
+        // Then bound: a head statement the session has, and one it has not.
+        let then = encode(
+            ["ROLLBACK", "BEGIN"].into_iter(),
+            Fixed::Have,
+            &last(None, None, ""),
+        );
+        assert_eq!(kinds(&then.unwrap_or_default()), "BEPBEBECS");
+        // A statement for every key: its comment parsed after it, never run.
+        let keyed = encode(
+            ["ROLLBACK AND CHAIN"].into_iter(),
+            Fixed::Have,
+            &last(Some("SELECT f($1)"), Some(-7), "/* c */"),
+        );
+        assert_eq!(kinds(&keyed.unwrap_or_default()), "BEPBECPS");
+        let keyed = encode(
+            ["ROLLBACK AND CHAIN"].into_iter(),
+            Fixed::Have,
+            &last(None, Some(-7), "/* c */"),
+        );
+        assert_eq!(kinds(&keyed.unwrap_or_default()), "BEBECPS");
+        assert!(encode(["a\0b"].into_iter(), Fixed::Have, &last(None, None, "")).is_none());
+    }
+}
