@@ -13,13 +13,12 @@
 //!
 //! which `pg_stat_activity.query` shows while the request waits, and the connection's
 //! health check, while the lock is held, is that comment alone (with `since=`, the
-//! grant's time), so the holder's `query` keeps naming its lock. (A transaction-scoped
-//! try on dblock's own connection runs as a prepared statement that serves every key:
-//! its comment is sent alone right after it, so its holder shows the comment alone from
-//! the grant on.) Values are
-//! percent-encoded (`%`, `*`, space, `;` and control characters), so no name can end the
-//! comment early. `dblock status` believes a comment only if the name in it hashes to
-//! the key the server shows. See `docs/status.md` for what each backend shows.
+//! grant's time), so the holder's `query` keeps naming its lock. (A try on dblock's own
+//! connection runs as a prepared statement that serves every key: its comment is sent
+//! alone right after it, so its holder shows the comment alone from the grant on.)
+//! Values are percent-encoded (`%`, `*`, space, `;` and control characters), so no name
+//! can end the comment early. `dblock status` believes a comment only if the name in it
+//! hashes to the key the server shows. See `docs/status.md` for what each backend shows.
 
 use std::fmt::Write as _;
 use std::sync::OnceLock;

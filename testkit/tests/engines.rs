@@ -290,6 +290,27 @@ async fn postgresql_pays_nothing_for_the_check() {
             && last[2] == "ROLLBACK",
         "{last:#?}"
     );
+    // A session-scoped lock too: its try executed as the session's statement for every
+    // key.
+    let before = logged(&cluster, "auto").len();
+    for _ in 0..3 {
+        let g = within(
+            10,
+            auto.request("cycle").scope(dblock::Scope::Session).lock(),
+        )
+        .await
+        .unwrap();
+        within(10, g.release()).await.unwrap();
+    }
+    let session = &logged(&cluster, "auto")[before..];
+    assert!(
+        session
+            .iter()
+            .filter(|l| l.starts_with("execute: SELECT pg_catalog.pg_try_advisory_lock($1)"))
+            .count()
+            == 3,
+        "{session:#?}"
+    );
 }
 
 /// Through a PgBouncer in statement pooling mode (taken for a transaction pooler: the two

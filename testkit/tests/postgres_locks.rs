@@ -1098,26 +1098,37 @@ async fn a_free_name_costs_one_try_and_a_busy_one_sets_up_its_wait() {
         .build()
         .await
         .unwrap();
+    // The simple query's text shows the round's statements: on a connection that is not
+    // dblock's own session straight to the server (declared behind a pooler here).
+    let pooled = Locks::builder()
+        .url(&s.url)
+        .pooler(dblock::postgres::Pooler::Session)
+        .max_connections(1)
+        .build()
+        .await
+        .unwrap();
     for scope in [Scope::Transaction, Scope::Session] {
+        let g = pooled.request("free").scope(scope).lock().await.unwrap();
+        let pid = s.advisory(g.key()).await[0].0;
+        let sent = last_query(&s, pid).await;
+        let statements: Vec<&str> = sent
+            .split("; ")
+            .filter(|st| !st.starts_with("BEGIN") && !st.starts_with("ROLLBACK"))
+            .collect();
+        assert_eq!(statements.len(), 1, "{scope:?}: {sent}");
+        assert!(
+            statements[0].contains("SELECT pg_catalog.pg_try_advisory_"),
+            "{scope:?}: {sent}"
+        );
+        assert!(!sent.contains("lock_timeout"), "{scope:?}: {sent}");
+        g.release().await.unwrap();
+        // On dblock's own session the same try runs as the session's prepared statement,
+        // its comment parsed after it (`conn/extended.rs`): the session shows the comment
+        // alone.
         let g = locks.request("free").scope(scope).lock().await.unwrap();
         let pid = s.advisory(g.key()).await[0].0;
         let sent = last_query(&s, pid).await;
-        if scope == Scope::Transaction {
-            // A transaction-scoped try runs as the session's prepared statement, its
-            // comment parsed after it (`conn/extended.rs`): the session shows the comment
-            // alone; the round's statements are the plan's (its unit tests).
-            assert!(sent.starts_with("/* dblock "), "{scope:?}: {sent}");
-        } else {
-            let statements: Vec<&str> = sent
-                .split("; ")
-                .filter(|st| !st.starts_with("BEGIN") && !st.starts_with("ROLLBACK"))
-                .collect();
-            assert_eq!(statements.len(), 1, "{scope:?}: {sent}");
-            assert!(
-                statements[0].contains("SELECT pg_catalog.pg_try_advisory_"),
-                "{scope:?}: {sent}"
-            );
-        }
+        assert!(sent.starts_with("/* dblock "), "{scope:?}: {sent}");
         assert!(!sent.contains("lock_timeout"), "{scope:?}: {sent}");
         assert!(sent.contains("name=free"), "{scope:?}: {sent}");
         let st = locks.status(&["free"]).await.unwrap();
@@ -1520,8 +1531,9 @@ async fn leaving_the_line_or_losing_the_holder_leaves_nothing_held() {
 /// round waits at once
 /// (the name was found busy lately) with no time in its comment, so its statement is the
 /// same each time; the session prepares it the second time and from then on binds and
-/// executes it, its `BEGIN` (or the last grant's `ROLLBACK AND CHAIN`) ahead of it as a
-/// message of its own. What must not change: the waiter is shown waiting and named, is
+/// executes it, what goes ahead of it (its `BEGIN`, the last grant's `ROLLBACK AND
+/// CHAIN` or `pg_advisory_unlock`) under the same `Sync`, in either scope. What must not
+/// change: the waiter is shown waiting and named, is
 /// granted when the holder lets go, holds the lock (in a transaction, for transaction
 /// scope: another handle's try fails) and lets it go on release. The control: the first
 /// such waits on the connection are simple queries, the head and the statement together.
@@ -1535,9 +1547,7 @@ async fn a_hot_names_wait_runs_prepared_and_is_held_named_and_let_go_as_before()
         .await
         .unwrap();
     let other = s.locks().await;
-    // Transaction scope: a session-scoped wait is never prepared (its message's head is
-    // the previous lock's unlock, parsed all the same; see the plan's unit test).
-    for (scope, name) in [(Scope::Transaction, "hot")] {
+    for (scope, name) in [(Scope::Transaction, "hot"), (Scope::Session, "hot-s")] {
         let mut simple = 0;
         let mut prepared = None;
         for _ in 0..20 {
@@ -1570,7 +1580,11 @@ async fn a_hot_names_wait_runs_prepared_and_is_held_named_and_let_go_as_before()
                 .unwrap()
                 .unwrap()
                 .unwrap();
-            if sent.starts_with("SELECT pg_catalog.pg_advisory_") {
+            // (A session-scoped wait's simple query is its statement alone, as its
+            // prepared form shows: there, every wait after the first two is prepared.)
+            if sent.starts_with("SELECT pg_catalog.pg_advisory_")
+                && (scope == Scope::Transaction || simple >= 2)
+            {
                 prepared = Some((g, pid, sent));
                 break;
             }
@@ -1620,7 +1634,8 @@ async fn a_hot_names_wait_runs_prepared_and_is_held_named_and_let_go_as_before()
 /// bound and its comment parsed after it, its head under the same `Sync`
 /// (`conn/extended.rs`): `pg_stat_activity` shows the comment naming the lock, the lock
 /// is held in a transaction that holds no snapshot, and is let go on release, every
-/// time. The control: a session-scoped try is a simple query, its statement in the text.
+/// time. The control: a connection declared behind a pooler sends the same try as a
+/// simple query, its statement in the text.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_try_taken_again_and_again_runs_prepared_named_and_holds_no_snapshot() {
     let s = PgSchema::new("tryprep").await;
@@ -1672,16 +1687,26 @@ async fn a_try_taken_again_and_again_runs_prepared_named_and_holds_no_snapshot()
             "time {i}: let go on release"
         );
     }
-    // The control: a session-scoped try's statement is in the session's text.
-    let g = locks
-        .request("free")
-        .scope(Scope::Session)
-        .lock()
+    // The control: on a connection that is not dblock's own session straight to the
+    // server (declared behind a pooler), the same try is a simple query, its statement in
+    // the session's text.
+    let pooled = Locks::builder()
+        .url(&s.url)
+        .pooler(dblock::postgres::Pooler::Session)
+        .max_connections(1)
+        .build()
         .await
         .unwrap();
-    let pid = s.advisory(g.key()).await[0].0;
-    let sent = last_query(&s, pid).await;
-    assert!(sent.contains("pg_catalog.pg_try_advisory_lock("), "{sent}");
+    for _ in 0..3 {
+        let g = pooled.lock("free").await.unwrap();
+        let pid = s.advisory(g.key()).await[0].0;
+        let sent = last_query(&s, pid).await;
+        assert!(
+            sent.contains("pg_catalog.pg_try_advisory_xact_lock("),
+            "{sent}"
+        );
+        g.release().await.unwrap();
+    }
 }
 
 /// A connection that prepared a hot name's wait still ends its session when its handle is

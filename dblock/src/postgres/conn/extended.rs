@@ -18,7 +18,7 @@ use postgres_protocol::message::backend;
 use postgres_protocol::message::frontend;
 use tokio_postgres::EncodedResponses;
 
-use super::wire::QueryError;
+use super::wire::{QueryError, split_key};
 
 /// The name of a session's prepared statement `id`.
 pub(crate) struct Name([u8; 16], usize);
@@ -61,7 +61,28 @@ const FIXED: [(&str, &str); 3] = [
     ("ROLLBACK", "dblock_rollback"),
 ];
 
-/// Whether a round's head may use the session's [`FIXED`] statements.
+/// The statements of one key that may go ahead of a round (a session-scoped lock's
+/// release, carried by the next request), prepared once a session with the key as their
+/// parameter, as [`FIXED`] is.
+const KEYED: [(&str, &str); 2] = [
+    ("SELECT pg_catalog.pg_advisory_unlock(", "dblock_unlock"),
+    (
+        "SELECT pg_catalog.pg_advisory_unlock_shared(",
+        "dblock_unlock_shared",
+    ),
+];
+
+/// The session's statement for a head statement, and its key if it takes one.
+fn fixed_for(statement: &str) -> Option<(&'static str, Option<i64>)> {
+    if let Some((_, name)) = FIXED.iter().find(|f| f.0 == statement) {
+        return Some((name, None));
+    }
+    let (prefix, key, rest) = split_key(statement)?;
+    let (_, name) = KEYED.iter().find(|k| k.0 == prefix && rest.is_empty())?;
+    Some((name, Some(key)))
+}
+
+/// Whether a round's head may use the session's [`FIXED`] and [`KEYED`] statements.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Fixed {
     /// The session has them: bound by name.
@@ -86,8 +107,8 @@ pub(crate) fn encode<'a>(
     let mut buf =
         BytesMut::with_capacity(160 + last.parse.map_or(0, str::len) + last.comment.len());
     for statement in head {
-        match (fixed, FIXED.iter().position(|f| f.0 == statement)) {
-            (Fixed::Have, Some(at)) => bind(&mut buf, FIXED[at].1, None)?,
+        match (fixed, fixed_for(statement)) {
+            (Fixed::Have, Some((name, key))) => bind(&mut buf, name, key)?,
             _ => {
                 frontend::parse("", statement, [], &mut buf).ok()?;
                 bind(&mut buf, "", None)?;
@@ -98,6 +119,10 @@ pub(crate) fn encode<'a>(
     if fixed == Fixed::Parse {
         for (text, name) in FIXED {
             frontend::parse(name, text, [], &mut buf).ok()?;
+        }
+        for (prefix, name) in KEYED {
+            let text = format!("{prefix}$1)");
+            frontend::parse(name, &text, [INT8], &mut buf).ok()?;
         }
     }
     if let Some(text) = last.parse {
@@ -253,7 +278,7 @@ mod tests {
             &last(Some("SELECT 1"), None, ""),
         );
         // The head parsed, the fixed statements parsed after it, then the last's.
-        assert_eq!(kinds(&first.unwrap_or_default()), "PBEPPPPBECS");
+        assert_eq!(kinds(&first.unwrap_or_default()), "PBEPPPPPPBECS");
         // Then bound: a head statement the session has, and one it has not.
         let then = encode(
             ["ROLLBACK", "BEGIN"].into_iter(),
@@ -274,6 +299,25 @@ mod tests {
             &last(None, Some(-7), "/* c */"),
         );
         assert_eq!(kinds(&keyed.unwrap_or_default()), "BEBECPS");
+        // A session-scoped release carried ahead: bound with its key.
+        let released = encode(
+            ["SELECT pg_catalog.pg_advisory_unlock(-3)", "SELECT 1"].into_iter(),
+            Fixed::Have,
+            &last(None, None, ""),
+        );
+        assert_eq!(kinds(&released.unwrap_or_default()), "BEPBEBECS");
+        assert_eq!(
+            fixed_for("SELECT pg_catalog.pg_advisory_unlock_shared(-3)"),
+            Some(("dblock_unlock_shared", Some(-3)))
+        );
+        assert_eq!(
+            fixed_for("SELECT pg_catalog.pg_advisory_unlock(-3) /* x */"),
+            None
+        );
+        assert_eq!(
+            fixed_for("ROLLBACK AND CHAIN"),
+            Some(("dblock_chain", None))
+        );
         assert!(encode(["a\0b"].into_iter(), Fixed::Have, &last(None, None, "")).is_none());
     }
 }

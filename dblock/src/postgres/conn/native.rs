@@ -224,6 +224,9 @@ impl NativeConn {
                 Some(d) => d.carried_by(&without_last),
                 None => (std::borrow::Cow::Borrowed(without_last.alone()), 0),
             };
+            // (Carried ahead of a message with nothing before its last statement, the
+            // deferred statements end in the `; ` that joined them to it.)
+            let head = head.strip_suffix("; ").unwrap_or(&head);
             let statements = match head.is_empty() {
                 true => 0,
                 false => head.split("; ").count(),
@@ -254,7 +257,8 @@ impl NativeConn {
                 comment: keyed.map_or("", |(_, _, comment)| comment),
             };
             let encoded = match statements == carried + without_last.statements() {
-                true => super::extended::encode(head.split("; "), fixed, &last),
+                // (`take`: an empty head is no statement, not one empty one.)
+                true => super::extended::encode(head.split("; ").take(statements), fixed, &last),
                 false => None,
             };
             match encoded {

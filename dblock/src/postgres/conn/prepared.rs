@@ -3,33 +3,34 @@
 //! its statement: about a third of the server's work for a lone lock statement (pgbench,
 //! `-M simple` against `-M prepared`).
 //!
-//! Which statements: a round [`Message::mark_preparable`] marked — one key's
-//! transaction-scoped try or wait, its text the same every time (a name found busy
-//! lately waits at once, with no time in its comment), on dblock's own session straight
-//! to the server (never through a pooler, whose next client would not have the
-//! statement, nor on a caller's sqlx connection). The comment naming the lock is part of
-//! the prepared text, so `pg_stat_activity.query` still names the waiter, and the holder
-//! after. What goes ahead of it in its message (`ROLLBACK AND CHAIN` or `BEGIN`, a wait's
-//! settings) goes in the same round under one `Sync` (`extended.rs`): one write, one
-//! reply, as the simple query.
+//! Which statements: a round [`Message::mark_preparable`] marked — one key's try or
+//! wait, in either scope, its text the same every time (a name found busy lately waits
+//! at once, with no time in its comment), on dblock's own session straight to the server
+//! (never through a pooler, whose next client would not have the statement, nor on a
+//! caller's sqlx connection). A try's statement serves every key, its key a parameter,
+//! its comment parsed after it (never run) so that `pg_stat_activity.query` names the
+//! holder; a wait's whole text is prepared, comment included, so that it names the
+//! waiter while it waits. What goes ahead of it in its round (`ROLLBACK AND CHAIN` or
+//! `BEGIN`, a session-scoped lock's `pg_advisory_unlock` carried by the next request, a
+//! wait's settings) goes in the same round under one `Sync` (`extended.rs`), the common
+//! ones prepared once a session: one write, one reply, as the simple query.
 //!
 //! Why one `Sync`: tokio-postgres's published API ends every extended-protocol request
 //! in a `Sync` of its own, so a prepared round took two replies where a simple one takes
 //! one; on an uncontended try with eight workers on two cores the second reply cost more
 //! than the parse saved (0.90–0.96× the build before), and only a hot name's wait gained
 //! (docs/performance.md, seventeenth session). dblock's copy of tokio-postgres sends a
-//! round's messages as they are (vendor/tokio-postgres/PATCH.md). A session-scoped round
-//! is not prepared: its head is the previous lock's `pg_advisory_unlock`, with a value of
-//! its own every time.
+//! round's messages as they are (vendor/tokio-postgres/PATCH.md).
 //!
-//! When: the first time a text is seen on the session it runs as a simple query; the
-//! second time its `Parse` goes in the round, after the head, under its name (a head
-//! that fails leaves it unsent: the next time parses again); from then on it is bound
-//! and executed. A name asked for once costs nothing more. At most [`MAX_PREPARED`]
-//! statements a session (the server keeps about 8 KiB each, measured with
-//! `pg_backend_memory_contexts`): past that, texts run as simple queries. A session
-//! whose server refuses a `Parse` (but for an aborted transaction) or loses a prepared
-//! statement prepares nothing more; that one round fails with the server's error.
+//! When: a try's statement (one a session, for every key) is parsed in the first round
+//! that needs it; a wait's text is run as a simple query the first time it is seen on the
+//! session, parsed the second time in that round (after its head: a head that fails
+//! leaves it unsent, and the next time parses again), and bound and executed from then
+//! on. A name waited for once costs nothing more. At most [`MAX_PREPARED`] statements a
+//! session (the server keeps about 8 KiB each, measured with
+//! `pg_backend_memory_contexts`): past that, texts run as simple queries. A statement
+//! refused or missing (an undetected transaction pooler) turns preparing off on the
+//! connection, and that round runs again as the simple query it would have been.
 //!
 //! [`Message::mark_preparable`]: super::wire::Message::mark_preparable
 

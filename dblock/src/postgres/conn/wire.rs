@@ -250,14 +250,13 @@ impl Message {
     /// Marks the last statement as one that may run prepared, apart from the statements
     /// before it (see `conn/prepared.rs`): its text is the same every time the request
     /// is made (no time in its comment), its one row a `void` (a wait) or a `bool` (read
-    /// as `t` or `f`, as a simple query shows it). Only after a leading BEGIN: the
-    /// statements before it, sent in the same round just ahead of it, then leave it in the
-    /// same transaction. If `keyed`, one statement serves every key: its integer is a
+    /// as `t` or `f`, as a simple query shows it). After a leading BEGIN, only if there
+    /// is a statement after it. If `keyed`, one statement serves every key: its integer is a
     /// parameter and its comment is sent apart, after it (see [`Message::keyed`]) — for a
     /// try, whose comment need only show once it is done; a wait's must show while it
     /// waits, so its whole text is prepared.
     pub(crate) fn mark_preparable(&mut self, keyed: bool) {
-        self.preparable = self.begins && self.statements > 1;
+        self.preparable = self.statements > u32::from(self.begins);
         self.keyed = self.preparable && keyed && self.keyed_parts().is_some();
     }
 
@@ -269,11 +268,7 @@ impl Message {
     }
 
     fn keyed_parts(&self) -> Option<(&str, i64, &str)> {
-        let last = self.last_statement();
-        let open = last.find('(')? + 1;
-        let close = open + last.get(open..)?.find(')')?;
-        let key = last.get(open..close)?.parse().ok()?;
-        Some((last.get(..open)?, key, last.get(close + 1..)?.trim_start()))
+        split_key(self.last_statement())
     }
 
     /// Whether [`Message::mark_preparable`] marked the message (and no statement was
@@ -349,6 +344,19 @@ impl Message {
 }
 
 /// A failed request, before it is mapped to an [`Error`].
+/// A statement of one integer, `PREFIX(INTEGER)REST`, as its parts: its text up to and
+/// with the `(`, the integer, and what follows the `)`, trimmed at its start.
+pub(crate) fn split_key(statement: &str) -> Option<(&str, i64, &str)> {
+    let open = statement.find('(')? + 1;
+    let close = open + statement.get(open..)?.find(')')?;
+    let key = statement.get(open..close)?.parse().ok()?;
+    Some((
+        statement.get(..open)?,
+        key,
+        statement.get(close + 1..)?.trim_start(),
+    ))
+}
+
 #[derive(Debug)]
 pub(crate) enum QueryError {
     /// The server answered with an error; the connection is usable.

@@ -234,8 +234,7 @@ impl PgBackend {
             fence: fence.map(|t| (&**t, epoch)),
             check_disconnect: self.check_disconnect,
             chain: self.version >= 120_000,
-            session_slice: matches!(self.source, Source::Native(_))
-                && self.pooler.0 == Pooler::None,
+            own_session: matches!(self.source, Source::Native(_)) && self.pooler.0 == Pooler::None,
         };
         let mut round = Round::first(what);
         round.try_first = Round::should_try_first(req, what, self.busy.recently(req.key));
@@ -252,7 +251,7 @@ impl PgBackend {
             let mut plan = {
                 let on = on();
                 let session_slice =
-                    on.session_slice && slice.is_whole() && conn.set_session_slice(WAIT_SLICE_MS);
+                    on.own_session && slice.is_whole() && conn.set_session_slice(WAIT_SLICE_MS);
                 Plan::build_in(req, what, &round, &on, slice, session_slice)
             };
             let by = bounds().answer_by();

@@ -160,7 +160,7 @@ pub(crate) struct Server<'a> {
     /// may then be set as its own `lock_timeout`, and one key's statement may run
     /// prepared on it (`conn/prepared.rs`). A session setting or a prepared statement
     /// must not reach a pooler's next client, nor a caller's sqlx connection.
-    pub(crate) session_slice: bool,
+    pub(crate) own_session: bool,
 }
 
 /// How long one round may wait: `lock_timeout` in whole milliseconds, rounded up (the
@@ -314,15 +314,9 @@ impl<'k> Plan<'k> {
             sql.annotate(|text| {
                 write_comment(text, req.namespace, req.name, Some(req.scope), since)
             });
-            // One key's transaction-scoped try or wait, the same text each time the
-            // name is asked for, on dblock's own session: it may run prepared (see
-            // `conn/prepared.rs`, which says why only in this scope).
-            if on.session_slice
-                && matches!(what, What::One)
-                && req.scope == Scope::Transaction
-                && !req.fenced
-                && since.is_none()
-            {
+            // One key's try or wait, the same text each time the name is asked for, on
+            // dblock's own session: it may run prepared (see `conn/prepared.rs`).
+            if on.own_session && matches!(what, What::One) && !req.fenced && since.is_none() {
                 // A try's statement serves every key (its comment sent apart, shown once
                 // it is done); a wait's comment must show while it waits.
                 sql.mark_preparable(settings.tries());
@@ -532,7 +526,7 @@ mod tests {
             fence: req.fenced.then_some((TABLE, true)),
             check_disconnect: false,
             chain,
-            session_slice: false,
+            own_session: false,
         };
         let mut p = Plan::build(req, what, round, &on);
         if !comment {
@@ -602,12 +596,12 @@ mod tests {
     /// a wait (its comment has the time), a fenced round, a session-scoped one, another
     /// kind of request, or a session that is not dblock's own.
     #[test]
-    fn one_keys_transaction_rounds_on_an_own_session_may_run_prepared_and_nothing_else() {
+    fn one_keys_rounds_on_an_own_session_may_run_prepared_and_nothing_else() {
         let on = |own: bool| Server {
             fence: None,
             check_disconnect: true,
             chain: true,
-            session_slice: own,
+            own_session: own,
         };
         let first = Round::first(What::One);
         // A wait at once (a hot name's): its BEGIN and settings ahead, the wait prepared.
@@ -690,12 +684,17 @@ mod tests {
             ..on(true)
         };
         assert!(!Plan::build(&f, What::One, &first, &fenced).sql.preparable());
-        // … a session-scoped wait, …
+        // (A session-scoped wait too: the lock statement alone, or after its settings.)
         let sw = req(Scope::Session, Mode::Exclusive, Wait::Forever, false);
+        let session = Plan::build(&sw, What::One, &first, &on(true));
+        assert!(session.sql.preparable());
         assert!(
-            !Plan::build(&sw, What::One, &first, &on(true))
+            session
                 .sql
-                .preparable()
+                .last_statement()
+                .starts_with("SELECT pg_catalog.pg_advisory_lock(42) /* dblock "),
+            "{}",
+            session.sql.last_statement()
         );
         // … any of several keys, …
         let keys = [Key::from_i64(1), Key::from_i64(2)];
@@ -723,7 +722,7 @@ mod tests {
             fence: None,
             check_disconnect: true,
             chain: true,
-            session_slice: true,
+            own_session: true,
         };
         let mut p = Plan::build(&wait, What::One, &rd, &on);
         p.sql.strip_annotation();
