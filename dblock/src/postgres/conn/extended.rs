@@ -192,6 +192,9 @@ impl Read {
 
 /// Reads the reply to an [`encode`]d round: `row(i, value)` for each row of
 /// statement `i` (its first column), to the `ReadyForQuery` or the error that ends it.
+///
+/// Not cancel safe by itself: dropped mid-way, the round's state on the session is
+/// unknown; its callers arm an abandon before awaiting it (the connection is then closed).
 pub(crate) async fn read(
     responses: &mut EncodedResponses,
     mut row: impl FnMut(usize, Option<&str>),

@@ -208,6 +208,9 @@ impl NativeConn {
     ///
     /// A head that does not split into its statements where a simple query would (never
     /// the case for the texts dblock writes) runs as [`NativeConn::first_values`].
+    ///
+    /// Not cancel safe by itself, as [`NativeConn::first_values`]: callers arm an abandon
+    /// before awaiting it.
     pub(crate) async fn first_values_preparable<const N: usize>(
         &self,
         message: &Message,
