@@ -1077,6 +1077,19 @@ async fn a_cic_migration_under_a_lock_that_others_wait_for_finishes() {
 }
 
 /// The query a session last sent, as `pg_stat_activity` shows it.
+/// A handle of one connection on `s` declared behind a session pooler: never dblock's
+/// own session straight to the server, so its rounds are simple queries, their
+/// statements in the session's text.
+async fn declared_behind_a_pooler(s: &PgSchema) -> Locks {
+    Locks::builder()
+        .url(&s.url)
+        .pooler(dblock::postgres::Pooler::Session)
+        .max_connections(1)
+        .build()
+        .await
+        .unwrap()
+}
+
 async fn last_query(s: &PgSchema, pid: i32) -> String {
     s.admin()
         .query_one("SELECT query FROM pg_stat_activity WHERE pid = $1", &[&pid])
@@ -1100,13 +1113,7 @@ async fn a_free_name_costs_one_try_and_a_busy_one_sets_up_its_wait() {
         .unwrap();
     // The simple query's text shows the round's statements: on a connection that is not
     // dblock's own session straight to the server (declared behind a pooler here).
-    let pooled = Locks::builder()
-        .url(&s.url)
-        .pooler(dblock::postgres::Pooler::Session)
-        .max_connections(1)
-        .build()
-        .await
-        .unwrap();
+    let pooled = declared_behind_a_pooler(&s).await;
     for scope in [Scope::Transaction, Scope::Session] {
         let g = pooled.request("free").scope(scope).lock().await.unwrap();
         let pid = s.advisory(g.key()).await[0].0;
@@ -1690,13 +1697,7 @@ async fn a_try_taken_again_and_again_runs_prepared_named_and_holds_no_snapshot()
     // The control: on a connection that is not dblock's own session straight to the
     // server (declared behind a pooler), the same try is a simple query, its statement in
     // the session's text.
-    let pooled = Locks::builder()
-        .url(&s.url)
-        .pooler(dblock::postgres::Pooler::Session)
-        .max_connections(1)
-        .build()
-        .await
-        .unwrap();
+    let pooled = declared_behind_a_pooler(&s).await;
     for _ in 0..3 {
         let g = pooled.lock("free").await.unwrap();
         let pid = s.advisory(g.key()).await[0].0;
