@@ -251,13 +251,21 @@ impl Message {
     /// before it (see `conn/prepared.rs`): its text is the same every time the request
     /// is made (no time in its comment), its one row a `void` (a wait) or a `bool` (read
     /// as `t` or `f`, as a simple query shows it). After a leading BEGIN, only if there
-    /// is a statement after it. If `keyed`, one statement serves every key: its integer is a
-    /// parameter and its comment is sent apart, after it (see [`Message::keyed`]) — for a
-    /// try, whose comment need only show once it is done; a wait's must show while it
-    /// waits, so its whole text is prepared.
+    /// is a statement after it. If `keyed`, one statement serves every key: its integer
+    /// is a parameter and its comment is sent apart, after it (see [`Message::keyed`]) —
+    /// for a try, whose comment need only show once it is done; a wait's must show while
+    /// it waits, so its whole text is prepared. Keyed only if what follows the integer's
+    /// `)` is nothing or one comment.
     pub(crate) fn mark_preparable(&mut self, keyed: bool) {
         self.preparable = self.statements > u32::from(self.begins);
-        self.keyed = self.preparable && keyed && self.keyed_parts().is_some();
+        self.keyed = self.preparable
+            && keyed
+            && self.keyed_parts().is_some_and(|(_, _, rest)| {
+                rest.is_empty()
+                    || (rest.starts_with("/*")
+                        && rest.ends_with("*/")
+                        && rest.matches("*/").count() == 1)
+            });
     }
 
     /// The last statement's parts, if [`Message::mark_preparable`] marked it `keyed`:
@@ -343,7 +351,6 @@ impl Message {
     }
 }
 
-/// A failed request, before it is mapped to an [`Error`].
 /// A statement of one integer, `PREFIX(INTEGER)REST`, as its parts: its text up to and
 /// with the `(`, the integer, and what follows the `)`, trimmed at its start.
 pub(crate) fn split_key(statement: &str) -> Option<(&str, i64, &str)> {
@@ -357,6 +364,7 @@ pub(crate) fn split_key(statement: &str) -> Option<(&str, i64, &str)> {
     ))
 }
 
+/// A failed request, before it is mapped to an [`Error`].
 #[derive(Debug)]
 pub(crate) enum QueryError {
     /// The server answered with an error; the connection is usable.
@@ -545,5 +553,51 @@ impl Drop for LostOnDrop {
         self.0.mark_lost(LossReason::ConnectionClosed {
             message: "the runtime driving the connection shut down".into(),
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn message(last: &str, comment: &str) -> Message {
+        let mut m = Message::with_capacity(64);
+        m.begin(true);
+        m.push(&[last]);
+        if !comment.is_empty() {
+            m.annotate(|t| t.push_str(comment));
+        }
+        m
+    }
+
+    /// A keyed statement is one integer's call and, after it, nothing or one comment:
+    /// anything else keeps its whole text prepared, as a wait's is.
+    #[test]
+    fn only_a_call_of_one_integer_and_a_comment_is_keyed() {
+        let mut m = message("SELECT f(-42)", " /* dblock name=a */");
+        m.mark_preparable(true);
+        assert_eq!(m.keyed(), Some(("SELECT f(", -42, "/* dblock name=a */")));
+        let mut m = message("SELECT f(42)", "");
+        m.mark_preparable(true);
+        assert_eq!(m.keyed(), Some(("SELECT f(", 42, "")));
+        for (last, comment) in [
+            ("SELECT f(42) AND g()", ""),
+            ("SELECT f(42)", " /* a */ /* b */"),
+            ("SELECT f(x)", ""),
+        ] {
+            let mut m = message(last, comment);
+            m.mark_preparable(true);
+            assert!(m.preparable(), "{last}{comment}");
+            assert_eq!(m.keyed(), None, "{last}{comment}");
+        }
+        // Not asked: never keyed.
+        let mut m = message("SELECT f(42)", " /* dblock name=a */");
+        m.mark_preparable(false);
+        assert_eq!(m.keyed(), None);
+        // A BEGIN alone has no statement to prepare.
+        let mut m = Message::with_capacity(16);
+        m.begin(true);
+        m.mark_preparable(true);
+        assert!(!m.preparable());
     }
 }
