@@ -3,12 +3,14 @@
 //!
 //! The head (the statements ahead of the last, with those deferred on the connection
 //! carried at their head, as a simple query would have them: `ROLLBACK AND CHAIN`,
-//! `BEGIN …`, a wait's settings) is parsed unnamed, bound and executed a statement at a
-//! time; then, the first time, the last statement is parsed under its name; then it is
-//! bound and executed; then one `Sync`. The server runs them in order as it runs a
-//! simple query's statements, stops at the first error (skipping to the `Sync`), and
-//! flushes its answer once, at the `ReadyForQuery` — one write each way, as a simple
-//! query, without the last statement's parse, analysis and planning.
+//! `BEGIN …`, a carried `pg_advisory_unlock`, a wait's settings) is bound and executed a
+//! statement at a time — the common ones ([`FIXED`], [`KEYED`]) as the session's
+//! prepared statements, the rest parsed unnamed; then the last statement (parsed under
+//! its name first, the first time) is bound and executed and its portal closed; then a
+//! try's comment is parsed, never run; then one `Sync`. The server runs them in order as
+//! it runs a simple query's statements, stops at the first error (skipping to the
+//! `Sync`), and flushes its answer once, at the `ReadyForQuery` — one write each way, as
+//! a simple query, without the parse, analysis and planning of each statement.
 //!
 //! tokio-postgres's published API ends every extended-protocol request in a `Sync` of
 //! its own; dblock's copy adds `Client::send_encoded` (vendor/tokio-postgres/PATCH.md).
@@ -94,11 +96,13 @@ pub(crate) enum Fixed {
 /// The type of a [`Last::key`] (`int8`).
 const INT8: u32 = 20;
 
-/// Encodes a round: each statement of `head` parsed unnamed, bound and executed; then the
-/// [`Last`] statement (parsed under its name first if asked), bound and executed, its
-/// portal closed; then its comment, if any, parsed unnamed; then one `Sync`. Results come back as text, as a
-/// simple query's. `None` if a statement cannot be encoded (a NUL in it, which no simple
-/// query could carry either).
+/// Encodes a round: each statement of `head` bound and executed (the session's own for
+/// it if `fixed` is [`Fixed::Have`], else parsed unnamed first; [`Fixed::Parse`] parses
+/// the session's after the head); then the [`Last`] statement (parsed under its name
+/// first if asked), bound and executed, its portal closed; then its comment, if any,
+/// parsed unnamed; then one `Sync`. Results come back as text, as a simple query's.
+/// `None` if a statement cannot be encoded (a NUL in it, which no simple query could
+/// carry either).
 pub(crate) fn encode<'a>(
     head: impl Iterator<Item = &'a str>,
     fixed: Fixed,
