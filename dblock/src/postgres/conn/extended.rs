@@ -20,7 +20,7 @@ use postgres_protocol::message::backend;
 use postgres_protocol::message::frontend;
 use tokio_postgres::EncodedResponses;
 
-use super::wire::{QueryError, split_key};
+use super::wire::{Message, QueryError, split_key};
 
 /// The name of a session's prepared statement `id`.
 pub(crate) struct Name([u8; 16], usize);
@@ -58,14 +58,16 @@ pub(crate) struct Last<'a> {
 /// The statements that open a round (see `Message`, `Deferred::carried_by`), prepared
 /// once a session: a round's head is then bound and executed, not parsed each time.
 const FIXED: [(&str, &str); 3] = [
-    ("ROLLBACK AND CHAIN", "dblock_chain"),
-    ("BEGIN ISOLATION LEVEL READ COMMITTED", "dblock_begin"),
+    (Message::CHAIN, "dblock_chain"),
+    (Message::BEGIN, "dblock_begin"),
     ("ROLLBACK", "dblock_rollback"),
 ];
 
 /// The statements of one key that may go ahead of a round (a session-scoped lock's
 /// release, carried by the next request), prepared once a session with the key as their
-/// parameter, as [`FIXED`] is.
+/// parameter, as [`FIXED`] is. Spelt as the lock layer's `Release::of_one` spells them
+/// (this layer knows nothing of locks): its unit test
+/// `a_session_release_is_bound_as_the_sessions_own_statement` holds the two together.
 const KEYED: [(&str, &str); 2] = [
     ("SELECT pg_catalog.pg_advisory_unlock(", "dblock_unlock"),
     (
@@ -75,7 +77,7 @@ const KEYED: [(&str, &str); 2] = [
 ];
 
 /// The session's statement for a head statement, and its key if it takes one.
-fn fixed_for(statement: &str) -> Option<(&'static str, Option<i64>)> {
+pub(crate) fn fixed_for(statement: &str) -> Option<(&'static str, Option<i64>)> {
     if let Some((_, name)) = FIXED.iter().find(|f| f.0 == statement) {
         return Some((name, None));
     }

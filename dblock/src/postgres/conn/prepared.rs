@@ -42,9 +42,6 @@ pub(crate) const MAX_PREPARED: usize = 256;
 /// The most texts remembered as seen once (then forgotten all at once).
 const MAX_SEEN: usize = 1024;
 
-/// The server's code for a statement sent in a transaction already aborted.
-const IN_FAILED_TRANSACTION: &str = "25P02";
-
 /// The server's code for a prepared statement it does not have.
 pub(crate) const NO_SUCH_STATEMENT: &str = "26000";
 
@@ -58,9 +55,9 @@ pub(crate) struct Prepared {
     next: u32,
     /// Whether the session has the statements that open a round (`extended::FIXED`).
     pub(crate) fixed: bool,
-    /// Set when the session showed it is not one session (a `Parse` refused but for an
-    /// aborted transaction, a prepared statement missing: a transaction pooler that was
-    /// neither declared nor detected): nothing is prepared on it any more.
+    /// Set when the session showed it is not one session (a `Parse` refused, a prepared
+    /// statement missing: a transaction pooler that was neither declared nor detected):
+    /// nothing is prepared on it any more.
     off: bool,
 }
 
@@ -115,8 +112,9 @@ impl Prepared {
 
     /// Notes how the named `Parse` of `text` as statement `id` went: completed (the
     /// statement is kept), not reached (a statement ahead of it failed: the next time
-    /// parses again), or refused with `code` — in an aborted transaction it may be sent
-    /// again; any other refusal turns preparing off.
+    /// parses again), or refused with `code`, which turns preparing off. (It is sent after
+    /// the round's head, which begins or rolls back a transaction: it never meets an
+    /// aborted one.)
     ///
     /// `text` `None`: only the statements that open a round were parsed.
     pub(crate) fn parsed(&mut self, text: Option<&str>, id: u32, parse: Parse<'_>) {
@@ -129,7 +127,7 @@ impl Prepared {
                     self.next = self.next.wrapping_add(1);
                 }
             }
-            Parse::NotReached | Parse::Refused(Some(IN_FAILED_TRANSACTION)) => {}
+            Parse::NotReached => {}
             Parse::Refused(_) => self.turn_off(),
         }
     }
@@ -150,8 +148,8 @@ mod tests {
     use super::*;
 
     /// A text runs simple the first time, prepares the second, and runs prepared once a
-    /// statement is kept; a `Parse` refused in an aborted transaction is tried again, any
-    /// other refusal turns preparing off.
+    /// statement is kept; a `Parse` not reached is tried again, a refusal turns preparing
+    /// off.
     #[test]
     fn a_text_is_prepared_the_second_time_and_a_refusal_turns_preparing_off() {
         let mut p = Prepared::default();
@@ -160,9 +158,7 @@ mod tests {
         assert_eq!(p.statement("k("), Err(0));
         assert_eq!(p.use_for("a", false), Use::Simple);
         assert_eq!(p.use_for("a", false), Use::Prepare);
-        // Refused in an aborted transaction, or not reached: the next time prepares again.
-        p.parsed(Some("a"), 0, Parse::Refused(Some(IN_FAILED_TRANSACTION)));
-        assert_eq!(p.use_for("a", false), Use::Prepare);
+        // Not reached: the next time prepares again.
         p.parsed(Some("a"), 0, Parse::NotReached);
         assert_eq!(p.use_for("a", false), Use::Prepare);
         assert_eq!(p.statement("a"), Err(0));

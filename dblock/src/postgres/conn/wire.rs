@@ -149,8 +149,8 @@ enum Check {
 
 impl Message {
     const CARRIED: &'static str = "ROLLBACK; ";
-    const BEGIN: &'static str = "BEGIN ISOLATION LEVEL READ COMMITTED";
-    const CHAIN: &'static str = "ROLLBACK AND CHAIN";
+    pub(crate) const BEGIN: &'static str = "BEGIN ISOLATION LEVEL READ COMMITTED";
+    pub(crate) const CHAIN: &'static str = "ROLLBACK AND CHAIN";
 
     /// A message whose text is expected to take about `bytes` (it grows past them as
     /// needed): one allocation for the whole message, written once.

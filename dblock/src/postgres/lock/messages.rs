@@ -360,6 +360,25 @@ impl Release {
 mod tests {
     use super::*;
 
+    /// A session-scoped release carried ahead of the next request is bound as the
+    /// session's own prepared unlock (`conn/extended.rs` spells the statements it
+    /// prepares, knowing nothing of locks): the two spellings held together, so that a
+    /// change to one does not quietly send every carried release parsed again.
+    #[test]
+    fn a_session_release_is_bound_as_the_sessions_own_statement() {
+        use crate::postgres::conn::extended::fixed_for;
+        let k = Key::from_i64(-7);
+        for (mode, name) in [
+            (Mode::Exclusive, "dblock_unlock"),
+            (Mode::Shared, "dblock_unlock_shared"),
+        ] {
+            let r = Release::of_one(Scope::Session, mode, k, false);
+            assert_eq!(fixed_for(r.sql()), Some((name, Some(-7))), "{}", r.sql());
+        }
+        let r = Release::of_one(Scope::Transaction, Mode::Exclusive, k, false);
+        assert_eq!(fixed_for(r.sql()), Some(("dblock_rollback", None)));
+    }
+
     #[test]
     fn every_lock_function_is_named_as_the_server_spells_it() {
         let mut names = Vec::new();
