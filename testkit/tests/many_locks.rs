@@ -251,17 +251,13 @@ async fn a_batch_answers_each_request_for_itself() {
         )
         .await
         .unwrap();
+    // This test's handle's locks (the database is shared with tests running beside it).
     let mine = || async {
-        let n: i64 = other
-            .query_one(
-                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted \
-                 AND pid <> $1",
-                &[&other_pid],
-            )
+        s.advisory_of_sessions()
             .await
-            .unwrap()
-            .get(0);
-        n as usize
+            .iter()
+            .filter(|r| r.2 && r.0 != other_pid)
+            .count()
     };
     // All at once, half of them shared: they queue behind each other on the two
     // connections and go out in batches.
@@ -400,4 +396,125 @@ async fn requests_dropped_mid_batch_leave_nothing_held() {
     // Every name is free for this handle again (no claim left behind).
     let got = futures_join(names.iter().map(|n| locks.try_lock(n))).await;
     assert!(got.into_iter().all(|g| g.unwrap().is_some()));
+}
+
+/// A busy shared connection runs its batches in one transaction, so that PostgreSQL's
+/// walk of the session's locks at each transaction's end is paid once per burst rather
+/// than once per batch — and it never waits for work inside that transaction: when the
+/// requests stop, the session goes idle, its transaction ended, and stays so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_lane_keeps_one_transaction_and_ends_it_when_the_work_stops() {
+    let s = PgSchema::new("mux_xact").await;
+    let locks = multiplexed(&s.url, 1).await;
+    drop(locks.try_lock("warm").await.unwrap());
+    let [pid] = s.sessions().await.iter().map(|r| r.0).collect::<Vec<_>>()[..] else {
+        panic!("one shared connection: {:?}", s.sessions().await);
+    };
+    // Samples the shared session while the burst runs: a statement that began after
+    // its transaction did is a transaction spanning more than one message.
+    let watcher = dblock_testkit::admin_connect(&s.url).await;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sampler = {
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            let (mut samples, mut spanning) = (0, 0);
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let row = watcher
+                    .query_one(
+                        "SELECT coalesce(xact_start < query_start, false) \
+                         FROM pg_stat_activity WHERE pid = $1",
+                        &[&pid],
+                    )
+                    .await
+                    .unwrap();
+                samples += 1;
+                spanning += usize::from(row.get::<_, bool>(0));
+            }
+            (samples, spanning)
+        })
+    };
+    let names: Vec<String> = (0..6000).map(|i| format!("burst:{i}")).collect();
+    let mut guards = Vec::with_capacity(names.len());
+    for chunk in names.chunks(300) {
+        for g in futures_join(chunk.iter().map(|n| locks.try_lock(n))).await {
+            guards.push(g.unwrap().expect("a free lock"));
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (samples, spanning) = sampler.await.unwrap();
+    eprintln!("{spanning} of {samples} samples saw a transaction spanning messages");
+    assert!(
+        spanning > 0,
+        "the burst's batches ran in one transaction ({samples} samples)"
+    );
+    // The work stopped: the transaction ends, and none is left open while the lane waits.
+    let idle = || async {
+        let shared: Vec<_> = s
+            .sessions()
+            .await
+            .into_iter()
+            .filter(|r| r.0 == pid)
+            .collect();
+        shared == vec![(pid, "idle".to_string())]
+    };
+    assert!(
+        dblock_testkit::eventually(10, &mut || idle()).await,
+        "the shared session went idle: {:?}",
+        s.sessions().await
+    );
+    for _ in 0..20 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert!(idle().await, "and stays idle: {:?}", s.sessions().await);
+    }
+    assert_eq!(
+        s.advisory_of_sessions().await.len(),
+        6000,
+        "every lock still held"
+    );
+    // Every lock still held by the one session, through its commit.
+    drop(guards);
+    assert!(
+        dblock_testkit::eventually(20, &mut || async {
+            s.advisory_of_sessions().await.is_empty()
+        })
+        .await,
+        "every lock released"
+    );
+    assert!(
+        dblock_testkit::eventually(10, &mut || idle()).await,
+        "idle after the release burst too: {:?}",
+        s.sessions().await
+    );
+}
+
+/// A server whose `idle_in_transaction_session_timeout` is shorter than a lane's pause
+/// between bursts (1 ms here) does not end the shared session: the lane's transaction
+/// turns the timeout off for itself, and every lock stays held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_short_idle_in_transaction_timeout_never_ends_a_shared_session() {
+    let s = PgSchema::new("mux_iit").await;
+    let url = s.url.replace(
+        "dblock.namespace%3D",
+        "idle_in_transaction_session_timeout%3D1%20-c%20dblock.namespace%3D",
+    );
+    assert_ne!(url, s.url, "the setting is in the URL");
+    let locks = multiplexed(&url, 2).await;
+    let names: Vec<String> = (0..3000).map(|i| format!("iit:{i}")).collect();
+    let mut guards = Vec::with_capacity(names.len());
+    for chunk in names.chunks(300) {
+        for g in futures_join(chunk.iter().map(|n| locks.try_lock(n))).await {
+            guards.push(g.unwrap().expect("a free lock"));
+        }
+        // A pause between bursts, longer than the server's timeout.
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(
+        s.advisory_of_sessions().await.len(),
+        3000,
+        "every lock held"
+    );
+    for g in &mut guards {
+        g.check().await.expect("no session ended");
+    }
 }

@@ -17,7 +17,10 @@
 //!   request for the key;
 //! - a lock that is not free at once is waited for on a connection of its own, never on
 //!   a shared one;
-//! - requests on shared connections never leave a transaction open, so a failing one
+//! - a shared connection keeps a transaction open only while its requests keep coming
+//!   (one transaction per burst, so that PostgreSQL's end-of-transaction walk of the
+//!   session's locks is paid once per burst), commits it once nothing has come for a
+//!   millisecond, and rolls it back the moment a statement fails, so a failing request
 //!   cannot disturb the others; a full server lock table fails the request with
 //!   [`Error::LockTableFull`] and every lock already held stays held.
 //!

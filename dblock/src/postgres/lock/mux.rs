@@ -16,9 +16,15 @@
 //!   applied before a later request for the key.
 //! - **Waiting never blocks a shared connection.** A lock that is not free at once is
 //!   waited for on a connection of its own (the non-multiplexed path).
-//! - **Nothing leaves a transaction open.** Requests on shared connections are single
-//!   statements or implicit transactions, never `BEGIN` … `COMMIT`, so a failing
-//!   request cannot leave the connection in an aborted transaction for the others.
+//! - **A transaction is open only while requests keep coming.** A request alone is one
+//!   statement, its own transaction. While a lane stays busy (requests came while its
+//!   message was out) its messages share one transaction, committed once nothing has
+//!   come for a millisecond — never left open while the lane waits longer (and it turns
+//!   a server's `idle_in_transaction_session_timeout` off for itself). A
+//!   statement that fails rolls it back before anything else runs, so a failing
+//!   request cannot leave the connection in an aborted transaction for the others;
+//!   session locks and unlocks do not follow the transaction (PostgreSQL applies them
+//!   at once and keeps them through a rollback), so a rollback loses no grant.
 //! - **A full lock table** fails the request with [`Error::LockTableFull`]; the locks
 //!   already held, on every connection, stay held.
 //!
@@ -196,40 +202,117 @@ impl UnlockJob {
 /// A lane's loop: every request waiting when it looks (up to [`MAX_BATCH`]) goes out in
 /// one message.
 ///
-/// Why batches: every statement on a connection is a transaction of its own, and the end
-/// of each transaction walks every lock the session holds (PostgreSQL's
-/// `LockReleaseAll`), so with thousands of session locks on one connection a lock or
-/// unlock per statement costs in proportion to the locks already held. A batch takes or
-/// releases its keys in one statement (`… FROM unnest('{…}')`), one transaction: the
-/// walk is paid once per batch. A lane's requests queue while its message is out, so
-/// under load a batch holds what came during one round trip; alone, a request goes out
-/// at once, as one statement.
+/// Why batches, and why one transaction while busy: the end of every transaction walks
+/// every lock the session holds (PostgreSQL's `LockReleaseAll`, once for regular and
+/// once for advisory locks), so with thousands of session locks on one connection a
+/// lock or unlock per statement costs in proportion to the locks already held. A batch
+/// takes or releases its keys in one statement (`… FROM unnest('{…}')`), so the walk is
+/// paid at most once per batch; and while the lane stays busy — requests came while its
+/// message was out — its batches run in one transaction (`BEGIN` ahead of the first,
+/// `COMMIT` alone once nothing has come for [`LINGER`]), so the walk is paid once per
+/// burst. A lane's requests queue while its message is out, so under load a batch
+/// holds what came during one round trip; alone, a request goes out at once, as one
+/// statement, its own transaction, as before.
 async fn run_lane(
     pool: Pool,
     mut rx: mpsc::UnboundedReceiver<Job>,
     me: mpsc::WeakUnboundedSender<Job>,
 ) {
-    let mut conn: Option<Arc<NativeConn>> = None;
+    let mut lane = Lane {
+        pool,
+        conn: None,
+        open: false,
+    };
     let mut jobs = Vec::with_capacity(MAX_BATCH);
-    while rx.recv_many(&mut jobs, MAX_BATCH).await > 0 {
+    // Whether requests came while the last message was out.
+    let mut busy = false;
+    loop {
+        let got = match lane.open {
+            false => rx.recv_many(&mut jobs, MAX_BATCH).await,
+            // Inside the lane's transaction: more work within LINGER continues it;
+            // none, and it is committed (cancel safe: `recv_many` takes nothing it
+            // does not return).
+            true => {
+                let more = rx.recv_many(&mut jobs, MAX_BATCH);
+                match tokio::time::timeout(LINGER, more).await {
+                    Ok(got) => got,
+                    Err(_) => {
+                        lane.commit().await;
+                        continue;
+                    }
+                }
+            }
+        };
+        if got == 0 {
+            break;
+        }
         let batch = std::mem::take(&mut jobs);
-        run_batch(&pool, &mut conn, &me, batch).await;
+        run_batch(&mut lane, busy, &me, batch).await;
+        busy = !rx.is_empty();
     }
+    lane.commit().await;
 }
 
-/// The lane's connection: the one it has if usable, else a new one.
-async fn lane_conn(
-    pool: &Pool,
-    conn: &mut Option<Arc<NativeConn>>,
-) -> Result<Arc<NativeConn>, Error> {
-    if let Some(c) = conn.as_ref().filter(|c| c.usable()) {
-        return Ok(c.clone());
+/// How long a lane's transaction waits for more work before it is committed: long
+/// enough to join bursts that follow one another (a caller taking its locks a thousand
+/// at a time), short against any `idle_in_transaction_session_timeout` — which the
+/// transaction turns off for itself all the same (`SET LOCAL`), so that no setting of the
+/// server's ends a session holding the lane's locks for a pause of the client's.
+const LINGER: std::time::Duration = std::time::Duration::from_millis(1);
+
+/// The head of a lane's transaction: two statements, ahead of the batch's.
+const OPEN: &str = "BEGIN ISOLATION LEVEL READ COMMITTED; \
+                    SET LOCAL idle_in_transaction_session_timeout = 0";
+
+/// A shared connection's state, as its lane sees it.
+struct Lane {
+    pool: Pool,
+    /// The connection, once made; replaced when unusable.
+    conn: Option<Arc<NativeConn>>,
+    /// Whether a transaction the lane began (`BEGIN`) is open on `conn`.
+    open: bool,
+}
+
+impl Lane {
+    /// The lane's connection: the one it has if usable, else a new one (with no
+    /// transaction open: a transaction ends with its session).
+    async fn conn(&mut self) -> Result<Arc<NativeConn>, Error> {
+        if let Some(c) = self.usable() {
+            return Ok(c);
+        }
+        self.open = false;
+        let c = Arc::new(self.pool.connect_unpooled().await?);
+        // Shared connections hold locks for their whole life: always checked.
+        c.link().set_watched(true);
+        self.conn = Some(c.clone());
+        Ok(c)
     }
-    let c = Arc::new(pool.connect_unpooled().await?);
-    // Shared connections hold locks for their whole life: always checked.
-    c.link().set_watched(true);
-    *conn = Some(c.clone());
-    Ok(c)
+
+    /// The connection it has, if usable.
+    fn usable(&self) -> Option<Arc<NativeConn>> {
+        self.conn.as_ref().filter(|c| c.usable()).cloned()
+    }
+
+    /// Ends the transaction the lane began, if one is open: `COMMIT`, alone. (Nothing in
+    /// it needs committing — session locks are applied at once — but its end is where
+    /// the server walks the session's locks, once.)
+    async fn commit(&mut self) {
+        if !std::mem::take(&mut self.open) {
+            return;
+        }
+        if let Some(c) = self.usable() {
+            // A failure here is the connection's: its watch reports the loss.
+            let _ = c.query("COMMIT").await;
+        }
+    }
+
+    /// Ends a transaction a failed statement aborted (`ROLLBACK`), so that what
+    /// follows on the connection runs.
+    async fn roll_back(&mut self, c: &NativeConn) {
+        if std::mem::take(&mut self.open) {
+            let _ = c.query("ROLLBACK").await;
+        }
+    }
 }
 
 /// One statement of a batch: the jobs whose keys it takes or releases, in row order.
@@ -263,9 +346,11 @@ fn push_calls(sql: &mut String, f: &str, keys: impl ExactSizeIterator<Item = Key
     sql.push_str("}'::pg_catalog.int8[]) AS k");
 }
 
+/// Sends one batch as one message and answers its requests; `busy`: the lane stayed
+/// busy through its last message, so this one opens a transaction if none is open.
 async fn run_batch(
-    pool: &Pool,
-    conn: &mut Option<Arc<NativeConn>>,
+    lane: &mut Lane,
+    busy: bool,
     me: &mpsc::WeakUnboundedSender<Job>,
     batch: Vec<Job>,
 ) {
@@ -280,9 +365,9 @@ async fn run_batch(
         }
     }
     let c = if locks.is_empty() {
-        conn.as_ref().filter(|c| c.usable()).cloned()
+        lane.usable()
     } else {
-        match lane_conn(pool, conn).await {
+        match lane.conn().await {
             Ok(c) => Some(c),
             Err(e) => {
                 let message = e.to_string();
@@ -326,7 +411,15 @@ async fn run_batch(
             }
         }
     }
+    if stmts.is_empty() {
+        return;
+    }
     let mut sql = String::with_capacity(64 + 21 * (here.len() + locks.len()));
+    // The head's statements come first: the rows of the batch's statements follow them.
+    let begin = busy && !lane.open;
+    if begin {
+        sql.push_str(OPEN);
+    }
     for st in &stmts {
         if !sql.is_empty() {
             sql.push_str("; ");
@@ -353,9 +446,11 @@ async fn run_batch(
         sql.push_str(&last.comment);
     }
     let (rows, failed) = c.query_partial(&sql).await;
+    lane.open |= begin;
     let mut here: Vec<Option<UnlockJob>> = here.into_iter().map(Some).collect();
     let mut locks: Vec<Option<LockJob>> = locks.into_iter().map(Some).collect();
     for (s, st) in stmts.iter().enumerate() {
+        let s = s + 2 * usize::from(begin);
         let Some(values) = rows.get(s).filter(|v| v.len() == st.jobs.len()) else {
             continue;
         };
@@ -381,6 +476,8 @@ async fn run_batch(
         _ => None,
     };
     if let Some(message) = lost {
+        // The transaction ended with the session.
+        lane.open = false;
         for u in here.into_iter().flatten() {
             if let Some(r) = u.reply {
                 let _ = r.send(Err(QueryError::Lost {
@@ -402,6 +499,10 @@ async fn run_batch(
     // held, which ones unknown — each of its keys is unlocked (a key it did not take
     // answers false, with a warning in the server's log), then every request left is
     // tried again alone, so that each gets its own answer.
+    if failed.is_some() {
+        // An open transaction is aborted now: nothing more runs in it.
+        lane.roll_back(&c).await;
+    }
     let left: Vec<Key> = locks.iter().flatten().map(|l| l.claim.key_of()).collect();
     if !left.is_empty() {
         for mode in [Mode::Exclusive, Mode::Shared] {
