@@ -530,3 +530,113 @@ async fn a_short_idle_in_transaction_timeout_never_ends_a_shared_session() {
         g.check().await.expect("no session ended");
     }
 }
+
+/// A shared connection's session ended in the middle of a burst (its transaction open):
+/// each request in flight gets an answer — a guard, or `ConnectionLost` — and none
+/// hangs; every guard on that session learns its lock is lost; and the lane carries on
+/// with a new connection, on which every name can be taken again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shared_session_ended_mid_burst_loses_its_locks_visibly_and_the_lane_recovers() {
+    let s = PgSchema::new("mux_cut").await;
+    let locks = Locks::builder()
+        .url(&s.url)
+        .scope(Scope::Session)
+        .multiplex(1)
+        .check_interval(Duration::from_millis(100))
+        .build()
+        .await
+        .unwrap();
+    drop(locks.try_lock("warm").await.unwrap());
+    let [pid] = s.sessions().await.iter().map(|r| r.0).collect::<Vec<_>>()[..] else {
+        panic!("one shared connection: {:?}", s.sessions().await);
+    };
+    let names: Vec<String> = (0..4000).map(|i| format!("cut:{i}")).collect();
+    let mut held = Vec::new();
+    for chunk in names[..2000].chunks(250) {
+        for g in futures_join(chunk.iter().map(|n| locks.try_lock(n))).await {
+            held.push(g.unwrap().expect("a free lock"));
+        }
+    }
+    // More requests in flight, and the session ended while they run.
+    // 200 callers taking 10 names each, one after another: a stream of batches.
+    let mut flight = tokio::task::JoinSet::new();
+    let (tx, mut first) = tokio::sync::mpsc::unbounded_channel();
+    for names in names[2000..].chunks(10) {
+        let (locks, names, tx) = (locks.clone(), names.to_vec(), tx.clone());
+        flight.spawn(async move {
+            let mut out = Vec::new();
+            for name in names {
+                out.push(locks.try_lock(&name).await);
+                let _ = tx.send(());
+            }
+            out
+        });
+    }
+    // Ended once the first answers are in: the rest are queued or in the message out.
+    for _ in 0..500 {
+        first.recv().await.unwrap();
+    }
+    let ended: bool = s
+        .admin()
+        .query_one("SELECT pg_terminate_backend($1)", &[&pid])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(ended, "the shared session was ended");
+    let (mut granted, mut lost) = (Vec::new(), 0);
+    let mut answers = Vec::new();
+    tokio::time::timeout(Duration::from_secs(60), async {
+        while let Some(r) = flight.join_next().await {
+            answers.extend(r.unwrap());
+        }
+    })
+    .await
+    .expect("every request in flight is answered");
+    for a in answers {
+        match a {
+            Ok(Some(g)) => granted.push(g),
+            Err(Error::ConnectionLost { .. }) => lost += 1,
+            other => panic!("a free name: a guard or ConnectionLost, not {other:?}"),
+        }
+    }
+    eprintln!("in flight: {} granted, {lost} lost", granted.len());
+    assert_eq!(granted.len() + lost, 2000);
+    // Every guard granted on the ended session learns so; those granted on the new
+    // connection (after the end) hold.
+    for g in &mut held {
+        assert!(
+            matches!(g.check().await, Err(Error::LockLost { .. })),
+            "a lock taken on the ended session is lost"
+        );
+    }
+    let mut holding = 0;
+    for g in &mut granted {
+        holding += usize::from(g.check().await.is_ok());
+    }
+    // What the guards say is what the server holds.
+    let server = || async {
+        s.advisory_of_sessions()
+            .await
+            .iter()
+            .filter(|r| r.2)
+            .count()
+    };
+    assert_eq!(
+        server().await,
+        holding,
+        "the server holds what the guards say"
+    );
+    // The lane carries on: the lost locks' names (their guards dropped, as a caller
+    // told of a loss does) can be taken again by this handle, on the new connection.
+    drop(held);
+    let again: Vec<_> = futures_join(names[..500].iter().map(|n| locks.try_lock(n)))
+        .await
+        .into_iter()
+        .map(|g| g.unwrap().expect("the name of a lost lock is free again"))
+        .collect();
+    assert_eq!(server().await, holding + again.len());
+    assert!(
+        s.sessions().await.iter().all(|r| r.0 != pid),
+        "the ended session is gone"
+    );
+}
