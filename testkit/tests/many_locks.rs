@@ -35,14 +35,8 @@ async fn five_thousand_locks_are_held_over_four_connections_and_released_one_by_
     let locks = multiplexed(&s.url, 4).await;
     let names: Vec<String> = (0..5000).map(|i| format!("tenant:{i}")).collect();
     let before = rss_bytes();
-    let mut guards = Vec::with_capacity(names.len());
-    for chunk in names.chunks(250) {
-        // Many requests in flight at once, pipelined on the shared connections.
-        let got = futures_join(chunk.iter().map(|n| locks.try_lock(n))).await;
-        for g in got {
-            guards.push(g.unwrap().expect("a free lock"));
-        }
-    }
+    // Many requests in flight at once, pipelined on the shared connections.
+    let mut guards = take_all(&locks, &names, 250).await;
     let after = rss_bytes();
     eprintln!(
         "5000 locks held: {} bytes of resident memory per held lock (RSS {} -> {} KiB)",
@@ -128,6 +122,18 @@ async fn five_thousand_locks_are_held_over_four_connections_and_released_one_by_
 }
 
 /// Runs futures concurrently, in order of results.
+/// Takes every name of `names` with `try_lock`, `chunk` requests in flight at a time
+/// (pipelined on the shared connections); each must be free.
+async fn take_all(locks: &Locks, names: &[String], chunk: usize) -> Vec<dblock::LockGuard> {
+    let mut guards = Vec::with_capacity(names.len());
+    for chunk in names.chunks(chunk) {
+        for g in futures_join(chunk.iter().map(|n| locks.try_lock(n))).await {
+            guards.push(g.unwrap().expect("a free lock"));
+        }
+    }
+    guards
+}
+
 async fn futures_join<F: std::future::Future>(futs: impl Iterator<Item = F>) -> Vec<F::Output> {
     let handles: Vec<_> = futs.map(Box::pin).collect();
     let mut out = Vec::new();
@@ -434,12 +440,7 @@ async fn a_busy_lane_keeps_one_transaction_and_ends_it_when_the_work_stops() {
         })
     };
     let names: Vec<String> = (0..6000).map(|i| format!("burst:{i}")).collect();
-    let mut guards = Vec::with_capacity(names.len());
-    for chunk in names.chunks(300) {
-        for g in futures_join(chunk.iter().map(|n| locks.try_lock(n))).await {
-            guards.push(g.unwrap().expect("a free lock"));
-        }
-    }
+    let guards = take_all(&locks, &names, 300).await;
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let (samples, spanning) = sampler.await.unwrap();
     eprintln!("{spanning} of {samples} samples saw a transaction spanning messages");
@@ -478,12 +479,12 @@ async fn a_busy_lane_keeps_one_transaction_and_ends_it_when_the_work_stops() {
             "and no transaction is left open while it waits: {states:?}"
         );
     }
+    // Every lock still held by the one session, through its commit.
     assert_eq!(
         s.advisory_of_sessions().await.len(),
         6000,
         "every lock still held"
     );
-    // Every lock still held by the one session, through its commit.
     drop(guards);
     assert!(
         dblock_testkit::eventually(20, &mut || async {
@@ -551,12 +552,7 @@ async fn a_shared_session_ended_mid_burst_loses_its_locks_visibly_and_the_lane_r
         panic!("one shared connection: {:?}", s.sessions().await);
     };
     let names: Vec<String> = (0..4000).map(|i| format!("cut:{i}")).collect();
-    let mut held = Vec::new();
-    for chunk in names[..2000].chunks(250) {
-        for g in futures_join(chunk.iter().map(|n| locks.try_lock(n))).await {
-            held.push(g.unwrap().expect("a free lock"));
-        }
-    }
+    let mut held = take_all(&locks, &names[..2000], 250).await;
     // More requests in flight, and the session ended while they run.
     // 200 callers taking 10 names each, one after another: a stream of batches.
     let mut flight = tokio::task::JoinSet::new();

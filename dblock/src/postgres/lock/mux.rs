@@ -39,7 +39,7 @@ use crate::error::{Error, LossReason};
 use crate::key::Key;
 use crate::postgres::conn::native::NativeConn;
 use crate::postgres::conn::pool::Pool;
-use crate::postgres::conn::wire::{Link, QueryError};
+use crate::postgres::conn::wire::{Link, Message, QueryError};
 use crate::postgres::sql::{first_value, i64_text};
 use crate::raw::{BoxFuture, Grant, Mode, RawHeld, Req, Scope};
 use crate::sync::Mutex;
@@ -260,9 +260,12 @@ async fn run_lane(
 /// server's ends a session holding the lane's locks for a pause of the client's.
 const LINGER: std::time::Duration = std::time::Duration::from_millis(1);
 
-/// The head of a lane's transaction: two statements, ahead of the batch's.
-const OPEN: &str = "BEGIN ISOLATION LEVEL READ COMMITTED; \
-                    SET LOCAL idle_in_transaction_session_timeout = 0";
+/// What a lane's transaction sets after its `BEGIN` ([`Message::BEGIN`]): the head is
+/// these two statements, ahead of the batch's.
+const NO_IDLE_TIMEOUT: &str = "SET LOCAL idle_in_transaction_session_timeout = 0";
+
+/// How many statements the head of a lane's transaction is.
+const HEAD: usize = 2;
 
 /// A shared connection's state, as its lane sees it.
 struct Lane {
@@ -418,7 +421,9 @@ async fn run_batch(
     // The head's statements come first: the rows of the batch's statements follow them.
     let begin = busy && !lane.open;
     if begin {
-        sql.push_str(OPEN);
+        for part in [Message::BEGIN, "; ", NO_IDLE_TIMEOUT] {
+            sql.push_str(part);
+        }
     }
     for st in &stmts {
         if !sql.is_empty() {
@@ -450,7 +455,7 @@ async fn run_batch(
     let mut here: Vec<Option<UnlockJob>> = here.into_iter().map(Some).collect();
     let mut locks: Vec<Option<LockJob>> = locks.into_iter().map(Some).collect();
     for (s, st) in stmts.iter().enumerate() {
-        let s = s + 2 * usize::from(begin);
+        let s = s + HEAD * usize::from(begin);
         let Some(values) = rows.get(s).filter(|v| v.len() == st.jobs.len()) else {
             continue;
         };
