@@ -95,10 +95,12 @@ impl Conn {
         match self {
             // Boxed, as the borrowed connection's query below: inline, it made every
             // request's future larger.
-            Conn::Native(c) if c.runs_preparable(message) => {
-                Box::pin(c.first_values_preparable(message, want)).await
-            }
-            Conn::Native(c) => c.first_values(message, want).await,
+            Conn::Native(c) => match c.runs_preparable(message) {
+                Some(statement) => {
+                    Box::pin(c.first_values_preparable(message, want, statement)).await
+                }
+                None => c.first_values(message, want).await,
+            },
             Conn::Sqlx(c) => {
                 // Boxed: inline, a borrowed connection's query made every request's future
                 // larger, on dblock's own connections too.

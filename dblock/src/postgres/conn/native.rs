@@ -182,21 +182,26 @@ impl NativeConn {
         Ok(out)
     }
 
-    /// Whether `message` runs as [`NativeConn::first_values_preparable`]: it may run
-    /// prepared and either is prepared on this session or is to be in this round (see
+    /// Whether `message` runs as [`NativeConn::first_values_preparable`]: `Some` if it
+    /// may run prepared and either is prepared on this session (`Ok`, its statement's
+    /// id) or is to be in this round (`Err`, the id it is parsed under; see
     /// `prepared.rs`); a text seen the first time is noted.
     ///
-    /// A `bool`, not the statement: a value with a destructor taken where every lock
-    /// request's future awaits kept room for itself there.
-    pub(crate) fn runs_preparable(&self, message: &Message) -> bool {
+    /// The statement's id, not the statement itself: a value with a destructor taken
+    /// where every lock request's future awaits kept room for itself there.
+    pub(crate) fn runs_preparable(&self, message: &Message) -> Option<Result<u32, u32>> {
         if !message.preparable() {
-            return false;
+            return None;
         }
         let (text, at_once) = match message.keyed() {
             Some((prefix, _, _)) => (prefix, true),
             None => (message.last_statement(), false),
         };
-        self.outbox.prepared().use_for(text, at_once) != Use::Simple
+        match self.outbox.prepared().use_for(text, at_once) {
+            Use::Simple => None,
+            Use::Prepare(id) => Some(Err(id)),
+            Use::Prepared(id) => Some(Ok(id)),
+        }
     }
 
     /// [`NativeConn::first_values`] of a message [`NativeConn::runs_preparable`] said yes
@@ -215,6 +220,7 @@ impl NativeConn {
         &self,
         message: &Message,
         want: &[Option<u32>; N],
+        statement: Result<u32, u32>,
     ) -> Result<[Option<Value>; N], QueryError> {
         let keyed = message.keyed();
         // The statement's text, as the session's cache knows it.
@@ -222,28 +228,15 @@ impl NativeConn {
         let sent = {
             let mut waiting = self.outbox.waiting();
             let deferred = waiting.take();
-            let without_last = message.without_last();
-            let (head, carried) = match &deferred {
-                Some(d) => d.carried_by(&without_last),
-                None => (std::borrow::Cow::Borrowed(without_last.alone()), 0),
+            let (head, carried) = message.head_carrying(deferred.as_ref());
+            let statements = head.statements().count();
+            let fixed = match self.outbox.prepared().fixed {
+                true => super::extended::Fixed::Have,
+                false => super::extended::Fixed::Parse,
             };
-            // (Carried ahead of a message with nothing before its last statement, the
-            // deferred statements end in the `; ` that joined them to it.)
-            let head = head.strip_suffix("; ").unwrap_or(&head);
-            let statements = match head.is_empty() {
-                true => 0,
-                false => head.split("; ").count(),
-            };
-            let (id, parse, fixed) = {
-                let prepared = self.outbox.prepared();
-                let fixed = match prepared.fixed {
-                    true => super::extended::Fixed::Have,
-                    false => super::extended::Fixed::Parse,
-                };
-                match prepared.statement(text) {
-                    Ok(id) => (id, false, fixed),
-                    Err(id) => (id, true, fixed),
-                }
+            let (id, parse) = match statement {
+                Ok(id) => (id, false),
+                Err(id) => (id, true),
             };
             let keyed_text;
             let last = super::extended::Last {
@@ -259,9 +252,10 @@ impl NativeConn {
                 key: keyed.map(|(_, key, _)| key),
                 comment: keyed.map_or("", |(_, _, comment)| comment),
             };
-            let encoded = match statements == carried + without_last.statements() {
-                // (`take`: an empty head is no statement, not one empty one.)
-                true => super::extended::encode(head.split("; ").take(statements), fixed, &last),
+            // A head that splits into as many statements as were written (never otherwise
+            // for the texts dblock writes).
+            let encoded = match statements == carried + message.statements().saturating_sub(1) {
+                true => super::extended::encode(head.statements(), fixed, &last),
                 false => None,
             };
             match encoded {

@@ -77,25 +77,26 @@ pub(crate) enum Parse<'a> {
 pub(crate) enum Use {
     /// As a simple query, its text noted as seen.
     Simple,
-    /// Under one `Sync`, the statement's `Parse` in the round: the text's second time
-    /// on the session.
-    Prepare,
-    /// Prepared.
-    Prepared,
+    /// Under one `Sync`, the statement's `Parse` in the round, under this id: the text's
+    /// second time on the session.
+    Prepare(u32),
+    /// Prepared, as this statement.
+    Prepared(u32),
 }
 
 impl Prepared {
     /// How the round whose last statement is `text` runs; the text is noted as seen.
     /// `at_once`: prepared the first time it is seen (a statement that serves every key).
+    /// One look-up of the text: the statement's id comes with the answer.
     pub(crate) fn use_for(&mut self, text: &str, at_once: bool) -> Use {
-        if self.statements.contains_key(text) {
-            return Use::Prepared;
+        if let Some(&id) = self.statements.get(text) {
+            return Use::Prepared(id);
         }
         if self.off || self.statements.len() >= MAX_PREPARED {
             return Use::Simple;
         }
         if at_once || self.seen.contains(text) {
-            return Use::Prepare;
+            return Use::Prepare(self.next);
         }
         if self.seen.len() >= MAX_SEEN {
             self.seen.clear();
@@ -106,6 +107,7 @@ impl Prepared {
 
     /// The statement prepared for `text` (`Ok`), or the id a statement for it is to be
     /// parsed under (`Err`).
+    #[cfg(test)]
     pub(crate) fn statement(&self, text: &str) -> Result<u32, u32> {
         self.statements.get(text).copied().ok_or(self.next)
     }
@@ -154,20 +156,21 @@ mod tests {
     fn a_text_is_prepared_the_second_time_and_a_refusal_turns_preparing_off() {
         let mut p = Prepared::default();
         // A statement for every key: prepared the first time.
-        assert_eq!(p.use_for("k(", true), Use::Prepare);
+        assert_eq!(p.use_for("k(", true), Use::Prepare(0));
         assert_eq!(p.statement("k("), Err(0));
         assert_eq!(p.use_for("a", false), Use::Simple);
-        assert_eq!(p.use_for("a", false), Use::Prepare);
+        assert_eq!(p.use_for("a", false), Use::Prepare(0));
         // Not reached: the next time prepares again.
         p.parsed(Some("a"), 0, Parse::NotReached);
-        assert_eq!(p.use_for("a", false), Use::Prepare);
+        assert_eq!(p.use_for("a", false), Use::Prepare(0));
         assert_eq!(p.statement("a"), Err(0));
         // Completed: kept, and the next text takes the next id.
         p.parsed(Some("a"), 0, Parse::Completed);
-        assert_eq!(p.use_for("a", false), Use::Prepared);
+        assert_eq!(p.use_for("a", false), Use::Prepared(0));
         assert_eq!(p.statement("a"), Ok(0));
         assert_eq!(p.statement("b"), Err(1));
         assert_eq!(p.use_for("b", false), Use::Simple);
+        assert_eq!(p.use_for("b", false), Use::Prepare(1));
         // Any other refusal: nothing is prepared on the session any more.
         p.parsed(Some("b"), 1, Parse::Refused(Some("42P05")));
         assert_eq!(p.use_for("a", false), Use::Simple);
@@ -184,7 +187,7 @@ mod tests {
         for i in 0..MAX_SEEN {
             assert_eq!(p.use_for(&i.to_string(), false), Use::Simple);
         }
-        assert_eq!(p.use_for("0", false), Use::Prepare);
+        assert_eq!(p.use_for("0", false), Use::Prepare(0));
         assert_eq!(p.use_for("new", false), Use::Simple);
         assert!(p.seen.len() <= MAX_SEEN);
         assert_eq!(

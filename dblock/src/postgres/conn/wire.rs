@@ -109,15 +109,19 @@ pub(crate) struct Message {
     after_begin: Option<u32>,
     /// Whether the message opens with [`Message::begin`].
     begins: bool,
-    /// Where [`Message::annotate`]'s comment starts in `text`, if there is one.
-    comment_at: Option<u32>,
-    /// Whether the last statement may run prepared (see [`Message::preparable`]).
-    /// (Where it starts is found when needed: kept here, it made every lock request's
-    /// future larger than the C allocator's per-thread cache takes.)
-    preparable: bool,
-    /// Whether the prepared form takes the statement's one integer as a parameter, the
-    /// comment sent apart (see [`Message::keyed`]).
-    keyed: bool,
+    /// Where [`Message::annotate`]'s comment starts in `text`; 0 if there is none (the
+    /// text starts with `ROLLBACK; `, so no comment starts at 0).
+    comment_at: u32,
+    /// Where the last statement starts in `text` if it may run prepared (see
+    /// [`Message::preparable`]); 0 if not. Found once, when the message is marked, rather
+    /// than each time a round asks for it. (Each field as small as it can be: every lock
+    /// request's future holds a message, and within the 1,032 bytes the C allocator's
+    /// per-thread cache takes it stays cheap to allocate.)
+    last: u32,
+    /// If the prepared form takes the last statement's one integer as a parameter, the
+    /// comment sent apart (see [`Message::keyed`]): where the integer starts and where
+    /// the `)` after it is, from the last statement's start; `(0, 0)` if not.
+    key: (u8, u8),
 }
 
 /// What a held lock's health checks send, kept as the grant left it: the text of the
@@ -162,9 +166,9 @@ impl Message {
             statements: 0,
             after_begin: None,
             begins: false,
-            comment_at: None,
-            preparable: false,
-            keyed: false,
+            comment_at: 0,
+            last: 0,
+            key: (0, 0),
         }
     }
 
@@ -173,8 +177,8 @@ impl Message {
         if self.statements > 0 {
             self.text.push_str("; ");
         }
-        self.preparable = false;
-        self.keyed = false;
+        self.last = 0;
+        self.key = (0, 0);
         self.statements = self.statements.saturating_add(1);
         self.statements as usize - 1
     }
@@ -223,7 +227,7 @@ impl Message {
 
     /// Lets `f` append to the message's last statement (a comment).
     pub(crate) fn annotate(&mut self, f: impl FnOnce(&mut String)) {
-        self.comment_at = u32::try_from(self.text.len()).ok();
+        self.comment_at = u32::try_from(self.text.len()).unwrap_or(0);
         f(&mut self.text);
     }
 
@@ -231,7 +235,10 @@ impl Message {
     /// comment (granted at `since`): no copy, once the message was sent. The message is
     /// left empty.
     pub(crate) fn take_check(&mut self, since: std::time::SystemTime) -> Option<CheckSql> {
-        let at = self.comment_at.take()? as usize;
+        let at = std::mem::take(&mut self.comment_at) as usize;
+        if at == 0 {
+            return None;
+        }
         Some(CheckSql {
             text: std::mem::take(&mut self.text),
             at,
@@ -242,8 +249,9 @@ impl Message {
     /// Removes what [`Message::annotate`] appended (tests compare bare statements).
     #[cfg(test)]
     pub(crate) fn strip_annotation(&mut self) {
-        if let Some(at) = self.comment_at.take() {
-            self.text.truncate(at as usize);
+        let at = std::mem::take(&mut self.comment_at) as usize;
+        if at != 0 {
+            self.text.truncate(at);
         }
     }
 
@@ -257,39 +265,64 @@ impl Message {
     /// it waits, so its whole text is prepared. Keyed only if what follows the integer's
     /// `)` is nothing or one comment.
     pub(crate) fn mark_preparable(&mut self, keyed: bool) {
-        self.preparable = self.statements > u32::from(self.begins);
-        self.keyed = self.preparable
-            && keyed
-            && self.keyed_parts().is_some_and(|(_, _, rest)| {
+        self.last = 0;
+        self.key = (0, 0);
+        if self.statements <= u32::from(self.begins) {
+            return;
+        }
+        let last = self.last_at();
+        self.last = u32::try_from(last).unwrap_or(0);
+        if !keyed || self.last == 0 {
+            return;
+        }
+        let statement = self.text.get(last..).unwrap_or_default();
+        self.key = key_span(statement)
+            .filter(|&(_, close, _)| {
+                let rest = statement.get(close + 1..).unwrap_or_default().trim_start();
                 rest.is_empty()
                     || (rest.starts_with("/*")
                         && rest.ends_with("*/")
                         && rest.matches("*/").count() == 1)
-            });
+            })
+            .and_then(|(open, close, _)| {
+                Some((u8::try_from(open).ok()?, u8::try_from(close).ok()?))
+            })
+            .unwrap_or((0, 0));
     }
 
     /// The last statement's parts, if [`Message::mark_preparable`] marked it `keyed`:
     /// its text up to and with the `(` ahead of its one integer, the integer, and its
     /// comment (what follows the `)`, trimmed; empty if none).
     pub(crate) fn keyed(&self) -> Option<(&str, i64, &str)> {
-        self.keyed.then(|| self.keyed_parts()).flatten()
-    }
-
-    fn keyed_parts(&self) -> Option<(&str, i64, &str)> {
-        split_key(self.last_statement())
+        if self.key.0 == 0 {
+            return None;
+        }
+        let statement = self.text.get(self.last as usize..)?;
+        let (open, close) = (usize::from(self.key.0), usize::from(self.key.1));
+        Some((
+            statement.get(..open)?,
+            statement.get(open..close)?.parse().ok()?,
+            statement.get(close + 1..)?.trim_start(),
+        ))
     }
 
     /// Whether [`Message::mark_preparable`] marked the message (and no statement was
     /// added since).
     pub(crate) fn preparable(&self) -> bool {
-        self.preparable
+        self.last != 0
     }
 
     /// Where the last statement starts in `text`: after the last `; ` ahead of the
     /// comment (a statement dblock writes holds none, and the comment's values are
     /// percent-encoded), which is the carried `ROLLBACK; `'s for a message of one.
     fn last_at(&self) -> usize {
-        let end = self.comment_at.map_or(self.text.len(), |c| c as usize);
+        if self.last != 0 {
+            return self.last as usize;
+        }
+        let end = match self.comment_at {
+            0 => self.text.len(),
+            c => c as usize,
+        };
         self.text
             .get(..end)
             .and_then(|t| t.rfind("; "))
@@ -314,9 +347,35 @@ impl Message {
             statements,
             after_begin: self.after_begin.filter(|a| *a as usize <= cut),
             begins: self.begins && statements > 0,
-            comment_at: None,
-            preparable: false,
-            keyed: false,
+            comment_at: 0,
+            last: 0,
+            key: (0, 0),
+        }
+    }
+
+    /// The statements ahead of the last one, with those `deferred` on the connection
+    /// carried at their head, and how many statements were carried: what
+    /// [`Deferred::carried_by`] makes of [`Message::without_last`], without copying the
+    /// text where a `ROLLBACK` is carried (every round after a transaction-scoped lock's
+    /// release) or nothing is.
+    pub(crate) fn head_carrying<'a>(&'a self, deferred: Option<&Deferred>) -> (Head<'a>, usize) {
+        let cut = self.last_at().saturating_sub(match self.statements > 1 {
+            true => "; ".len(),
+            false => 0,
+        });
+        let borrowed = |from: usize| Cow::Borrowed(self.text.get(from..cut).unwrap_or_default());
+        let chainable = self.after_begin.filter(|a| *a as usize <= cut);
+        match (deferred, chainable) {
+            (None, _) => (Head::of(None, borrowed(Message::CARRIED.len())), 0),
+            (Some(Deferred::Rollback { chain: true }), Some(after)) => {
+                (Head::of(Some(Message::CHAIN), borrowed(after as usize)), 0)
+            }
+            (Some(Deferred::Rollback { .. }), _) => (Head::of(None, borrowed(0)), 1),
+            (Some(d), _) => {
+                let without = self.without_last();
+                let (text, carried) = d.carried_by(&without);
+                (Head::of(None, Cow::Owned(text.into_owned())), carried)
+            }
         }
     }
 
@@ -351,17 +410,54 @@ impl Message {
     }
 }
 
+/// The statements that go ahead of a message's last one ([`Message::head_carrying`]): a
+/// first statement standing apart (`ROLLBACK AND CHAIN` in place of the message's BEGIN),
+/// then the rest's text, statements joined by `; `.
+pub(crate) struct Head<'a> {
+    first: Option<&'static str>,
+    rest: Cow<'a, str>,
+}
+
+impl<'a> Head<'a> {
+    fn of(first: Option<&'static str>, rest: Cow<'a, str>) -> Head<'a> {
+        Head { first, rest }
+    }
+
+    /// The statements, in order. (The rest's text may begin with the `; ` that followed
+    /// a BEGIN, and end in the `; ` that joined carried statements to a message with
+    /// nothing ahead of its last statement.)
+    pub(crate) fn statements(&self) -> impl Iterator<Item = &str> {
+        let rest = self.rest.strip_suffix("; ").unwrap_or(&self.rest);
+        let rest = match self.first {
+            Some(_) => rest.strip_prefix("; ").unwrap_or(rest),
+            None => rest,
+        };
+        self.first.into_iter().chain(
+            (!rest.is_empty())
+                .then(|| rest.split("; "))
+                .into_iter()
+                .flatten(),
+        )
+    }
+}
+
 /// A statement of one integer, `PREFIX(INTEGER)REST`, as its parts: its text up to and
 /// with the `(`, the integer, and what follows the `)`, trimmed at its start.
 pub(crate) fn split_key(statement: &str) -> Option<(&str, i64, &str)> {
-    let open = statement.find('(')? + 1;
-    let close = open + statement.get(open..)?.find(')')?;
-    let key = statement.get(open..close)?.parse().ok()?;
+    let (open, close, key) = key_span(statement)?;
     Some((
         statement.get(..open)?,
         key,
         statement.get(close + 1..)?.trim_start(),
     ))
+}
+
+/// Where the integer of `PREFIX(INTEGER)REST` starts (after the first `(`), where the
+/// `)` after it is, and the integer.
+fn key_span(statement: &str) -> Option<(usize, usize, i64)> {
+    let open = statement.find('(')? + 1;
+    let close = open + statement.get(open..)?.find(')')?;
+    Some((open, close, statement.get(open..close)?.parse().ok()?))
 }
 
 /// A failed request, before it is mapped to an [`Error`].
@@ -568,6 +664,74 @@ mod tests {
             m.annotate(|t| t.push_str(comment));
         }
         m
+    }
+
+    /// A round's head as [`Message::head_carrying`] gives it, copying nothing where a
+    /// `ROLLBACK` or nothing is carried, is the head the message without its last
+    /// statement carries ([`Deferred::carried_by`]), statement for statement.
+    #[test]
+    fn a_borrowed_head_is_the_carried_head() {
+        let messages = || {
+            let mut chained = message("SELECT f(1)", " /* c */");
+            chained.mark_preparable(true);
+            let mut set = Message::with_capacity(64);
+            set.begin(true);
+            set.push(&["SET LOCAL lock_timeout = 5"]);
+            set.push(&["SELECT g(2)"]);
+            set.mark_preparable(false);
+            let mut unchained = Message::with_capacity(64);
+            unchained.begin(false);
+            unchained.push(&["SELECT f(3)"]);
+            unchained.mark_preparable(true);
+            let mut alone = Message::with_capacity(64);
+            alone.push(&["SELECT pg_catalog.pg_advisory_unlock(4)"]);
+            alone.push(&["SELECT f(5)"]);
+            alone.mark_preparable(true);
+            let mut one = Message::with_capacity(64);
+            one.push(&["SELECT f(6)"]);
+            one.mark_preparable(true);
+            [chained, set, unchained, alone, one]
+        };
+        let deferred = || {
+            [
+                None,
+                Some(Deferred::Rollback { chain: true }),
+                Some(Deferred::Rollback { chain: false }),
+                Some(Deferred::Standalone(
+                    "SELECT pg_catalog.pg_advisory_unlock(7)".into(),
+                )),
+                Some(Deferred::InOwnTransaction {
+                    sql: "SELECT 1; SELECT 2".into(),
+                    statements: 2,
+                }),
+            ]
+        };
+        for m in messages() {
+            assert!(m.preparable(), "{}", m.alone());
+            for d in deferred() {
+                let without = m.without_last();
+                let (text, carried) = match &d {
+                    Some(d) => d.carried_by(&without),
+                    None => (Cow::Borrowed(without.alone()), 0),
+                };
+                let text = text.strip_suffix("; ").unwrap_or(&text);
+                let want: Vec<&str> = match text.is_empty() {
+                    true => Vec::new(),
+                    false => text.split("; ").collect(),
+                };
+                let (head, got_carried) = m.head_carrying(d.as_ref());
+                let got: Vec<&str> = head.statements().collect();
+                assert_eq!(
+                    got,
+                    want,
+                    "{} carrying {:?}",
+                    m.alone(),
+                    d.as_ref().map(Deferred::sql)
+                );
+                assert_eq!(got_carried, carried, "{}", m.alone());
+                assert_eq!(got.len(), carried + m.statements() - 1, "{}", m.alone());
+            }
+        }
     }
 
     /// A keyed statement is one integer's call and, after it, nothing or one comment:
