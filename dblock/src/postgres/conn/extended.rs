@@ -27,13 +27,23 @@ pub(crate) struct Name([u8; 16], usize);
 
 impl Name {
     pub(crate) fn of(id: u32) -> Name {
-        use std::io::Write;
-        let mut bytes = [0u8; 16];
-        let mut at = &mut bytes[..];
-        // "dblock" and at most ten digits fit in sixteen bytes.
-        let _ = write!(at, "dblock{id}");
-        let len = 16 - at.len();
-        Name(bytes, len)
+        // "dblock" and at most ten digits fit in sixteen bytes; the digits written by
+        // hand, as this runs every round (the formatting machinery cost more).
+        let mut bytes = *b"dblock0000000000";
+        let mut digits = [0u8; 10];
+        let (mut n, mut len) = (id, 0);
+        loop {
+            digits[len] = b'0' + (n % 10) as u8;
+            len += 1;
+            n /= 10;
+            if n == 0 {
+                break;
+            }
+        }
+        for (to, from) in bytes[6..6 + len].iter_mut().zip(digits[..len].iter().rev()) {
+            *to = *from;
+        }
+        Name(bytes, 6 + len)
     }
 
     pub(crate) fn as_str(&self) -> &str {
@@ -252,6 +262,9 @@ mod tests {
     #[test]
     fn names_fit_and_read_back() {
         assert_eq!(Name::of(0).as_str(), "dblock0");
+        assert_eq!(Name::of(7).as_str(), "dblock7");
+        assert_eq!(Name::of(10).as_str(), "dblock10");
+        assert_eq!(Name::of(256).as_str(), "dblock256");
         assert_eq!(Name::of(u32::MAX).as_str(), "dblock4294967295");
     }
 

@@ -280,9 +280,12 @@ impl Message {
             .filter(|&(_, close, _)| {
                 let rest = statement.get(close + 1..).unwrap_or_default().trim_start();
                 rest.is_empty()
-                    || (rest.starts_with("/*")
+                    || (rest.len() >= 4
+                        && rest.starts_with("/*")
                         && rest.ends_with("*/")
-                        && rest.matches("*/").count() == 1)
+                        && !rest.as_bytes()[..rest.len() - 2]
+                            .windows(2)
+                            .any(|w| w == b"*/"))
             })
             .and_then(|(open, close, _)| {
                 Some((u8::try_from(open).ok()?, u8::try_from(close).ok()?))
@@ -323,9 +326,12 @@ impl Message {
             0 => self.text.len(),
             c => c as usize,
         };
+        // Bytes, not `rfind("; ")`: a two-byte pattern's searcher costs more to set up
+        // than the few dozen bytes it searches.
         self.text
+            .as_bytes()
             .get(..end)
-            .and_then(|t| t.rfind("; "))
+            .and_then(|t| t.windows(2).rposition(|w| w == b"; "))
             .map_or(Message::CARRIED.len(), |at| at + "; ".len())
     }
 
