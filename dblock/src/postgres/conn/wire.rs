@@ -283,9 +283,10 @@ impl Message {
                     || (rest.len() >= 4
                         && rest.starts_with("/*")
                         && rest.ends_with("*/")
-                        && !rest.as_bytes()[..rest.len() - 2]
-                            .windows(2)
-                            .any(|w| w == b"*/"))
+                        && rest
+                            .as_bytes()
+                            .get(..rest.len() - 2)
+                            .is_some_and(|body| !body.windows(2).any(|w| w == b"*/")))
             })
             .and_then(|(open, close, _)| {
                 Some((u8::try_from(open).ok()?, u8::try_from(close).ok()?))
@@ -750,9 +751,15 @@ mod tests {
         let mut m = message("SELECT f(42)", "");
         m.mark_preparable(true);
         assert_eq!(m.keyed(), Some(("SELECT f(", 42, "")));
+        let mut m = message("SELECT f(42)", " /**/");
+        m.mark_preparable(true);
+        assert_eq!(m.keyed(), Some(("SELECT f(", 42, "/**/")));
         for (last, comment) in [
             ("SELECT f(42) AND g()", ""),
             ("SELECT f(42)", " /* a */ /* b */"),
+            ("SELECT f(42)", " /* a */*/"),
+            // An unterminated comment, whose `/*` and `*/` share the star.
+            ("SELECT f(42)", " /*/"),
             ("SELECT f(x)", ""),
         ] {
             let mut m = message(last, comment);
