@@ -3,7 +3,7 @@
 //! can be read against them (docs/performance.md, twentieth session).
 //!
 //! ```text
-//! cargo run --release -p dblock --example round_floor -- [HOST:PORT] [--via raw|driver|simple] [--workers 8] [--seconds 3]
+//! cargo run --release -p dblock --example round_floor -- [HOST:PORT] [--via raw|driver|inline|handback|simple] [--workers 8] [--seconds 3]
 //! ```
 //!
 //! Each worker opens its own session (user `postgres`, database `test`, trust
@@ -19,6 +19,12 @@
 //!   layer, without dblock;
 //! - `--via raw`: the same bytes written and the reply read on the socket by the
 //!   requesting task itself, with no connection task between;
+//! - `--via inline`: through tokio-postgres, its connection polled by the requesting task
+//!   itself while it awaits the reply (never between rounds: an upper bound, as nothing
+//!   watches the idle connection);
+//! - `--via handback`: as `inline`, with a task of its own watching the connection between
+//!   rounds, woken after each round to take it back (what a connection dblock still
+//!   watches while a lock is held would need);
 //! - `--via simple`: pgbench's floor, `SELECT pg_advisory_xact_lock(k)` as one simple
 //!   query in autocommit, over the raw socket.
 //!
@@ -49,6 +55,8 @@ fn cpu_ticks() -> Option<(u64, u64)> {
 enum Via {
     Raw,
     Driver,
+    Inline,
+    Handback,
     Simple,
 }
 
@@ -167,6 +175,125 @@ async fn driver_worker(addr: String, w: usize, stop: Instant) -> Result<u64, Fai
     Ok(n)
 }
 
+/// A connection polled by whoever drives it: the requesting task during a round, the
+/// watching task between rounds (`--via handback`).
+struct Shared {
+    /// The connection, and whether a round drives it (the watching task then leaves it
+    /// alone). One lock for both: the watcher's look and its poll cannot straddle a
+    /// round's start, so the round's task is always the last to register for the reply.
+    state: std::sync::Mutex<State>,
+    watcher: futures_util::task::AtomicWaker,
+}
+
+type Connection =
+    tokio_postgres::Connection<tokio_postgres::Socket, tokio_postgres::tls::NoTlsStream>;
+
+/// The connection, and whether a round drives it.
+type State = (Pin<Box<Connection>>, bool);
+
+use std::pin::Pin;
+use std::task::Poll;
+
+impl Shared {
+    fn state(&self) -> Result<std::sync::MutexGuard<'_, State>, Failure> {
+        self.state
+            .lock()
+            .map_err(|_| "the connection's lock was poisoned".into())
+    }
+}
+
+/// Awaits a round's reply, polling the connection in this task; whether the lock was
+/// granted.
+async fn drive_round(
+    shared: &Shared,
+    replies: &mut tokio_postgres::EncodedResponses,
+) -> Result<bool, Failure> {
+    let mut granted = false;
+    std::future::poll_fn(|cx| {
+        match shared.state() {
+            Ok(mut state) => {
+                if state.0.as_mut().poll(cx).is_ready() {
+                    return Poll::Ready(Err("the connection ended".into()));
+                }
+            }
+            Err(e) => return Poll::Ready(Err(e)),
+        }
+        loop {
+            match replies.poll_next(cx) {
+                Poll::Ready(Ok(backend::Message::ReadyForQuery(_))) => {
+                    return Poll::Ready(Ok(granted));
+                }
+                Poll::Ready(Ok(backend::Message::DataRow(row))) => {
+                    granted = row.buffer().get(4) == Some(&b't');
+                }
+                Poll::Ready(Ok(_)) => {}
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e.into())),
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+    })
+    .await
+}
+
+/// The watching task of `--via handback`: polls the connection between rounds.
+async fn watch(shared: std::sync::Arc<Shared>) {
+    std::future::poll_fn(|cx| {
+        shared.watcher.register(cx.waker());
+        match shared.state() {
+            Ok(mut state) if !state.1 => state.0.as_mut().poll(cx).map(|_| ()),
+            Ok(_) => Poll::Pending,
+            Err(_) => Poll::Ready(()),
+        }
+    })
+    .await
+}
+
+/// Marks whether a round drives the connection.
+fn in_round(shared: &Shared, on: bool) -> Result<(), Failure> {
+    shared.state()?.1 = on;
+    Ok(())
+}
+
+async fn inline_worker(addr: String, w: usize, stop: Instant, via: Via) -> Result<u64, Failure> {
+    let (host, port) = addr.rsplit_once(':').ok_or("HOST:PORT")?;
+    let conninfo = format!("host={host} port={port} user=postgres dbname=test sslmode=disable");
+    let (client, connection) = tokio_postgres::connect(&conninfo, tokio_postgres::NoTls).await?;
+    let shared = std::sync::Arc::new(Shared {
+        state: std::sync::Mutex::new((Box::pin(connection), true)),
+        watcher: futures_util::task::AtomicWaker::new(),
+    });
+    if via == Via::Handback {
+        tokio::spawn(watch(shared.clone()));
+    }
+    let mut out = BytesMut::new();
+    setup(&mut out)?;
+    let mut replies = client.send_encoded(out.split().freeze())?;
+    drive_round(&shared, &mut replies).await?;
+    frontend::query(BEGIN, &mut out)?;
+    let mut replies = client.send_encoded(out.split().freeze())?;
+    drive_round(&shared, &mut replies).await?;
+    let comment = format!("/* dblock ns=floor name=loop:{w} holder=round_floor */");
+    let mut n = 0u64;
+    while Instant::now() < stop {
+        let key = (w as i64) * 1000 + (n % 64) as i64;
+        round(&mut out, key, &comment)?;
+        if via == Via::Handback {
+            in_round(&shared, true)?;
+        }
+        let mut replies = client.send_encoded(out.split().freeze())?;
+        let granted = drive_round(&shared, &mut replies).await?;
+        if via == Via::Handback {
+            in_round(&shared, false)?;
+            shared.watcher.wake();
+        }
+        if !granted {
+            return Err(format!("key {key} not granted").into());
+        }
+        n += 1;
+    }
+    Ok(n)
+}
+
 fn main() -> Result<(), Failure> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let opt = |flag: &str| {
@@ -183,8 +310,12 @@ fn main() -> Result<(), Failure> {
     let via = match opt("--via").as_deref() {
         None | Some("driver") => Via::Driver,
         Some("raw") => Via::Raw,
+        Some("inline") => Via::Inline,
+        Some("handback") => Via::Handback,
         Some("simple") => Via::Simple,
-        Some(other) => return Err(format!("--via {other}: raw, driver or simple").into()),
+        Some(other) => {
+            return Err(format!("--via {other}: raw, driver, inline, handback or simple").into());
+        }
     };
     let workers: usize = opt("--workers").map_or(Ok(8), |v| v.parse())?;
     let seconds: f64 = opt("--seconds").map_or(Ok(3.0), |v| v.parse())?;
@@ -204,6 +335,7 @@ fn main() -> Result<(), Failure> {
                 tokio::spawn(async move {
                     match via {
                         Via::Driver => driver_worker(addr, w, stop).await,
+                        Via::Inline | Via::Handback => inline_worker(addr, w, stop, via).await,
                         _ => raw_worker(addr, w, stop, via).await,
                     }
                 })
@@ -225,6 +357,8 @@ fn main() -> Result<(), Failure> {
         let name = match via {
             Via::Raw => "raw",
             Via::Driver => "driver",
+            Via::Inline => "inline",
+            Via::Handback => "handback",
             Via::Simple => "simple",
         };
         println!(
