@@ -263,7 +263,9 @@ impl Message {
     /// is a parameter and its comment is sent apart, after it (see [`Message::keyed`]) —
     /// for a try, whose comment need only show once it is done; a wait's must show while
     /// it waits, so its whole text is prepared. Keyed only if what follows the integer's
-    /// `)` is nothing or one comment.
+    /// `)` is nothing or one comment with no `*` inside (dblock's comments percent-encode
+    /// it, see `status::encode`; a search for one byte is the cheapest that proves the
+    /// comment one).
     pub(crate) fn mark_preparable(&mut self, keyed: bool) {
         self.last = 0;
         self.key = (0, 0);
@@ -284,9 +286,8 @@ impl Message {
                         && rest.starts_with("/*")
                         && rest.ends_with("*/")
                         && rest
-                            .as_bytes()
-                            .get(..rest.len() - 2)
-                            .is_some_and(|body| !body.windows(2).any(|w| w == b"*/")))
+                            .get(2..rest.len() - 2)
+                            .is_some_and(|body| !body.contains('*')))
             })
             .and_then(|(open, close, _)| {
                 Some((u8::try_from(open).ok()?, u8::try_from(close).ok()?))
@@ -758,6 +759,8 @@ mod tests {
             ("SELECT f(42) AND g()", ""),
             ("SELECT f(42)", " /* a */ /* b */"),
             ("SELECT f(42)", " /* a */*/"),
+            // A star inside: never in dblock's comments, which percent-encode it.
+            ("SELECT f(42)", " /* a*b */"),
             // An unterminated comment, whose `/*` and `*/` share the star.
             ("SELECT f(42)", " /*/"),
             ("SELECT f(x)", ""),
