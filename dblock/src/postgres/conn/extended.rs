@@ -115,47 +115,52 @@ const INT8: u32 = 20;
 /// parsed unnamed; then one `Sync`. Results come back as text, as a simple query's.
 /// `None` if a statement cannot be encoded (a NUL in it, which no simple query could
 /// carry either).
+///
+/// Written into `buf` (emptied first), the connection's own buffer: once the round before
+/// was written to the socket and let go, its room is used again, and a round allocates
+/// nothing for its message.
 pub(crate) fn encode<'a>(
+    buf: &mut BytesMut,
     head: impl Iterator<Item = &'a str>,
     fixed: Fixed,
     last: &Last<'_>,
 ) -> Option<bytes::Bytes> {
-    let mut buf =
-        BytesMut::with_capacity(160 + last.parse.map_or(0, str::len) + last.comment.len());
+    buf.clear();
+    buf.reserve(160 + last.parse.map_or(0, str::len) + last.comment.len());
     for statement in head {
         match (fixed, fixed_for(statement)) {
-            (Fixed::Have, Some((name, key))) => bind(&mut buf, name, key)?,
+            (Fixed::Have, Some((name, key))) => bind(buf, name, key)?,
             _ => {
-                frontend::parse("", statement, [], &mut buf).ok()?;
-                bind(&mut buf, "", None)?;
+                frontend::parse("", statement, [], buf).ok()?;
+                bind(buf, "", None)?;
             }
         }
-        frontend::execute("", 0, &mut buf).ok()?;
+        frontend::execute("", 0, buf).ok()?;
     }
     if fixed == Fixed::Parse {
         for (text, name) in FIXED {
-            frontend::parse(name, text, [], &mut buf).ok()?;
+            frontend::parse(name, text, [], buf).ok()?;
         }
         for (prefix, name) in KEYED {
             let text = format!("{prefix}$1)");
-            frontend::parse(name, &text, [INT8], &mut buf).ok()?;
+            frontend::parse(name, &text, [INT8], buf).ok()?;
         }
     }
     if let Some(text) = last.parse {
         let types = last.key.map(|_| INT8);
-        frontend::parse(last.name.as_str(), text, types, &mut buf).ok()?;
+        frontend::parse(last.name.as_str(), text, types, buf).ok()?;
     }
-    bind(&mut buf, last.name.as_str(), last.key)?;
-    frontend::execute("", 0, &mut buf).ok()?;
+    bind(buf, last.name.as_str(), last.key)?;
+    frontend::execute("", 0, buf).ok()?;
     // The portal closed: left open until the next round, it would keep its snapshot, and
     // a held lock would hold back every other session's `VACUUM` and `CREATE INDEX
     // CONCURRENTLY` (a simple query drops its portal when its statement ends).
-    frontend::close(b'P', "", &mut buf).ok()?;
+    frontend::close(b'P', "", buf).ok()?;
     if !last.comment.is_empty() {
-        frontend::parse("", last.comment, [], &mut buf).ok()?;
+        frontend::parse("", last.comment, [], buf).ok()?;
     }
-    frontend::sync(&mut buf);
-    Some(buf.freeze())
+    frontend::sync(buf);
+    Some(buf.split().freeze())
 }
 
 /// A `Bind` of `statement` to the unnamed portal: `key` its one parameter (binary), if
@@ -268,6 +273,58 @@ mod tests {
         assert_eq!(Name::of(u32::MAX).as_str(), "dblock4294967295");
     }
 
+    /// A round written into the connection's buffer is the same round, whatever the
+    /// buffer held: the room of a round still being sent, or what a round that could not
+    /// be encoded (a NUL) left half-written.
+    #[test]
+    fn a_reused_buffer_writes_the_same_round() {
+        let last = Last {
+            name: Name::of(1),
+            parse: None,
+            key: Some(-7),
+            comment: "/* c */",
+        };
+        let fresh = encode(
+            &mut BytesMut::new(),
+            ["ROLLBACK AND CHAIN"].into_iter(),
+            Fixed::Have,
+            &last,
+        );
+        let mut buf = BytesMut::new();
+        let held = encode(
+            &mut buf,
+            ["ROLLBACK AND CHAIN"].into_iter(),
+            Fixed::Have,
+            &last,
+        );
+        assert!(
+            encode(
+                &mut buf,
+                ["SELECT 1", "a\0b"].into_iter(),
+                Fixed::Have,
+                &last
+            )
+            .is_none()
+        );
+        let again = encode(
+            &mut buf,
+            ["ROLLBACK AND CHAIN"].into_iter(),
+            Fixed::Have,
+            &last,
+        );
+        assert!(fresh.is_some());
+        assert_eq!(held, fresh);
+        assert_eq!(again, fresh);
+        drop(held);
+        let after = encode(
+            &mut buf,
+            ["ROLLBACK AND CHAIN"].into_iter(),
+            Fixed::Have,
+            &last,
+        );
+        assert_eq!(after, fresh);
+    }
+
     /// A round's messages: per head statement `P`, `B`, `E` (`B`, `E` for one the session
     /// has prepared); the fixed statements' and the last's `P` only when asked; then `B`,
     /// `E`, `C` (its portal), the comment's `P` if any, and one `S`.
@@ -295,6 +352,7 @@ mod tests {
             comment,
         };
         let first = encode(
+            &mut BytesMut::new(),
             ["ROLLBACK AND CHAIN"].into_iter(),
             Fixed::Parse,
             &last(Some("SELECT 1"), None, ""),
@@ -303,6 +361,7 @@ mod tests {
         assert_eq!(kinds(&first.unwrap_or_default()), "PBEPPPPPPBECS");
         // Then bound: a head statement the session has, and one it has not.
         let then = encode(
+            &mut BytesMut::new(),
             ["ROLLBACK", "BEGIN"].into_iter(),
             Fixed::Have,
             &last(None, None, ""),
@@ -310,12 +369,14 @@ mod tests {
         assert_eq!(kinds(&then.unwrap_or_default()), "BEPBEBECS");
         // A statement for every key: its comment parsed after it, never run.
         let keyed = encode(
+            &mut BytesMut::new(),
             ["ROLLBACK AND CHAIN"].into_iter(),
             Fixed::Have,
             &last(Some("SELECT f($1)"), Some(-7), "/* c */"),
         );
         assert_eq!(kinds(&keyed.unwrap_or_default()), "BEPBECPS");
         let keyed = encode(
+            &mut BytesMut::new(),
             ["ROLLBACK AND CHAIN"].into_iter(),
             Fixed::Have,
             &last(None, Some(-7), "/* c */"),
@@ -323,6 +384,7 @@ mod tests {
         assert_eq!(kinds(&keyed.unwrap_or_default()), "BEBECPS");
         // A session-scoped release carried ahead: bound with its key.
         let released = encode(
+            &mut BytesMut::new(),
             ["SELECT pg_catalog.pg_advisory_unlock(-3)", "SELECT 1"].into_iter(),
             Fixed::Have,
             &last(None, None, ""),
@@ -340,6 +402,14 @@ mod tests {
             fixed_for("ROLLBACK AND CHAIN"),
             Some(("dblock_chain", None))
         );
-        assert!(encode(["a\0b"].into_iter(), Fixed::Have, &last(None, None, "")).is_none());
+        assert!(
+            encode(
+                &mut BytesMut::new(),
+                ["a\0b"].into_iter(),
+                Fixed::Have,
+                &last(None, None, "")
+            )
+            .is_none()
+        );
     }
 }

@@ -96,9 +96,7 @@ impl Conn {
             // Boxed, as the borrowed connection's query below: inline, it made every
             // request's future larger.
             Conn::Native(c) => match c.runs_preparable(message) {
-                Some(statement) => {
-                    Box::pin(c.first_values_preparable(message, want, statement)).await
-                }
+                Some(how) => Box::pin(c.first_values_preparable(message, want, how)).await,
                 None => c.first_values(message, want).await,
             },
             Conn::Sqlx(c) => {

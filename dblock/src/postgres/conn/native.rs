@@ -68,6 +68,16 @@ pub(crate) struct NativeConn {
     pub(crate) session_slice: bool,
 }
 
+/// How a message [`NativeConn::runs_preparable`] said yes to runs: its statement's id
+/// (`Ok`: prepared on the session; `Err`: the id it is parsed under in this round), and
+/// its last statement's parts if one statement serves every key ([`Message::keyed`],
+/// found once a round). Ids and borrowed text, nothing with a destructor: a value with
+/// one taken where every lock request's future awaits kept room for itself there.
+pub(crate) struct Preparable<'m> {
+    statement: Result<u32, u32>,
+    keyed: Option<(&'m str, i64, &'m str)>,
+}
+
 impl NativeConn {
     pub(crate) fn usable(&self) -> bool {
         !self.client.is_closed() && self.link.loss().is_none()
@@ -183,25 +193,23 @@ impl NativeConn {
     }
 
     /// Whether `message` runs as [`NativeConn::first_values_preparable`]: `Some` if it
-    /// may run prepared and either is prepared on this session (`Ok`, its statement's
-    /// id) or is to be in this round (`Err`, the id it is parsed under; see
-    /// `prepared.rs`); a text seen the first time is noted.
-    ///
-    /// The statement's id, not the statement itself: a value with a destructor taken
-    /// where every lock request's future awaits kept room for itself there.
-    pub(crate) fn runs_preparable(&self, message: &Message) -> Option<Result<u32, u32>> {
+    /// may run prepared and either is prepared on this session or is to be in this round
+    /// (see `prepared.rs`, and [`Preparable`]); a text seen the first time is noted.
+    pub(crate) fn runs_preparable<'m>(&self, message: &'m Message) -> Option<Preparable<'m>> {
         if !message.preparable() {
             return None;
         }
-        let (text, at_once) = match message.keyed() {
+        let keyed = message.keyed();
+        let (text, at_once) = match keyed {
             Some((prefix, _, _)) => (prefix, true),
             None => (message.last_statement(), false),
         };
-        match self.outbox.prepared().use_for(text, at_once) {
-            Use::Simple => None,
-            Use::Prepare(id) => Some(Err(id)),
-            Use::Prepared(id) => Some(Ok(id)),
-        }
+        let statement = match self.outbox.prepared().use_for(text, at_once) {
+            Use::Simple => return None,
+            Use::Prepare(id) => Err(id),
+            Use::Prepared(id) => Ok(id),
+        };
+        Some(Preparable { statement, keyed })
     }
 
     /// [`NativeConn::first_values`] of a message [`NativeConn::runs_preparable`] said yes
@@ -220,9 +228,9 @@ impl NativeConn {
         &self,
         message: &Message,
         want: &[Option<u32>; N],
-        statement: Result<u32, u32>,
+        how: Preparable<'_>,
     ) -> Result<[Option<Value>; N], QueryError> {
-        let keyed = message.keyed();
+        let Preparable { statement, keyed } = how;
         // The statement's text, as the session's cache knows it.
         let text = keyed.map_or(message.last_statement(), |(prefix, _, _)| prefix);
         let sent = {
@@ -255,7 +263,12 @@ impl NativeConn {
             // A head that splits into as many statements as were written (never otherwise
             // for the texts dblock writes).
             let encoded = match statements == carried + message.statements().saturating_sub(1) {
-                true => super::extended::encode(head.statements(), fixed, &last),
+                true => super::extended::encode(
+                    &mut self.outbox.encoded(),
+                    head.statements(),
+                    fixed,
+                    &last,
+                ),
                 false => None,
             };
             match encoded {

@@ -41,6 +41,9 @@ pub(crate) struct Outbox {
     /// connection's users share, rather than in the connection itself: a held lock
     /// carries the connection, and every lock request's future holds it).
     pub(crate) prepared: Mutex<Prepared>,
+    /// The buffer a prepared round's message is written into (`extended::encode`), kept
+    /// so that each round reuses the room of the one before instead of allocating.
+    pub(crate) encoded: Mutex<bytes::BytesMut>,
 }
 
 /// The outbox's hand-offs take the way a message is queued on the connection as `send`
@@ -54,6 +57,11 @@ impl Outbox {
     /// The session's prepared statements.
     pub(crate) fn prepared(&self) -> MutexGuard<'_, Prepared> {
         crate::sync::lock(&self.prepared)
+    }
+
+    /// The buffer of the connection's prepared rounds.
+    pub(crate) fn encoded(&self) -> MutexGuard<'_, bytes::BytesMut> {
+        crate::sync::lock(&self.encoded)
     }
 
     /// Queues the waiting statements on their own. Returns false if they could not be.
