@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Never slower than before: `dblock bench` of an earlier commit against this checkout's, interleaved.
 
-    scripts/bench-against.py [--rev 680537d] [--rounds 5] [--seconds 3] [--db URL ...] [--loop]
+    scripts/bench-against.py [--rev 680537d] [--rounds 5] [--seconds 3] [--db URL ...] [--loop [--instructions]]
 
 Builds the `dblock` program of REV (in a throwaway git worktree, with a target directory of
 its own under target/bench-against/ so later runs reuse it) and of the working tree, both
@@ -29,6 +29,13 @@ postmaster's reaped children (the loop's backends, which exit when it does) used
 the run, divided by all the run's cycles — nothing else should use that server meanwhile.
 The lock file is the server owner's (mode 0600): as another user the column prints "—".
 
+With --loop --instructions it counts instead of timing: each side's loop runs under
+valgrind's callgrind, for 1 second and for --seconds, and the difference of the two runs'
+instructions over the difference of their cycles is the client's instructions a cycle (all
+its threads, user space; the start-up and the warm-up cancel out) — a count the machine's
+speed and load do not move, as they move the rates. Needs `valgrind`. (Under valgrind the
+CPU's SHA extensions are not offered, so a name's key costs its software hash there: the same
+on both sides.)
 Exit status 0 when every run succeeded; the ratios are printed, never judged here.
 """
 
@@ -192,6 +199,51 @@ def run_loop(binary, url, seconds):
     return out
 
 
+def instructions(binary, url, seconds, flags):
+    """Instructions a cycle of `binary` (a `lock_loop`) with `flags`: callgrind's count of
+    a `seconds` run less that of a 1 s run, over the difference of their cycles."""
+    counts = []
+    for secs in (1.0, seconds):
+        with tempfile.NamedTemporaryFile(prefix="dblock-callgrind-") as out:
+            r = subprocess.run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out.name}",
+                                binary, url, "--seconds", str(secs)] + flags,
+                               capture_output=True, text=True)
+        if r.returncode != 0:
+            if "unknown scheme" in r.stderr or "unsupported" in r.stderr.lower():
+                raise Unsupported(r.stderr.strip())
+            sys.exit(f"valgrind {binary} {url} {' '.join(flags)} failed ({r.returncode}):\n"
+                     f"{r.stderr[-2000:]}")
+        collected = [line.rsplit(":", 1)[1].replace(",", "").strip()
+                     for line in r.stderr.splitlines() if "Collected :" in line]
+        cycles = json.loads(r.stdout.strip().splitlines()[-1]).get("all_cycles")
+        if not collected or not cycles:
+            sys.exit(f"no count from valgrind {binary} {' '.join(flags)}:\n{r.stderr[-2000:]}")
+        counts.append((int(cycles), int(collected[-1])))
+    (c1, i1), (c2, i2) = counts
+    return (i2 - i1) / (c2 - c1) if c2 > c1 else None
+
+
+def count_instructions(old, new, urls, seconds, rev, sha):
+    """--instructions: each side's instructions a cycle per workload."""
+    print(f"old: {rev} ({sha[:12]})  new: working tree  harness: examples/lock_loop.rs on "
+          f"both, under callgrind (a {seconds:g} s run less a 1 s run)")
+    for url in urls:
+        shown = url.split("@")[-1] if "://" in url else url
+        print(f"\n{shown}")
+        print(f"  {'workload':<20} {'old instr/cycle':>16} {'new instr/cycle':>16} {'new÷old':>8}")
+        for w, flags in LOOP_WORKLOADS:
+            try:
+                a = instructions(old, url.replace("{side}", "old"), seconds, flags)
+                b = instructions(new, url.replace("{side}", "new"), seconds, flags)
+            except Unsupported as e:
+                print(f"  {rev} has no such backend, nothing to compare ({e})")
+                break
+            ratio = f"{b / a:>8.2f}" if a and b else f"{'—':>8}"
+            label = f"{w[0]} x{w[1]}"
+            fmt = lambda v: f"{v:>16,.0f}" if v else f"{'—':>16}"
+            print(f"  {label:<20} {fmt(a)} {fmt(b)} {ratio}")
+
+
 def load():
     with open("/proc/loadavg") as f:
         return f.read().split()[0]
@@ -205,7 +257,12 @@ def main():
     ap.add_argument("--db", action="append", help="database URL (repeatable)")
     ap.add_argument("--loop", action="store_true",
                     help="compare the libraries with one harness (examples/lock_loop.rs)")
+    ap.add_argument("--instructions", action="store_true",
+                    help="with --loop: count each side's instructions a cycle under callgrind "
+                         "instead of timing")
     args = ap.parse_args()
+    if args.instructions and not args.loop:
+        sys.exit("--instructions counts the lock_loop harness: give --loop too")
 
     tmp = tempfile.mkdtemp(prefix="dblock-bench-against-")
     urls = args.db or [
@@ -215,6 +272,10 @@ def main():
     ]
     old, sha = build_rev(args.rev, args.loop)
     new = build_head(args.loop)
+    if args.instructions:
+        count_instructions(old, new, urls, args.seconds, args.rev, sha)
+        shutil.rmtree(tmp, ignore_errors=True)
+        return
     measure = run_loop if args.loop else (lambda b, u, s: {w: (r, None, None, None) for w, r in
                                                            bench(b, u, s).items()})
     print(f"old: {args.rev} ({sha[:12]})  new: working tree  rounds: {args.rounds}  "
