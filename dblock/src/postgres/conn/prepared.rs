@@ -59,6 +59,10 @@ pub(crate) struct Prepared {
     /// statement missing: a transaction pooler that was neither declared nor detected):
     /// nothing is prepared on it any more.
     off: bool,
+    /// The text last found prepared, and its statement: a session's tries all ask for the
+    /// same one (the statement that serves every key), and comparing its few dozen bytes
+    /// costs a tenth of hashing them.
+    last: Option<(Box<str>, u32)>,
 }
 
 /// How a named `Parse` went (see [`Prepared::parsed`]).
@@ -89,7 +93,13 @@ impl Prepared {
     /// `at_once`: prepared the first time it is seen (a statement that serves every key).
     /// One look-up of the text: the statement's id comes with the answer.
     pub(crate) fn use_for(&mut self, text: &str, at_once: bool) -> Use {
+        if let Some((last, id)) = &self.last
+            && **last == *text
+        {
+            return Use::Prepared(*id);
+        }
         if let Some(&id) = self.statements.get(text) {
+            self.last = Some((text.into(), id));
             return Use::Prepared(id);
         }
         if self.off || self.statements.len() >= MAX_PREPARED {
@@ -142,6 +152,7 @@ impl Prepared {
         self.fixed = false;
         self.statements.clear();
         self.seen.clear();
+        self.last = None;
     }
 }
 
@@ -166,6 +177,8 @@ mod tests {
         assert_eq!(p.statement("a"), Err(0));
         // Completed: kept, and the next text takes the next id.
         p.parsed(Some("a"), 0, Parse::Completed);
+        assert_eq!(p.use_for("a", false), Use::Prepared(0));
+        // Asked again (the text last found): the same statement.
         assert_eq!(p.use_for("a", false), Use::Prepared(0));
         assert_eq!(p.statement("a"), Ok(0));
         assert_eq!(p.statement("b"), Err(1));

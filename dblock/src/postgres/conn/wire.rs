@@ -463,8 +463,11 @@ pub(crate) fn split_key(statement: &str) -> Option<(&str, i64, &str)> {
 /// Where the integer of `PREFIX(INTEGER)REST` starts (after the first `(`), where the
 /// `)` after it is, and the integer.
 fn key_span(statement: &str) -> Option<(usize, usize, i64)> {
-    let open = statement.find('(')? + 1;
-    let close = open + statement.get(open..)?.find(')')?;
+    // Bytes, not `str::find(char)`: its searcher's set-up costs more than the few dozen
+    // bytes it scans, twice a round.
+    let bytes = statement.as_bytes();
+    let open = bytes.iter().position(|&b| b == b'(')? + 1;
+    let close = open + bytes.get(open..)?.iter().position(|&b| b == b')')?;
     Some((open, close, statement.get(open..close)?.parse().ok()?))
 }
 
