@@ -76,6 +76,9 @@ pub(crate) struct NativeConn {
 pub(crate) struct Preparable<'m> {
     statement: Result<u32, u32>,
     keyed: Option<(&'m str, i64, &'m str)>,
+    /// Whether the session has the statements that open a round, read under the same
+    /// lock as the statement.
+    fixed: super::extended::Fixed,
 }
 
 impl NativeConn {
@@ -204,12 +207,21 @@ impl NativeConn {
             Some((prefix, _, _)) => (prefix, true),
             None => (message.last_statement(), false),
         };
-        let statement = match self.outbox.prepared().use_for(text, at_once) {
+        let mut prepared = self.outbox.prepared();
+        let statement = match prepared.use_for(text, at_once) {
             Use::Simple => return None,
             Use::Prepare(id) => Err(id),
             Use::Prepared(id) => Ok(id),
         };
-        Some(Preparable { statement, keyed })
+        let fixed = match prepared.fixed {
+            true => super::extended::Fixed::Have,
+            false => super::extended::Fixed::Parse,
+        };
+        Some(Preparable {
+            statement,
+            keyed,
+            fixed,
+        })
     }
 
     /// [`NativeConn::first_values`] of a message [`NativeConn::runs_preparable`] said yes
@@ -230,7 +242,11 @@ impl NativeConn {
         want: &[Option<u32>; N],
         how: Preparable<'_>,
     ) -> Result<[Option<Value>; N], QueryError> {
-        let Preparable { statement, keyed } = how;
+        let Preparable {
+            statement,
+            keyed,
+            fixed,
+        } = how;
         // The statement's text, as the session's cache knows it.
         let text = keyed.map_or(message.last_statement(), |(prefix, _, _)| prefix);
         let sent = {
@@ -238,10 +254,6 @@ impl NativeConn {
             let deferred = waiting.take();
             let (head, carried) = message.head_carrying(deferred.as_ref());
             let statements = head.statements().count();
-            let fixed = match self.outbox.prepared().fixed {
-                true => super::extended::Fixed::Have,
-                false => super::extended::Fixed::Parse,
-            };
             let (id, parse) = match statement {
                 Ok(id) => (id, false),
                 Err(id) => (id, true),
