@@ -96,8 +96,22 @@ async fn run_excludes_a_second_run_on_postgres_and_sqlite() {
     let s = PgSchema::new("cli_excl").await;
     let db = SqliteDb::new();
     for url in [s.url.as_str(), db.url.as_str()] {
-        let locks = dblock::Locks::connect(url).await.unwrap();
+        // Checked every 50 ms: on PostgreSQL a lock a try granted is named (by its
+        // holder's comment: program, pid, host) from its first health check on.
+        let locks = dblock::Locks::builder()
+            .url(url)
+            .check_interval(Duration::from_millis(50))
+            .build()
+            .await
+            .unwrap();
         let g = locks.lock("busy").await.unwrap();
+        let me = Some(std::process::id());
+        let named = dblock_testkit::eventually(10, &mut || async {
+            let st = locks.status(&["busy"]).await.unwrap_or_default();
+            st.iter().flat_map(|l| &l.holders).any(|h| h.pid == me)
+        })
+        .await;
+        assert!(named, "{url}: the holder never named");
         let out = run(
             db.dir.path(),
             &["run", "--db", url, "--no-wait", "busy", "--", "true"],

@@ -1108,6 +1108,7 @@ async fn a_free_name_costs_one_try_and_a_busy_one_sets_up_its_wait() {
     let locks = Locks::builder()
         .url(&s.url)
         .max_connections(4)
+        .check_interval(Duration::from_millis(50))
         .build()
         .await
         .unwrap();
@@ -1130,14 +1131,25 @@ async fn a_free_name_costs_one_try_and_a_busy_one_sets_up_its_wait() {
         assert!(!sent.contains("lock_timeout"), "{scope:?}: {sent}");
         g.release().await.unwrap();
         // On dblock's own session the same try runs as the session's prepared statement,
-        // its comment parsed after it (`conn/extended.rs`): the session shows the comment
-        // alone.
+        // its key bound (`conn/extended.rs`): the session shows that statement, or, from
+        // the held lock's first health check, the comment alone.
         let g = locks.request("free").scope(scope).lock().await.unwrap();
         let pid = s.advisory(g.key()).await[0].0;
         let sent = last_query(&s, pid).await;
-        assert!(sent.starts_with("/* dblock "), "{scope:?}: {sent}");
+        assert!(
+            sent.starts_with("SELECT pg_catalog.pg_try_advisory_") && sent.ends_with("($1)")
+                || sent.starts_with("/* dblock "),
+            "{scope:?}: {sent}"
+        );
         assert!(!sent.contains("lock_timeout"), "{scope:?}: {sent}");
-        assert!(sent.contains("name=free"), "{scope:?}: {sent}");
+        assert!(
+            s.eventually(10, || async {
+                let sent = last_query(&s, pid).await;
+                sent.starts_with("/* dblock ") && sent.contains("name=free")
+            })
+            .await,
+            "{scope:?}: never named"
+        );
         let st = locks.status(&["free"]).await.unwrap();
         assert_eq!(st.len(), 1, "{st:?}");
         assert_eq!(st[0].name.as_deref(), Some("free"));
@@ -1638,17 +1650,22 @@ async fn a_hot_names_wait_runs_prepared_and_is_held_named_and_let_go_as_before()
 }
 
 /// A try taken again and again runs as the session's one prepared try statement, its key
-/// bound and its comment parsed after it, its head under the same `Sync`
-/// (`conn/extended.rs`): `pg_stat_activity` shows the comment naming the lock, the lock
-/// is held in a transaction that holds no snapshot, and is let go on release, every
-/// time. The control: a connection declared behind a pooler sends the same try as a
-/// simple query, its statement in the text.
+/// bound, its head under the same `Sync`, and nothing else — its comment is not sent
+/// (`conn/extended.rs`): `pg_stat_activity` shows the prepared statement (on a handle
+/// whose health checks never come), the lock is held in a transaction that holds no
+/// snapshot, and is let go on release, every time. Then a handle whose checks come
+/// every 50 ms: the first check names the held lock, in `pg_stat_activity` and in
+/// `status` asked for every lock. The control: a connection declared behind a pooler
+/// sends the same try as a simple query, its statement in the text.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_try_taken_again_and_again_runs_prepared_named_and_holds_no_snapshot() {
     let s = PgSchema::new("tryprep").await;
+    // Checks an hour apart: none comes while the test runs (the first tick passes at
+    // once, before any lock is held).
     let locks = Locks::builder()
         .url(&s.url)
         .max_connections(1)
+        .check_interval(Duration::from_secs(3600))
         .build()
         .await
         .unwrap();
@@ -1657,10 +1674,10 @@ async fn a_try_taken_again_and_again_runs_prepared_named_and_holds_no_snapshot()
         let g = locks.lock("free").await.unwrap();
         let pid = s.advisory(g.key()).await[0].0;
         let sent = last_query(&s, pid).await;
-        // Prepared, its comment parsed after it, naming the lock.
-        assert!(
-            sent.starts_with("/* dblock ") && sent.contains(" name=free "),
-            "time {i}: {sent}"
+        // Prepared, its key bound, no comment sent with it.
+        assert_eq!(
+            sent, "SELECT pg_catalog.pg_try_advisory_xact_lock($1)",
+            "time {i}"
         );
         let row = s
             .admin()
@@ -1694,6 +1711,34 @@ async fn a_try_taken_again_and_again_runs_prepared_named_and_holds_no_snapshot()
             "time {i}: let go on release"
         );
     }
+    // Named by the held lock's first health check: the comment alone, with the grant's
+    // time, and `status` of every lock (no name asked for) reads the name from it.
+    let checked = Locks::builder()
+        .url(&s.url)
+        .max_connections(1)
+        .check_interval(Duration::from_millis(50))
+        .build()
+        .await
+        .unwrap();
+    let g = checked.lock("free").await.unwrap();
+    let pid = s.advisory(g.key()).await[0].0;
+    assert!(
+        s.eventually(10, || async {
+            let sent = last_query(&s, pid).await;
+            sent.starts_with("/* dblock ")
+                && sent.contains(" name=free ")
+                && sent.contains(" since=")
+        })
+        .await,
+        "never named: {}",
+        last_query(&s, pid).await
+    );
+    // Read by another handle: `checked`'s one connection holds the lock.
+    let st = other.status(&[]).await.unwrap();
+    let row = st.iter().find(|l| l.key == g.key()).unwrap();
+    assert_eq!(row.name.as_deref(), Some("free"), "{st:?}");
+    assert_eq!(row.holders.len(), 1, "{st:?}");
+    g.release().await.unwrap();
     // The control: on a connection that is not dblock's own session straight to the
     // server (declared behind a pooler), the same try is a simple query, its statement in
     // the session's text.

@@ -6,8 +6,8 @@
 //! `BEGIN …`, a carried `pg_advisory_unlock`, a wait's settings) is bound and executed a
 //! statement at a time — the common ones ([`FIXED`], [`KEYED`]) as the session's
 //! prepared statements, the rest parsed unnamed; then the last statement (parsed under
-//! its name first, the first time) is bound and executed and its portal closed; then a
-//! try's comment is parsed, never run; then one `Sync`. The server runs them in order as
+//! its name first, the first time) is bound and executed and its portal closed; then one
+//! `Sync`. The server runs them in order as
 //! it runs a simple query's statements, stops at the first error (skipping to the
 //! `Sync`), and flushes its answer once, at the `ReadyForQuery` — one write each way, as
 //! a simple query, without the parse, analysis and planning of each statement.
@@ -57,12 +57,12 @@ pub(crate) struct Last<'a> {
     pub(crate) name: Name,
     /// Its text, to parse under `name` in this round; `None` if the session has it.
     pub(crate) parse: Option<&'a str>,
-    /// Its one parameter (an `int8`), for a statement that serves every key.
+    /// Its one parameter (an `int8`), for a statement that serves every key. Such a
+    /// statement's text has no comment, and the round sends none: a try's name shows in
+    /// `pg_stat_activity.query` from the held lock's first health check (`conn/driver.rs`,
+    /// within one check interval of the grant), which sends it; a lock let go before then
+    /// never costs the server a `Parse` of it.
     pub(crate) key: Option<i64>,
-    /// The comment naming the lock, parsed unnamed after it (never run), so that
-    /// `pg_stat_activity.query` shows it: for a statement that serves every key, whose
-    /// text has none. Empty: nothing sent.
-    pub(crate) comment: &'a str,
 }
 
 /// The statements that open a round (see `Message`, `Deferred::carried_by`), prepared
@@ -111,8 +111,8 @@ const INT8: u32 = 20;
 /// Encodes a round: each statement of `head` bound and executed (the session's own for
 /// it if `fixed` is [`Fixed::Have`], else parsed unnamed first; [`Fixed::Parse`] parses
 /// the session's after the head); then the [`Last`] statement (parsed under its name
-/// first if asked), bound and executed, its portal closed; then its comment, if any,
-/// parsed unnamed; then one `Sync`. Results come back as text, as a simple query's.
+/// first if asked), bound and executed, its portal closed; then one `Sync`. Results
+/// come back as text, as a simple query's.
 /// `None` if a statement cannot be encoded (a NUL in it, which no simple query could
 /// carry either).
 ///
@@ -126,7 +126,7 @@ pub(crate) fn encode<'a>(
     last: &Last<'_>,
 ) -> Option<bytes::Bytes> {
     buf.clear();
-    buf.reserve(160 + last.parse.map_or(0, str::len) + last.comment.len());
+    buf.reserve(160 + last.parse.map_or(0, str::len));
     for statement in head {
         match (fixed, fixed_for(statement)) {
             (Fixed::Have, Some((name, key))) => bind(buf, name, key)?,
@@ -156,9 +156,6 @@ pub(crate) fn encode<'a>(
     // a held lock would hold back every other session's `VACUUM` and `CREATE INDEX
     // CONCURRENTLY` (a simple query drops its portal when its statement ends).
     frontend::close(b'P', "", buf).ok()?;
-    if !last.comment.is_empty() {
-        frontend::parse("", last.comment, [], buf).ok()?;
-    }
     frontend::sync(buf);
     Some(buf.split().freeze())
 }
@@ -282,7 +279,6 @@ mod tests {
             name: Name::of(1),
             parse: None,
             key: Some(-7),
-            comment: "/* c */",
         };
         let fresh = encode(
             &mut BytesMut::new(),
@@ -327,7 +323,7 @@ mod tests {
 
     /// A round's messages: per head statement `P`, `B`, `E` (`B`, `E` for one the session
     /// has prepared); the fixed statements' and the last's `P` only when asked; then `B`,
-    /// `E`, `C` (its portal), the comment's `P` if any, and one `S`.
+    /// `E`, `C` (its portal), and one `S` — a keyed statement's comment never sent.
     #[test]
     fn a_round_is_its_statements_then_one_sync() {
         let kinds = |bytes: &[u8]| {
@@ -345,17 +341,16 @@ mod tests {
             }
             kinds
         };
-        let last = |parse, key, comment| Last {
+        let last = |parse, key| Last {
             name: Name::of(3),
             parse,
             key,
-            comment,
         };
         let first = encode(
             &mut BytesMut::new(),
             ["ROLLBACK AND CHAIN"].into_iter(),
             Fixed::Parse,
-            &last(Some("SELECT 1"), None, ""),
+            &last(Some("SELECT 1"), None),
         );
         // The head parsed, the fixed statements parsed after it, then the last's.
         assert_eq!(kinds(&first.unwrap_or_default()), "PBEPPPPPPBECS");
@@ -364,30 +359,31 @@ mod tests {
             &mut BytesMut::new(),
             ["ROLLBACK", "BEGIN"].into_iter(),
             Fixed::Have,
-            &last(None, None, ""),
+            &last(None, None),
         );
         assert_eq!(kinds(&then.unwrap_or_default()), "BEPBEBECS");
-        // A statement for every key: its comment parsed after it, never run.
+        // A statement for every key: parsed the first time, then bound with the key;
+        // nothing after its portal's `Close` but the `Sync`.
         let keyed = encode(
             &mut BytesMut::new(),
             ["ROLLBACK AND CHAIN"].into_iter(),
             Fixed::Have,
-            &last(Some("SELECT f($1)"), Some(-7), "/* c */"),
+            &last(Some("SELECT f($1)"), Some(-7)),
         );
-        assert_eq!(kinds(&keyed.unwrap_or_default()), "BEPBECPS");
+        assert_eq!(kinds(&keyed.unwrap_or_default()), "BEPBECS");
         let keyed = encode(
             &mut BytesMut::new(),
             ["ROLLBACK AND CHAIN"].into_iter(),
             Fixed::Have,
-            &last(None, Some(-7), "/* c */"),
+            &last(None, Some(-7)),
         );
-        assert_eq!(kinds(&keyed.unwrap_or_default()), "BEBECPS");
+        assert_eq!(kinds(&keyed.unwrap_or_default()), "BEBECS");
         // A session-scoped release carried ahead: bound with its key.
         let released = encode(
             &mut BytesMut::new(),
             ["SELECT pg_catalog.pg_advisory_unlock(-3)", "SELECT 1"].into_iter(),
             Fixed::Have,
-            &last(None, None, ""),
+            &last(None, None),
         );
         assert_eq!(kinds(&released.unwrap_or_default()), "BEPBEBECS");
         assert_eq!(
@@ -407,7 +403,7 @@ mod tests {
                 &mut BytesMut::new(),
                 ["a\0b"].into_iter(),
                 Fixed::Have,
-                &last(None, None, "")
+                &last(None, None)
             )
             .is_none()
         );

@@ -75,7 +75,7 @@ pub(crate) struct NativeConn {
 /// one taken where every lock request's future awaits kept room for itself there.
 pub(crate) struct Preparable<'m> {
     statement: Result<u32, u32>,
-    keyed: Option<(&'m str, i64, &'m str)>,
+    keyed: Option<(&'m str, i64)>,
     /// Whether the session has the statements that open a round, read under the same
     /// lock as the statement.
     fixed: super::extended::Fixed,
@@ -204,7 +204,7 @@ impl NativeConn {
         }
         let keyed = message.keyed();
         let (text, at_once) = match keyed {
-            Some((prefix, _, _)) => (prefix, true),
+            Some((prefix, _)) => (prefix, true),
             None => (message.last_statement(), false),
         };
         let mut prepared = self.outbox.prepared();
@@ -229,7 +229,8 @@ impl NativeConn {
     /// on the connection carried at its head) a statement at a time, then its last
     /// statement as the session's prepared statement — parsed under its name in this
     /// same round if it is not yet; a keyed one (see [`Message::keyed`]) with its key
-    /// bound and its comment parsed after it. One write, one reply, as a simple query.
+    /// bound, its comment left to the held lock's health checks (see
+    /// `extended::Last::key`). One write, one reply, as a simple query.
     ///
     /// A head that does not split into its statements where a simple query would (never
     /// the case for the texts dblock writes) runs as [`NativeConn::first_values`].
@@ -248,7 +249,7 @@ impl NativeConn {
             fixed,
         } = how;
         // The statement's text, as the session's cache knows it.
-        let text = keyed.map_or(message.last_statement(), |(prefix, _, _)| prefix);
+        let text = keyed.map_or(message.last_statement(), |(prefix, _)| prefix);
         let sent = {
             let mut waiting = self.outbox.waiting();
             let deferred = waiting.take();
@@ -264,13 +265,12 @@ impl NativeConn {
                 parse: match (parse, keyed) {
                     (false, _) => None,
                     (true, None) => Some(text),
-                    (true, Some((prefix, _, _))) => {
+                    (true, Some((prefix, _))) => {
                         keyed_text = format!("{prefix}$1)");
                         Some(keyed_text.as_str())
                     }
                 },
-                key: keyed.map(|(_, key, _)| key),
-                comment: keyed.map_or("", |(_, _, comment)| comment),
+                key: keyed.map(|(_, key)| key),
             };
             // A head that splits into as many statements as were written (never otherwise
             // for the texts dblock writes).

@@ -8,9 +8,11 @@
 //! at once, with no time in its comment), on dblock's own session straight to the server
 //! (never through a pooler, whose next client would not have the statement, nor on a
 //! caller's sqlx connection). A try's statement serves every key, its key a parameter,
-//! its comment parsed after it (never run) so that `pg_stat_activity.query` names the
-//! holder; a wait's whole text is prepared, comment included, so that it names the
-//! waiter while it waits. What goes ahead of it in its round (`ROLLBACK AND CHAIN` or
+//! its comment not sent: `pg_stat_activity.query` names the holder from the held lock's
+//! first health check, which sends the comment (within one `check_interval` of the
+//! grant), and a lock let go before then never costs the server a `Parse` of it; a
+//! wait's whole text is prepared, comment included, so that it names the waiter while it
+//! waits. What goes ahead of it in its round (`ROLLBACK AND CHAIN` or
 //! `BEGIN`, a session-scoped lock's `pg_advisory_unlock` carried by the next request, a
 //! wait's settings) goes in the same round under one `Sync` (`extended.rs`), the common
 //! ones prepared once a session: one write, one reply, as the simple query.

@@ -119,7 +119,7 @@ pub(crate) struct Message {
     /// per-thread cache takes it stays cheap to allocate.)
     last: u32,
     /// If the prepared form takes the last statement's one integer as a parameter, the
-    /// comment sent apart (see [`Message::keyed`]): where the integer starts and where
+    /// comment not sent with it (see [`Message::keyed`]): where the integer starts and where
     /// the `)` after it is, from the last statement's start; `(0, 0)` if not.
     key: (u8, u8),
 }
@@ -260,9 +260,10 @@ impl Message {
     /// is made (no time in its comment), its one row a `void` (a wait) or a `bool` (read
     /// as `t` or `f`, as a simple query shows it). After a leading BEGIN, only if there
     /// is a statement after it. If `keyed`, one statement serves every key: its integer
-    /// is a parameter and its comment is sent apart, after it (see [`Message::keyed`]) —
-    /// for a try, whose comment need only show once it is done; a wait's must show while
-    /// it waits, so its whole text is prepared. Keyed only if what follows the integer's
+    /// is a parameter and its comment is not sent with it (see [`Message::keyed`]) — for
+    /// a try, whose comment need only show once the lock has been held a while, and the
+    /// held lock's health checks send it; a wait's must show while it waits, so its whole
+    /// text is prepared. Keyed only if what follows the integer's
     /// `)` is nothing or one comment with no `*` inside (dblock's comments percent-encode
     /// it, see `status::encode`; a search for one byte is the cheapest that proves the
     /// comment one).
@@ -296,9 +297,10 @@ impl Message {
     }
 
     /// The last statement's parts, if [`Message::mark_preparable`] marked it `keyed`:
-    /// its text up to and with the `(` ahead of its one integer, the integer, and its
-    /// comment (what follows the `)`, trimmed; empty if none).
-    pub(crate) fn keyed(&self) -> Option<(&str, i64, &str)> {
+    /// its text up to and with the `(` ahead of its one integer, and the integer. What
+    /// follows the `)` (nothing, or the comment naming the lock) is not sent with it: the
+    /// held lock's health checks send the comment (see `extended::Last::key`).
+    pub(crate) fn keyed(&self) -> Option<(&str, i64)> {
         if self.key.0 == 0 {
             return None;
         }
@@ -307,7 +309,6 @@ impl Message {
         Some((
             statement.get(..open)?,
             statement.get(open..close)?.parse().ok()?,
-            statement.get(close + 1..)?.trim_start(),
         ))
     }
 
@@ -751,13 +752,13 @@ mod tests {
     fn only_a_call_of_one_integer_and_a_comment_is_keyed() {
         let mut m = message("SELECT f(-42)", " /* dblock name=a */");
         m.mark_preparable(true);
-        assert_eq!(m.keyed(), Some(("SELECT f(", -42, "/* dblock name=a */")));
+        assert_eq!(m.keyed(), Some(("SELECT f(", -42)));
         let mut m = message("SELECT f(42)", "");
         m.mark_preparable(true);
-        assert_eq!(m.keyed(), Some(("SELECT f(", 42, "")));
+        assert_eq!(m.keyed(), Some(("SELECT f(", 42)));
         let mut m = message("SELECT f(42)", " /**/");
         m.mark_preparable(true);
-        assert_eq!(m.keyed(), Some(("SELECT f(", 42, "/**/")));
+        assert_eq!(m.keyed(), Some(("SELECT f(", 42)));
         for (last, comment) in [
             ("SELECT f(42) AND g()", ""),
             ("SELECT f(42)", " /* a */ /* b */"),

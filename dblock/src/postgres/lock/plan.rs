@@ -317,8 +317,8 @@ impl<'k> Plan<'k> {
             // One key's try or wait, the same text each time the name is asked for, on
             // dblock's own session: it may run prepared (see `conn/prepared.rs`).
             if on.own_session && matches!(what, What::One) && !req.fenced && since.is_none() {
-                // A try's statement serves every key (its comment sent apart, shown once
-                // it is done); a wait's comment must show while it waits.
+                // A try's statement serves every key (its comment left to the held lock's
+                // health checks, shown from the first); a wait's must show while it waits.
                 sql.mark_preparable(settings.tries());
             }
         }
