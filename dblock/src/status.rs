@@ -347,6 +347,19 @@ pub(crate) fn write_comment(
     out.push_str(" */");
 }
 
+/// The comment of a statement that serves every name (a PostgreSQL session's prepared
+/// try, its key a parameter): `/* dblock holder=HOST:PID */`, this process's, with no
+/// name — so that `pg_stat_activity.query` shows the session as dblock's (and whose) from
+/// the grant on, until the held lock's first health check names the lock. Not a lock's
+/// comment to [`parse_comments`], which needs a name.
+pub(crate) fn write_holder_mark(out: &mut String) {
+    out.push(' ');
+    out.push_str(MARK);
+    out.push_str("holder=");
+    out.push_str(holder_encoded());
+    out.push_str(" */");
+}
+
 /// What a held lock's connection sends as its health check: the request's comment
 /// (`comment`, as [`write_comment`] wrote it, without `since=`) with the time of the
 /// grant, `since`, added; an empty query to the server.
@@ -602,6 +615,24 @@ mod tests {
         assert_eq!(c.len(), 1, "{l}");
         assert_eq!(c[0].name, "a b");
         assert!(c[0].since.is_some(), "{l}");
+    }
+
+    /// The mark of a statement shared by every name is one comment of dblock's, with
+    /// this process as holder, that names no lock: never taken for a lock's comment,
+    /// even beside one.
+    #[test]
+    fn the_holder_mark_is_dblocks_and_names_no_lock() {
+        let mut s = String::from("SELECT pg_catalog.pg_try_advisory_xact_lock($1)");
+        write_holder_mark(&mut s);
+        let at = s.find(MARK).unwrap_or_default();
+        assert!(at > 0 && s.ends_with(" */"), "{s}");
+        assert_eq!(s[at..].matches("*/").count(), 1, "{s}");
+        assert!(s.ends_with(&format!(":{} */", std::process::id())), "{s}");
+        assert!(parse_comments(&s).is_empty(), "{s}");
+        write_comment(&mut s, "public", "n", None, None);
+        let c = parse_comments(&s);
+        assert_eq!(c.len(), 1, "{s}");
+        assert_eq!(c[0].name, "n");
     }
 
     #[test]

@@ -1137,7 +1137,8 @@ async fn a_free_name_costs_one_try_and_a_busy_one_sets_up_its_wait() {
         let pid = s.advisory(g.key()).await[0].0;
         let sent = last_query(&s, pid).await;
         assert!(
-            sent.starts_with("SELECT pg_catalog.pg_try_advisory_") && sent.ends_with("($1)")
+            sent.starts_with("SELECT pg_catalog.pg_try_advisory_")
+                && sent.contains("($1) /* dblock holder=")
                 || sent.starts_with("/* dblock "),
             "{scope:?}: {sent}"
         );
@@ -1651,8 +1652,8 @@ async fn a_hot_names_wait_runs_prepared_and_is_held_named_and_let_go_as_before()
 
 /// A try taken again and again runs as the session's one prepared try statement, its key
 /// bound, its head under the same `Sync`, and nothing else — its comment is not sent
-/// (`conn/extended.rs`): `pg_stat_activity` shows the prepared statement (on a handle
-/// whose health checks never come), the lock is held in a transaction that holds no
+/// (`conn/extended.rs`): `pg_stat_activity` shows the prepared statement, marked as this
+/// process's and naming no lock (on a handle whose health checks never come), the lock is held in a transaction that holds no
 /// snapshot, and is let go on release, every time. Then a handle whose checks come
 /// every 50 ms: the first check names the held lock, in `pg_stat_activity` and in
 /// `status` asked for every lock. The control: a connection declared behind a pooler
@@ -1674,10 +1675,13 @@ async fn a_try_taken_again_and_again_runs_prepared_named_and_holds_no_snapshot()
         let g = locks.lock("free").await.unwrap();
         let pid = s.advisory(g.key()).await[0].0;
         let sent = last_query(&s, pid).await;
-        // Prepared, its key bound, no comment sent with it.
-        assert_eq!(
-            sent, "SELECT pg_catalog.pg_try_advisory_xact_lock($1)",
-            "time {i}"
+        // Prepared, its key bound, no comment sent with it: its text's own mark says
+        // whose session it is, and names no lock.
+        assert!(
+            sent.starts_with("SELECT pg_catalog.pg_try_advisory_xact_lock($1) /* dblock holder=")
+                && sent.ends_with(&format!(":{} */", std::process::id()))
+                && !sent.contains("name="),
+            "time {i}: {sent}"
         );
         let row = s
             .admin()

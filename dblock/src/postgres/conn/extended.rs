@@ -58,7 +58,8 @@ pub(crate) struct Last<'a> {
     /// Its text, to parse under `name` in this round; `None` if the session has it.
     pub(crate) parse: Option<&'a str>,
     /// Its one parameter (an `int8`), for a statement that serves every key. Such a
-    /// statement's text has no comment, and the round sends none: a try's name shows in
+    /// statement's comment names no lock (`status::write_holder_mark`: only that the
+    /// session is this process's), and the round sends no other: a try's name shows in
     /// `pg_stat_activity.query` from the held lock's first health check (`conn/driver.rs`,
     /// within one check interval of the grant), which sends it; a lock let go before then
     /// never costs the server a `Parse` of it.

@@ -266,7 +266,11 @@ impl NativeConn {
                     (false, _) => None,
                     (true, None) => Some(text),
                     (true, Some((prefix, _))) => {
-                        keyed_text = format!("{prefix}$1)");
+                        // Marked as dblock's, with no name: shown until the
+                        // held lock's first health check names it.
+                        let mut text = format!("{prefix}$1)");
+                        crate::status::write_holder_mark(&mut text);
+                        keyed_text = text;
                         Some(keyed_text.as_str())
                     }
                 },

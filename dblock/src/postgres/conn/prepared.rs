@@ -8,9 +8,10 @@
 //! at once, with no time in its comment), on dblock's own session straight to the server
 //! (never through a pooler, whose next client would not have the statement, nor on a
 //! caller's sqlx connection). A try's statement serves every key, its key a parameter,
-//! its comment not sent: `pg_stat_activity.query` names the holder from the held lock's
-//! first health check, which sends the comment (within one `check_interval` of the
-//! grant), and a lock let go before then never costs the server a `Parse` of it; a
+//! its comment the process's mark alone (`/* dblock holder=… */`, no name): the lock's
+//! name shows in `pg_stat_activity.query` from the held lock's first health check, which
+//! sends its comment (within one `check_interval` of the grant), and a lock let go before
+//! then never costs the server a `Parse` of it; a
 //! wait's whole text is prepared, comment included, so that it names the waiter while it
 //! waits. What goes ahead of it in its round (`ROLLBACK AND CHAIN` or
 //! `BEGIN`, a session-scoped lock's `pg_advisory_unlock` carried by the next request, a
