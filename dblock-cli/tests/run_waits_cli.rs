@@ -55,8 +55,25 @@ async fn a_zero_wait_on_a_held_lock_is_refused_and_names_the_real_holder() {
         (my.url.as_str(), "connection ".to_string()),
         (sqlite.url.as_str(), format!("[{}]", std::process::id())),
     ] {
-        let locks = dblock::Locks::connect(url).await.unwrap();
+        // Checked every 50 ms: on PostgreSQL a lock a try granted is named (by its
+        // holder's comment: program, pid, host) from its first health check on; until
+        // then by its session's application_name, which this test's URLs set.
+        let locks = dblock::Locks::builder()
+            .url(url)
+            .check_interval(std::time::Duration::from_millis(50))
+            .build()
+            .await
+            .unwrap();
         let held = locks.lock("busy").await.unwrap();
+        if url == pg.url {
+            let me = Some(std::process::id());
+            let named = dblock_testkit::eventually(10, &mut || async {
+                let st = locks.status(&["busy"]).await.unwrap_or_default();
+                st.iter().flat_map(|l| &l.holders).any(|h| h.pid == me)
+            })
+            .await;
+            assert!(named, "the holder never named");
+        }
         for how in [&["--wait", "0s"][..], &["--no-wait"]] {
             let args = [&["run", "--db", url][..], how, &["busy", "--", "true"]].concat();
             let out = run(state.path(), &args).await;
