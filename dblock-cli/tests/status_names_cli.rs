@@ -209,12 +209,29 @@ async fn names_from_any_client_print_as_one_safe_line() {
     let pg = PgSchema::new("cli_names").await;
     let my = MyDb::new("cli_names").await;
     for (url, few) in [(&pg.url, 8), (&my.url, 8)] {
-        let locks = dblock::Locks::connect(url).await.unwrap();
+        // Checked every 50 ms: on PostgreSQL a lock a try granted is named by its
+        // comment from its first health check on.
+        let locks = dblock::Locks::builder()
+            .url(url)
+            .check_interval(std::time::Duration::from_millis(50))
+            .build()
+            .await
+            .unwrap();
         let ns = locks.namespace().to_string();
         let names = random_names(seed ^ 1, few);
         let mut held = Vec::new();
         for n in &names {
             held.push(locks.lock(n).await.unwrap());
+        }
+        if *url == pg.url {
+            let named = dblock_testkit::eventually(10, &mut || async {
+                let st = locks.status(&[]).await.unwrap_or_default();
+                names
+                    .iter()
+                    .all(|n| st.iter().any(|l| l.name.as_deref() == Some(n.as_str())))
+            })
+            .await;
+            assert!(named, "seed {seed}: not every lock named");
         }
         let mut args = vec!["status", "--db", url.as_str()];
         if *url == my.url {
