@@ -105,12 +105,7 @@ async fn run_excludes_a_second_run_on_postgres_and_sqlite() {
             .await
             .unwrap();
         let g = locks.lock("busy").await.unwrap();
-        let me = Some(std::process::id());
-        let named = dblock_testkit::eventually(10, &mut || async {
-            let st = locks.status(&["busy"]).await.unwrap_or_default();
-            st.iter().flat_map(|l| &l.holders).any(|h| h.pid == me)
-        })
-        .await;
+        let named = dblock_testkit::until_named_as_holder(&locks, "busy").await;
         assert!(named, "{url}: the holder never named");
         let out = run(
             db.dir.path(),

@@ -66,12 +66,7 @@ async fn a_zero_wait_on_a_held_lock_is_refused_and_names_the_real_holder() {
             .unwrap();
         let held = locks.lock("busy").await.unwrap();
         if url == pg.url {
-            let me = Some(std::process::id());
-            let named = dblock_testkit::eventually(10, &mut || async {
-                let st = locks.status(&["busy"]).await.unwrap_or_default();
-                st.iter().flat_map(|l| &l.holders).any(|h| h.pid == me)
-            })
-            .await;
+            let named = dblock_testkit::until_named_as_holder(&locks, "busy").await;
             assert!(named, "the holder never named");
         }
         for how in [&["--wait", "0s"][..], &["--no-wait"]] {

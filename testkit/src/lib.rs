@@ -272,6 +272,18 @@ fn drop_in_background(url: String, sql: String) {
     .join();
 }
 
+/// Waits (up to 10 s) until `locks`' status of `name` shows this process as a holder:
+/// on PostgreSQL a lock a try granted is named, with its holder's pid, from its first
+/// health check on (give the handle a short `check_interval`). Whether it did.
+pub async fn until_named_as_holder(locks: &dblock::Locks, name: &str) -> bool {
+    let me = Some(std::process::id());
+    eventually(10, &mut || async {
+        let st = locks.status(&[name]).await.unwrap_or_default();
+        st.iter().flat_map(|l| &l.holders).any(|h| h.pid == me)
+    })
+    .await
+}
+
 /// Polls `f` until it is true or `secs` pass; returns whether it became true.
 pub async fn eventually<F, Fut>(secs: u64, f: &mut F) -> bool
 where
