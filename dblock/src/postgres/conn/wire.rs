@@ -120,7 +120,9 @@ pub(crate) struct Message {
     last: u32,
     /// If the prepared form takes the last statement's one integer as a parameter, the
     /// comment not sent with it (see [`Message::keyed`]): where the integer starts and where
-    /// the `)` after it is, from the last statement's start; `(0, 0)` if not.
+    /// the `)` after it is, from the last statement's start; `(0, 0)` if not. Until the
+    /// message is marked, the same for a last statement [`Message::push_call`] wrote, so
+    /// that marking it does not search the text for what was just written there.
     key: (u8, u8),
 }
 
@@ -189,6 +191,26 @@ impl Message {
         for p in parts {
             self.text.push_str(p);
         }
+        i
+    }
+
+    /// Appends the call `HEAD(INTEGER)` of one integer (`head` ends with its `(`), the
+    /// integer written as `integer`; returns its index. Remembers where the integer is,
+    /// for [`Message::mark_preparable`].
+    pub(crate) fn push_call(&mut self, head: &[&str], integer: &str) -> usize {
+        let i = self.next_statement();
+        let start = self.text.len();
+        for p in head {
+            self.text.push_str(p);
+        }
+        let open = self.text.len() - start;
+        self.text.push_str(integer);
+        let close = self.text.len() - start;
+        self.text.push(')');
+        self.key = match (u8::try_from(open), u8::try_from(close)) {
+            (Ok(o), Ok(c)) if o > 0 => (o, c),
+            _ => (0, 0),
+        };
         i
     }
 
@@ -268,8 +290,10 @@ impl Message {
     /// it, see `status::encode`; a search for one byte is the cheapest that proves the
     /// comment one).
     pub(crate) fn mark_preparable(&mut self, keyed: bool) {
+        // The span of a call `push_call` wrote last (a statement after it, or a mark,
+        // clears it).
+        let written = std::mem::take(&mut self.key);
         self.last = 0;
-        self.key = (0, 0);
         if self.statements <= u32::from(self.begins) {
             return;
         }
@@ -279,8 +303,13 @@ impl Message {
             return;
         }
         let statement = self.text.get(last..).unwrap_or_default();
-        self.key = key_span(statement)
-            .filter(|&(_, close, _)| {
+        // Written by `push_call`: where its integer is is known, not searched for.
+        let span = match written {
+            (0, _) => key_span(statement).map(|(open, close, _)| (open, close)),
+            (open, close) => Some((usize::from(open), usize::from(close))),
+        };
+        self.key = span
+            .filter(|&(_, close)| {
                 let rest = statement.get(close + 1..).unwrap_or_default().trim_start();
                 rest.is_empty()
                     || (rest.len() >= 4
@@ -290,9 +319,7 @@ impl Message {
                             .get(2..rest.len() - 2)
                             .is_some_and(|body| !body.contains('*')))
             })
-            .and_then(|(open, close, _)| {
-                Some((u8::try_from(open).ok()?, u8::try_from(close).ok()?))
-            })
+            .and_then(|(open, close)| Some((u8::try_from(open).ok()?, u8::try_from(close).ok()?)))
             .unwrap_or((0, 0));
     }
 
@@ -301,7 +328,8 @@ impl Message {
     /// follows the `)` (nothing, or the comment naming the lock) is not sent with it: the
     /// held lock's health checks send the comment (see `extended::Last::key`).
     pub(crate) fn keyed(&self) -> Option<(&str, i64)> {
-        if self.key.0 == 0 {
+        // Unmarked (`last` 0), `key` may hold what `push_call` wrote: not keyed yet.
+        if self.key.0 == 0 || self.last == 0 {
             return None;
         }
         let statement = self.text.get(self.last as usize..)?;
@@ -744,6 +772,55 @@ mod tests {
                 assert_eq!(got.len(), carried + m.statements() - 1, "{}", m.alone());
             }
         }
+    }
+
+    /// A call written by `push_call` is the text of the same call pushed whole and is
+    /// keyed alike; a statement after it is read from its own text.
+    #[test]
+    fn a_written_call_is_keyed_as_the_same_text() {
+        for key in [i64::MIN, -1, 0, 7, i64::MAX] {
+            let text = format!("{key}");
+            let mut m = Message::with_capacity(64);
+            m.begin(true);
+            m.push_call(&["SELECT f", "("], &text);
+            m.annotate(|t| t.push_str(" /* dblock name=a */"));
+            let mut whole = message(&format!("SELECT f({key})"), " /* dblock name=a */");
+            assert_eq!(m.alone(), whole.alone());
+            m.mark_preparable(true);
+            whole.mark_preparable(true);
+            assert_eq!(m.keyed(), Some(("SELECT f(", key)));
+            assert_eq!(whole.keyed(), Some(("SELECT f(", key)));
+            // Marked again (as a plan never does): the same.
+            m.mark_preparable(true);
+            assert_eq!(m.keyed(), Some(("SELECT f(", key)));
+        }
+        // Not marked: not keyed, whatever the call wrote.
+        let mut m = Message::with_capacity(64);
+        m.begin(true);
+        m.push_call(&["SELECT f("], "5");
+        assert!(!m.preparable());
+        assert_eq!(m.keyed(), None);
+        // A statement after the call is the last one: read from its own text.
+        let mut m = Message::with_capacity(64);
+        m.begin(true);
+        m.push_call(&["SELECT f("], "5");
+        m.push(&["SELECT g(6)"]);
+        m.mark_preparable(true);
+        assert_eq!(m.keyed(), Some(("SELECT g(", 6)));
+        let mut m = Message::with_capacity(64);
+        m.begin(true);
+        m.push_call(&["SELECT f("], "5");
+        m.push(&["SELECT g()"]);
+        m.mark_preparable(true);
+        assert_eq!(m.keyed(), None);
+        // A comment that is not one dblock writes keeps the call's whole text prepared.
+        let mut m = Message::with_capacity(64);
+        m.begin(true);
+        m.push_call(&["SELECT f("], "5");
+        m.annotate(|t| t.push_str(" /* a*b */"));
+        m.mark_preparable(true);
+        assert!(m.preparable());
+        assert_eq!(m.keyed(), None);
     }
 
     /// A keyed statement is one integer's call and, after it, nothing or one comment:

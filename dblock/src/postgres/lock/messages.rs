@@ -123,7 +123,9 @@ pub(crate) fn open(msg: &mut Message, scope: Scope, s: &Settings) {
 
 /// The statement that takes (or, with `try_`, tries) one key; its index.
 pub(crate) fn lock_one(msg: &mut Message, scope: Scope, mode: Mode, key: Key, try_: bool) -> usize {
-    msg.push_with(|text| write_lock_call(text, scope, mode, key, try_))
+    let mut kbuf = [0u8; 20];
+    let k = i64_text(key.as_i64(), &mut kbuf);
+    msg.push_call(&["SELECT ", lock_fn(scope, mode, try_), "("], k)
 }
 
 /// The statement that takes any one of `keys`, answering the index of the key granted:
