@@ -98,12 +98,7 @@ async fn run_excludes_a_second_run_on_postgres_and_sqlite() {
     for url in [s.url.as_str(), db.url.as_str()] {
         // Checked every 50 ms: on PostgreSQL a lock a try granted is named (by its
         // holder's comment: program, pid, host) from its first health check on.
-        let locks = dblock::Locks::builder()
-            .url(url)
-            .check_interval(Duration::from_millis(50))
-            .build()
-            .await
-            .unwrap();
+        let locks = dblock_testkit::checked_often(url).await;
         let g = locks.lock("busy").await.unwrap();
         let named = dblock_testkit::until_named_as_holder(&locks, "busy").await;
         assert!(named, "{url}: the holder never named");

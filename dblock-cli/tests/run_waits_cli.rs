@@ -58,12 +58,7 @@ async fn a_zero_wait_on_a_held_lock_is_refused_and_names_the_real_holder() {
         // Checked every 50 ms: on PostgreSQL a lock a try granted is named (by its
         // holder's comment: program, pid, host) from its first health check on; until
         // then by its session's application_name, which this test's URLs set.
-        let locks = dblock::Locks::builder()
-            .url(url)
-            .check_interval(std::time::Duration::from_millis(50))
-            .build()
-            .await
-            .unwrap();
+        let locks = dblock_testkit::checked_often(url).await;
         let held = locks.lock("busy").await.unwrap();
         if url == pg.url {
             let named = dblock_testkit::until_named_as_holder(&locks, "busy").await;

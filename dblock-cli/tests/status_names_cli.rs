@@ -211,12 +211,7 @@ async fn names_from_any_client_print_as_one_safe_line() {
     for (url, few) in [(&pg.url, 8), (&my.url, 8)] {
         // Checked every 50 ms: on PostgreSQL a lock a try granted is named by its
         // comment from its first health check on.
-        let locks = dblock::Locks::builder()
-            .url(url)
-            .check_interval(std::time::Duration::from_millis(50))
-            .build()
-            .await
-            .unwrap();
+        let locks = dblock_testkit::checked_often(url).await;
         let ns = locks.namespace().to_string();
         let names = random_names(seed ^ 1, few);
         let mut held = Vec::new();

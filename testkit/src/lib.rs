@@ -272,6 +272,18 @@ fn drop_in_background(url: String, sql: String) {
     .join();
 }
 
+/// A handle on `url` whose held locks are checked every 50 ms: on PostgreSQL a lock a
+/// try granted is named (by its holder's comment) from its first health check on, so a
+/// test that reads holders' names waits that long at most ([`until_named_as_holder`]).
+pub async fn checked_often(url: &str) -> dblock::Locks {
+    dblock::Locks::builder()
+        .url(url)
+        .check_interval(std::time::Duration::from_millis(50))
+        .build()
+        .await
+        .unwrap()
+}
+
 /// Waits (up to 10 s) until `locks`' status of `name` shows this process as a holder:
 /// on PostgreSQL a lock a try granted is named, with its holder's pid, from its first
 /// health check on (give the handle a short `check_interval`). Whether it did.
