@@ -136,7 +136,10 @@ async fn run_excludes_a_second_run_on_postgres_and_sqlite() {
         )
         .await;
         assert_eq!(code(&out), 75, "{url}");
-        drop(g);
+        // Released and confirmed before the next run asks: a dropped guard's release is
+        // sent without waiting, and on PostgreSQL may queue behind a health check (every
+        // 50 ms here), so a run started at once could still find the lock held.
+        g.release().await.unwrap();
         let out = run(
             db.dir.path(),
             &["run", "--db", url, "--no-wait", "busy", "--", "true"],
