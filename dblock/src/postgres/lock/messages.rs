@@ -43,13 +43,22 @@ pub(crate) fn unlock_fn(mode: Mode) -> &'static str {
     }
 }
 
-/// `SELECT f(key)` at the end of `out`, `f` as [`lock_fn`] names it.
-pub(crate) fn write_lock_call(out: &mut String, scope: Scope, mode: Mode, key: Key, try_: bool) {
+/// What a call of `f` on one key is written as up to its key, `SELECT f(`: the one
+/// spelling of [`write_call`] (into a `String`: a release, a batch's single call) and
+/// [`lock_one`] (into a [`Message`], which remembers where the key is).
+fn call_head(f: &str) -> [&str; 3] {
+    ["SELECT ", f, "("]
+}
+
+/// `SELECT f(key)` at the end of `out`, `f` a function of one key ([`lock_fn`],
+/// [`unlock_fn`]).
+pub(crate) fn write_call(out: &mut String, f: &str, key: Key) {
     let mut kbuf = [0u8; 20];
-    let k = i64_text(key.as_i64(), &mut kbuf);
-    for part in ["SELECT ", lock_fn(scope, mode, try_), "(", k, ")"] {
+    for part in call_head(f) {
         out.push_str(part);
     }
+    out.push_str(i64_text(key.as_i64(), &mut kbuf));
+    out.push(')');
 }
 
 /// The `WHERE` clause that takes a fenced key's session lock before its token row is
@@ -125,7 +134,7 @@ pub(crate) fn open(msg: &mut Message, scope: Scope, s: &Settings) {
 pub(crate) fn lock_one(msg: &mut Message, scope: Scope, mode: Mode, key: Key, try_: bool) -> usize {
     let mut kbuf = [0u8; 20];
     let k = i64_text(key.as_i64(), &mut kbuf);
-    msg.push_call(&["SELECT ", lock_fn(scope, mode, try_), "("], k)
+    msg.push_call(&call_head(lock_fn(scope, mode, try_)), k)
 }
 
 /// The statement that takes any one of `keys`, answering the index of the key granted:
@@ -292,13 +301,10 @@ impl Release {
         let sql = match (scope, mode) {
             (Scope::Transaction, _) => Cow::Borrowed("ROLLBACK"),
             (Scope::Session, mode) => {
-                let mut kbuf = [0u8; 20];
-                let k = i64_text(key.as_i64(), &mut kbuf);
                 let f = unlock_fn(mode);
-                let mut sql = String::with_capacity(f.len() + k.len() + 40);
-                for part in ["SELECT ", f, "(", k, ")"] {
-                    sql.push_str(part);
-                }
+                // `SELECT `, `(`, a key's at most 20 characters, `)`.
+                let mut sql = String::with_capacity(f.len() + 29);
+                write_call(&mut sql, f, key);
                 Cow::Owned(sql)
             }
         };

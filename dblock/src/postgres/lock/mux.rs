@@ -44,7 +44,7 @@ use crate::postgres::sql::{first_value, i64_text};
 use crate::raw::{BoxFuture, Grant, Mode, RawHeld, Req, Scope};
 use crate::sync::Mutex;
 
-use super::messages::{Release, lock_fn, unlock_fn, write_lock_call};
+use super::messages::{Release, lock_fn, unlock_fn, write_call};
 
 pub(crate) struct Mux {
     inner: Arc<MuxInner>,
@@ -328,15 +328,13 @@ struct Stmt {
 /// Appends `SELECT f(k)` for one key, or `SELECT f(k) FROM unnest('{…}') AS k` for
 /// several: one statement, whose rows come in the keys' order.
 fn push_calls(sql: &mut String, f: &str, keys: impl ExactSizeIterator<Item = Key>) {
-    let mut kbuf = [0u8; 20];
     if keys.len() == 1 {
         for k in keys {
-            for part in ["SELECT ", f, "(", i64_text(k.as_i64(), &mut kbuf), ")"] {
-                sql.push_str(part);
-            }
+            write_call(sql, f, k);
         }
         return;
     }
+    let mut kbuf = [0u8; 20];
     for part in ["SELECT ", f, "(k) FROM pg_catalog.unnest('{"] {
         sql.push_str(part);
     }
@@ -610,7 +608,7 @@ async fn unlock_alone(u: UnlockJob) {
 async fn lock_alone(mut l: LockJob, c: &Arc<NativeConn>, me: &mpsc::WeakUnboundedSender<Job>) {
     let key = l.claim.key_of();
     let mut sql = String::new();
-    write_lock_call(&mut sql, Scope::Session, l.mode, key, true);
+    write_call(&mut sql, lock_fn(Scope::Session, l.mode, true), key);
     sql.push_str(&l.comment);
     match c.query(&sql).await {
         Ok(rows) => answer_lock(l, c, me, first_value(&rows, 0).as_deref()),
