@@ -413,6 +413,28 @@ mod tests {
         assert_eq!(names.len(), 8);
     }
 
+    /// A key's call is the same text whether a request's message writes it (remembering
+    /// where its key is) or a batch, a lane's lone try or a release writes it into a
+    /// `String`: a multiplexed lane and a pinned request take one key by one statement.
+    #[test]
+    fn a_call_is_spelt_alike_in_a_message_and_in_a_string() {
+        for k in [i64::MIN, -7, 0, 42, i64::MAX].map(Key::from_i64) {
+            for try_ in [false, true] {
+                for scope in [Scope::Transaction, Scope::Session] {
+                    for mode in [Mode::Exclusive, Mode::Shared] {
+                        let f = lock_fn(scope, mode, try_);
+                        let mut written = String::new();
+                        write_call(&mut written, f, k);
+                        assert_eq!(written, format!("SELECT {f}({})", k.as_i64()));
+                        let mut msg = Message::with_capacity(64);
+                        assert_eq!(lock_one(&mut msg, scope, mode, k, try_), 0);
+                        assert_eq!(msg.alone(), written);
+                    }
+                }
+            }
+        }
+    }
+
     #[test]
     fn releases_are_spelt_once_for_a_lock_and_for_a_set() {
         let k = Key::from_i64(-7);
