@@ -464,21 +464,35 @@ async fn a_busy_lane_keeps_one_transaction_and_ends_it_when_the_work_stops() {
         s.sessions().await
     );
     // (A health check may show it `active` for an instant: never in a transaction.)
-    for _ in 0..20 {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-        let states: Vec<_> = s
-            .sessions()
-            .await
-            .into_iter()
-            .filter(|r| r.0 == pid)
-            .collect();
-        assert!(
-            states
-                .iter()
-                .all(|r| !r.1.starts_with("idle in transaction")),
-            "and no transaction is left open while it waits: {states:?}"
-        );
-    }
+    let stays_closed = || async {
+        for _ in 0..20 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            let states: Vec<_> = s
+                .sessions()
+                .await
+                .into_iter()
+                .filter(|r| r.0 == pid)
+                .collect();
+            assert!(
+                states
+                    .iter()
+                    .all(|r| !r.1.starts_with("idle in transaction")),
+                "and no transaction is left open while it waits: {states:?}"
+            );
+        }
+    };
+    stays_closed().await;
+    // A request alone, on a connection holding thousands of locks, opens a transaction
+    // (for the requests that may follow to share its commit): it is answered at once all
+    // the same, and the transaction ends when no more come.
+    let lone = locks.try_lock("lone").await.unwrap().expect("a free lock");
+    assert!(
+        dblock_testkit::eventually(10, &mut || idle()).await,
+        "idle after a request alone: {:?}",
+        s.sessions().await
+    );
+    stays_closed().await;
+    drop(lone);
     // Every lock still held by the one session, through its commit.
     assert_eq!(
         s.advisory_of_sessions().await.len(),
@@ -498,6 +512,75 @@ async fn a_busy_lane_keeps_one_transaction_and_ends_it_when_the_work_stops() {
         "idle after the release burst too: {:?}",
         s.sessions().await
     );
+}
+
+/// However busy, a lane's transaction is committed at least once a second. A lane whose
+/// connection holds 20,000 locks keeps its transaction open between bursts (for up to
+/// 20 ms), and 16 callers taking and dropping locks keep it busy for 3 s: the server
+/// shows its transaction spanning many messages (older than half a second: the control,
+/// that the bound is what ends it), and never one older than the bound allows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_lane_commits_its_transaction_at_least_once_a_second() {
+    let cluster = TempCluster::start(&[("max_locks_per_transaction", "2000")]);
+    let url = cluster.url();
+    let locks = multiplexed(&url, 1).await;
+    let admin = dblock_testkit::admin_connect(&url).await;
+    let names: Vec<String> = (0..20_000).map(|i| format!("age:{i}")).collect();
+    let guards = take_all(&locks, &names, 1000).await;
+    let pid: i32 = admin
+        .query_one(
+            "SELECT DISTINCT pid FROM pg_locks WHERE locktype = 'advisory' AND granted",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut load = tokio::task::JoinSet::new();
+    for t in 0..16 {
+        let (locks, stop) = (locks.clone(), stop.clone());
+        load.spawn(async move {
+            let mut n = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                drop(
+                    locks
+                        .try_lock(&format!("churn:{t}:{}", n % 4))
+                        .await
+                        .unwrap(),
+                );
+                n += 1;
+            }
+            n
+        });
+    }
+    let t = std::time::Instant::now();
+    let (mut oldest, mut samples) = (0f64, 0);
+    while t.elapsed() < Duration::from_secs(3) {
+        let age: f64 = admin
+            .query_one(
+                "SELECT coalesce(extract(epoch FROM now() - xact_start), 0)::float8 \
+                 FROM pg_stat_activity WHERE pid = $1",
+                &[&pid],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        (oldest, samples) = (oldest.max(age), samples + 1);
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let taken: u64 = load.join_all().await.iter().sum();
+    eprintln!("{taken} locks taken; the oldest of {samples} samples: {oldest:.3} s");
+    assert!(
+        oldest > 0.5,
+        "the lane kept one transaction across its messages ({oldest:.3} s)"
+    );
+    assert!(
+        oldest < 1.5,
+        "and committed it within its bound, 1 s ({oldest:.3} s)"
+    );
+    assert_eq!(granted(&admin).await, 20_000, "every lock still held");
+    drop(guards);
 }
 
 /// A server whose `idle_in_transaction_session_timeout` is shorter than a lane's pause
