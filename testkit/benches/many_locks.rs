@@ -19,6 +19,10 @@
 //!   none held (polled in `pg_locks`);
 //! - the server sessions the handle used, and the CPU time per lock taken of those
 //!   sessions (server) and of this process (client), from `/proc/*/schedstat`.
+//!
+//! With `LAPS=1` in the environment it also prints, every 5,000 locks, how long the last
+//! 5,000 took and the server's CPU a lock over them: whether the cost of a lock grows
+//! with the locks already held.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
 
@@ -103,11 +107,17 @@ async fn one(url: &str, n: usize) {
     let before = rss_bytes();
     let t = Instant::now();
     let mut guards = Vec::with_capacity(n);
-    let mut lap = Instant::now();
+    let (mut lap, mut lap_cpu) = (Instant::now(), server0);
     for (c, chunk) in names.chunks(1000).enumerate() {
         if std::env::var_os("LAPS").is_some() && c % 5 == 0 && c > 0 {
-            eprintln!("  {} held: last 5000 took {:?}", c * 1000, lap.elapsed());
-            lap = Instant::now();
+            let cpu = cpu_ns(&pids);
+            eprintln!(
+                "  {} held: the last 5,000 took {:?}, the server's CPU {:.1} µs a lock",
+                c * 1000,
+                lap.elapsed(),
+                (cpu - lap_cpu) as f64 / 1e3 / 5000.0
+            );
+            (lap, lap_cpu) = (Instant::now(), cpu);
         }
         let mut set = tokio::task::JoinSet::new();
         for (i, name) in chunk.iter().enumerate() {
