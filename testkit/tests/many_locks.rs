@@ -492,7 +492,8 @@ async fn a_busy_lane_keeps_one_transaction_and_ends_it_when_the_work_stops() {
         s.sessions().await
     );
     stays_closed().await;
-    drop(lone);
+    // Released and awaited: its unlock has run before the count below.
+    lone.release().await.unwrap();
     // Every lock still held by the one session, through its commit.
     assert_eq!(
         s.advisory_of_sessions().await.len(),
