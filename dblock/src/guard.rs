@@ -160,7 +160,10 @@ impl LockGuard {
     ///
     /// Cancelling the check has no effect on the lock: the check is an empty query
     /// whose reply the connection reads and drops when no one waits for it any more, on
-    /// a connection of the lock's own and on a multiplexing handle's shared one alike.
+    /// a connection of the lock's own; on a multiplexing handle's shared connection it
+    /// is answered by the next message the connection's lane sends (with whatever else
+    /// it sends, so that many guards' checks share a round trip), and a cancelled check's
+    /// answer is dropped.
     pub async fn check(&mut self) -> Result<(), Error> {
         let r = self.held.check().await;
         if let Err(Error::LockLost { reason }) = &r {

@@ -515,6 +515,74 @@ async fn a_busy_lane_keeps_one_transaction_and_ends_it_when_the_work_stops() {
     );
 }
 
+/// A multiplexed guard's check goes through its lane, with whatever else the lane sends:
+/// the checks of 3,000 guards, one after another, on the connection holding them all run
+/// inside the lane's transaction (the server shows it spanning their messages) rather
+/// than each as a transaction of its own, whose end would walk every lock the session
+/// holds; every check says held, and the transaction ends when they stop.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checks_of_many_multiplexed_guards_share_the_lanes_transaction() {
+    let s = PgSchema::new("mux_check").await;
+    let locks = multiplexed(&s.url, 1).await;
+    let names: Vec<String> = (0..3000).map(|i| format!("check:{i}")).collect();
+    let mut guards = take_all(&locks, &names, 300).await;
+    let [pid] = s.sessions().await.iter().map(|r| r.0).collect::<Vec<_>>()[..] else {
+        panic!("one shared connection: {:?}", s.sessions().await);
+    };
+    let idle = || async {
+        let shared: Vec<_> = s
+            .sessions()
+            .await
+            .into_iter()
+            .filter(|r| r.0 == pid)
+            .collect();
+        shared == vec![(pid, "idle".to_string())]
+    };
+    // The burst's transaction ended before the checks begin.
+    assert!(dblock_testkit::eventually(10, &mut || idle()).await);
+    let watcher = dblock_testkit::admin_connect(&s.url).await;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sampler = {
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            let (mut samples, mut spanning) = (0, 0);
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let row = watcher
+                    .query_one(
+                        "SELECT coalesce(xact_start < query_start, false) \
+                         FROM pg_stat_activity WHERE pid = $1",
+                        &[&pid],
+                    )
+                    .await
+                    .unwrap();
+                samples += 1;
+                spanning += usize::from(row.get::<_, bool>(0));
+            }
+            (samples, spanning)
+        })
+    };
+    for g in &mut guards {
+        g.check().await.expect("held");
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (samples, spanning) = sampler.await.unwrap();
+    eprintln!("{spanning} of {samples} samples saw a transaction spanning the checks");
+    assert!(
+        spanning > 0,
+        "the checks ran in the lane's transaction ({samples} samples)"
+    );
+    assert!(
+        dblock_testkit::eventually(10, &mut || idle()).await,
+        "and it ended when they stopped: {:?}",
+        s.sessions().await
+    );
+    assert_eq!(
+        s.advisory_of_sessions().await.len(),
+        3000,
+        "every lock held"
+    );
+}
+
 /// However busy, a lane's transaction is committed at least once a second. A lane whose
 /// connection holds 20,000 locks keeps its transaction open between bursts (for up to
 /// 20 ms), and 16 callers taking and dropping locks keep it busy for 3 s: the server
