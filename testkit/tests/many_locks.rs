@@ -404,6 +404,57 @@ async fn requests_dropped_mid_batch_leave_nothing_held() {
     assert!(got.into_iter().all(|g| g.unwrap().is_some()));
 }
 
+/// Whether the server session `pid` is idle, no transaction open.
+async fn idle_only(s: &PgSchema, pid: i32) -> bool {
+    let shared: Vec<_> = s
+        .sessions()
+        .await
+        .into_iter()
+        .filter(|r| r.0 == pid)
+        .collect();
+    shared == vec![(pid, "idle".to_string())]
+}
+
+/// Samples a server session until stopped: how many samples, and in how many a statement
+/// had begun after its transaction did — a transaction spanning more than one message.
+struct Spanning {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    task: tokio::task::JoinHandle<(usize, usize)>,
+}
+
+impl Spanning {
+    async fn sample(url: &str, pid: i32) -> Spanning {
+        let watcher = dblock_testkit::admin_connect(url).await;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let task = {
+            let stop = stop.clone();
+            tokio::spawn(async move {
+                let (mut samples, mut spanning) = (0, 0);
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let row = watcher
+                        .query_one(
+                            "SELECT coalesce(xact_start < query_start, false) \
+                             FROM pg_stat_activity WHERE pid = $1",
+                            &[&pid],
+                        )
+                        .await
+                        .unwrap();
+                    samples += 1;
+                    spanning += usize::from(row.get::<_, bool>(0));
+                }
+                (samples, spanning)
+            })
+        };
+        Spanning { stop, task }
+    }
+
+    /// (samples, spanning)
+    async fn stop(self) -> (usize, usize) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.task.await.unwrap()
+    }
+}
+
 /// A busy shared connection runs its batches in one transaction, so that PostgreSQL's
 /// walk of the session's locks at each transaction's end is paid once per burst rather
 /// than once per batch — and it never waits for work inside that transaction: when the
@@ -416,48 +467,18 @@ async fn a_busy_lane_keeps_one_transaction_and_ends_it_when_the_work_stops() {
     let [pid] = s.sessions().await.iter().map(|r| r.0).collect::<Vec<_>>()[..] else {
         panic!("one shared connection: {:?}", s.sessions().await);
     };
-    // Samples the shared session while the burst runs: a statement that began after
-    // its transaction did is a transaction spanning more than one message.
-    let watcher = dblock_testkit::admin_connect(&s.url).await;
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let sampler = {
-        let stop = stop.clone();
-        tokio::spawn(async move {
-            let (mut samples, mut spanning) = (0, 0);
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                let row = watcher
-                    .query_one(
-                        "SELECT coalesce(xact_start < query_start, false) \
-                         FROM pg_stat_activity WHERE pid = $1",
-                        &[&pid],
-                    )
-                    .await
-                    .unwrap();
-                samples += 1;
-                spanning += usize::from(row.get::<_, bool>(0));
-            }
-            (samples, spanning)
-        })
-    };
+    // Samples the shared session while the burst runs.
+    let sampler = Spanning::sample(&s.url, pid).await;
     let names: Vec<String> = (0..6000).map(|i| format!("burst:{i}")).collect();
     let guards = take_all(&locks, &names, 300).await;
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let (samples, spanning) = sampler.await.unwrap();
+    let (samples, spanning) = sampler.stop().await;
     eprintln!("{spanning} of {samples} samples saw a transaction spanning messages");
     assert!(
         spanning > 0,
         "the burst's batches ran in one transaction ({samples} samples)"
     );
     // The work stopped: the transaction ends, and none is left open while the lane waits.
-    let idle = || async {
-        let shared: Vec<_> = s
-            .sessions()
-            .await
-            .into_iter()
-            .filter(|r| r.0 == pid)
-            .collect();
-        shared == vec![(pid, "idle".to_string())]
-    };
+    let idle = || idle_only(&s, pid);
     assert!(
         dblock_testkit::eventually(10, &mut || idle()).await,
         "the shared session went idle: {:?}",
@@ -529,43 +550,14 @@ async fn checks_of_many_multiplexed_guards_share_the_lanes_transaction() {
     let [pid] = s.sessions().await.iter().map(|r| r.0).collect::<Vec<_>>()[..] else {
         panic!("one shared connection: {:?}", s.sessions().await);
     };
-    let idle = || async {
-        let shared: Vec<_> = s
-            .sessions()
-            .await
-            .into_iter()
-            .filter(|r| r.0 == pid)
-            .collect();
-        shared == vec![(pid, "idle".to_string())]
-    };
+    let idle = || idle_only(&s, pid);
     // The burst's transaction ended before the checks begin.
     assert!(dblock_testkit::eventually(10, &mut || idle()).await);
-    let watcher = dblock_testkit::admin_connect(&s.url).await;
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let sampler = {
-        let stop = stop.clone();
-        tokio::spawn(async move {
-            let (mut samples, mut spanning) = (0, 0);
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                let row = watcher
-                    .query_one(
-                        "SELECT coalesce(xact_start < query_start, false) \
-                         FROM pg_stat_activity WHERE pid = $1",
-                        &[&pid],
-                    )
-                    .await
-                    .unwrap();
-                samples += 1;
-                spanning += usize::from(row.get::<_, bool>(0));
-            }
-            (samples, spanning)
-        })
-    };
+    let sampler = Spanning::sample(&s.url, pid).await;
     for g in &mut guards {
         g.check().await.expect("held");
     }
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let (samples, spanning) = sampler.await.unwrap();
+    let (samples, spanning) = sampler.stop().await;
     eprintln!("{spanning} of {samples} samples saw a transaction spanning the checks");
     assert!(
         spanning > 0,
